@@ -1,0 +1,127 @@
+"""Plain NumPy versions of every kernel: the correctness oracle the Numba kernels are tested against.
+
+Shapes: T tokens in a step, S sequences, H query heads, KVH key/value heads, D head dim.
+KV cache per layer: (num_blocks, block_size, KVH, D); slot = block * block_size + offset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..quant import dequantize
+
+
+def linear(x: np.ndarray, w_raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """x (T, K) @ W.T where W (N, K) is stored quantized -> (T, N), all in float32."""
+    w = dequantize(w_raw, ggml_type)
+    return x.astype(np.float32) @ w.T
+
+
+def embedding(w_raw: np.ndarray, ggml_type: int, ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` of the (vocab, dim) embedding table, dequantized -> (T, dim)."""
+    return dequantize(w_raw[ids], ggml_type)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., d) normalised over the last axis, times weight (d,)."""
+    x = x.astype(np.float32)
+    mean_sq = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+    return x / np.sqrt(mean_sq + np.float32(eps)) * weight
+
+
+def rope_cos_sin(positions: np.ndarray, rope_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (T, rope_dim // 2) for theta_i = pos * base^(-2i / rope_dim)."""
+    inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool) -> np.ndarray:
+    """Rotary embedding on x (T, heads, D). llama 'normal' mode rotates adjacent pairs (2i, 2i+1);
+    NEOX mode rotates (i, i + rope_dim/2). Dimensions past rope_dim pass through."""
+    cos, sin = rope_cos_sin(positions, rope_dim, base)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    out = x.astype(np.float32).copy()
+    half = rope_dim // 2
+    if neox:
+        a, b = x[..., :half], x[..., half:rope_dim]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:rope_dim] = a * sin + b * cos
+    else:
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = a * cos - b * sin
+        out[..., 1:rope_dim:2] = a * sin + b * cos
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return silu(gate) * up
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x**3)))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return gelu_tanh(gate) * up
+
+
+def store_kv(
+    k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
+) -> None:
+    """Write k, v (T, KVH, D) into the paged cache at `slot_mapping` (T,)."""
+    nb, bs = k_cache.shape[:2]
+    k_cache.reshape(nb * bs, *k_cache.shape[2:])[slot_mapping] = k
+    v_cache.reshape(nb * bs, *v_cache.shape[2:])[slot_mapping] = v
+
+
+def gather_kv(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.ndarray:
+    """The first `length` positions of one sequence, read through its block table -> (length, KVH, D)."""
+    bs = cache.shape[1]
+    n_blocks = (length + bs - 1) // bs
+    return cache[block_table[:n_blocks]].reshape(n_blocks * bs, *cache.shape[2:])[:length]
+
+
+def paged_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    query_start_loc: np.ndarray,
+    context_lens: np.ndarray,
+    block_tables: np.ndarray,
+    scale: float,
+    sliding_window: int = 0,
+) -> np.ndarray:
+    """Causal grouped-query attention for a mixed batch of prefill chunks and decodes.
+
+    Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], which are the last tokens of
+    its context_lens[s] cached positions. A query at position p sees positions <= p, and with a sliding
+    window only those > p - sliding_window.
+    """
+    out = np.zeros_like(q, dtype=np.float32)
+    n_heads, kv_heads = q.shape[1], k_cache.shape[2]
+    group = n_heads // kv_heads
+    for s in range(len(context_lens)):
+        q0, q1 = int(query_start_loc[s]), int(query_start_loc[s + 1])
+        length = int(context_lens[s])
+        keys = gather_kv(k_cache, block_tables[s], length)  # (L, KVH, D)
+        values = gather_kv(v_cache, block_tables[s], length)
+        q_pos = np.arange(length - (q1 - q0), length)
+        k_pos = np.arange(length)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        if sliding_window > 0:
+            mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        for h in range(n_heads):
+            kh = h // group
+            scores = (q[q0:q1, h, :] @ keys[:, kh, :].T) * np.float32(scale)
+            scores = np.where(mask, scores, -np.inf)
+            scores -= scores.max(axis=1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=1, keepdims=True)
+            out[q0:q1, h, :] = p @ values[:, kh, :]
+    return out

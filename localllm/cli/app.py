@@ -1,0 +1,13 @@
+"""The Typer application object; command modules register themselves on it."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="localllm",
+    help="Run quantized LLMs locally: chat, run, serve, bench, and manage GGUF models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)

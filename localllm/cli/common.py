@@ -1,0 +1,73 @@
+"""Options shared by the commands, and the one place where flags become configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+Threads = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = physical cores).")]
+CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context length in tokens (0 = model default).")]
+Backend = Annotated[str, typer.Option("--backend", help="numba (CPU kernels), numpy (reference) or torch.")]
+Temperature = Annotated[
+    float | None, typer.Option("--temperature", "--temp", help="0 = greedy. [default: 0.8 or the model's]")
+]
+TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling. [default: 0.95]")]
+TopK = Annotated[int | None, typer.Option("--top-k", help="Top-k sampling, 0 = off. [default: 40]")]
+MinP = Annotated[float | None, typer.Option("--min-p", help="Min-p sampling. [default: 0.05]")]
+RepeatPenalty = Annotated[float | None, typer.Option("--repeat-penalty", help="1.0 = off. [default: 1.0]")]
+PresencePenalty = Annotated[float, typer.Option("--presence-penalty", help="OpenAI presence penalty.")]
+FrequencyPenalty = Annotated[float, typer.Option("--frequency-penalty", help="OpenAI frequency penalty.")]
+Seed = Annotated[int | None, typer.Option("--seed", "-s", help="Random seed for reproducible sampling.")]
+MaxTokens = Annotated[
+    int | None, typer.Option("--max-tokens", "-n", help="Tokens to generate (default 256; -1 = until context).")
+]
+Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")]
+
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
+
+
+def model_home() -> Path:
+    from localllm.registry import default_home
+
+    return default_home()
+
+
+def engine_config(model_path: Path, backend: str, threads: int, ctx_size: int, **extra: Any) -> Any:
+    from localllm.config import EngineConfig
+
+    return EngineConfig(
+        model=str(model_path),
+        backend=backend,
+        threads=threads,
+        ctx_size=ctx_size,
+        index_dir=model_home() / "index",
+        **extra,
+    )
+
+
+def sampling_params(model_defaults: dict[str, Any], **flags: Any) -> Any:
+    """Flags given on the command line win over the model's defaults, which win over ours."""
+    from localllm.sampling_params import SamplingParams
+
+    values = dict(SAMPLING_DEFAULTS)
+    values.update({k: v for k, v in model_defaults.items() if k in SamplingParams.__dataclass_fields__})
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if values.get("max_tokens") == -1:
+        values["max_tokens"] = None
+    values.setdefault("max_tokens", 256)
+    return SamplingParams(**values)
+
+
+def resolve(model: str | None) -> tuple[Path, dict[str, Any]]:
+    """The model file (pulled on first use) and its registry defaults."""
+    from localllm.llm import default_numba_cache
+    from localllm.registry import default_user_registry, load_registry, resolve_model
+
+    home = model_home()
+    default_numba_cache(home)
+    registry = load_registry(default_user_registry())
+    resolved = resolve_model(model or registry.default_model, home, registry)
+    defaults = resolved.entry.defaults.as_dict() if resolved.entry is not None else {}
+    return resolved.path, defaults

@@ -1,0 +1,107 @@
+"""`localllm run`: one prompt in, the completion streamed out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from localllm.cli import common as c
+from localllm.cli.app import app
+
+
+@app.command()
+def run(
+    args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT: a .gguf path or registry name, then the prompt.")],
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = True,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt (chat mode).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    temperature: c.Temperature = None,
+    top_p: c.TopP = None,
+    top_k: c.TopK = None,
+    min_p: c.MinP = None,
+    repeat_penalty: c.RepeatPenalty = None,
+    presence_penalty: c.PresencePenalty = 0.0,
+    frequency_penalty: c.FrequencyPenalty = 0.0,
+    seed: c.Seed = None,
+    max_tokens: c.MaxTokens = None,
+    stop: c.Stop = None,
+    threads: c.Threads = 0,
+    ctx_size: c.CtxSize = 0,
+    backend: c.Backend = "numba",
+) -> None:
+    """Generate a completion for PROMPT and stream it to stdout; stats go to stderr.
+
+    Examples:
+
+      localllm run "Why is the sky blue?"
+
+      localllm run smollm2-135m-instruct "Write a haiku" --temperature 0 -n 64
+
+      localllm run model.gguf "The capital of France is" --raw --json
+    """
+    from localllm.engine.engine import LLMEngine
+
+    if len(args) > 2:
+        raise typer.BadParameter("expected [MODEL] PROMPT (quote a prompt that has spaces)")
+    model, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
+    path, defaults = c.resolve(model)
+    params = c.sampling_params(
+        defaults, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=stop or None,
+    )  # fmt: skip
+    engine = LLMEngine(c.engine_config(path, backend, threads, ctx_size, max_num_seqs=1))
+    prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), defaults)
+    outputs = []
+    for out in engine.stream(prompt_ids, params):
+        outputs.append(out)
+        if not as_json:
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+    _report(outputs, prompt_ids, as_json)
+
+
+def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, defaults: dict) -> list[int]:
+    from localllm.tokenizer.chat_template import ChatTemplate, apply_chat_template
+
+    template = ChatTemplate.from_metadata(engine.gguf.metadata, override=defaults.get("chat_template"))
+    if not chat or template is None:
+        return engine.tokenize_prompt(prompt)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return apply_chat_template(engine.tokenizer, template, messages)
+
+
+def _report(outputs: list, prompt_ids: list[int], as_json: bool) -> None:
+    from localllm.engine.engine import collect_request_output
+
+    result = collect_request_output("run", prompt_ids, outputs)
+    if as_json:
+        print(json.dumps(_as_dict(result), ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    print(
+        f"prompt: {result.prompt_tokens} tokens ({result.cached_tokens} cached), "
+        f"{result.prefill_tokens_per_s:.1f} tok/s | generated: {result.generated_tokens} tokens, "
+        f"{result.decode_tokens_per_s:.1f} tok/s | finish: {result.finish_reason}",
+        file=sys.stderr,
+    )
+
+
+def _as_dict(result) -> dict:
+    return {
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "prompt_tokens": result.prompt_tokens,
+        "cached_tokens": result.cached_tokens,
+        "generated_tokens": result.generated_tokens,
+        "finish_reason": result.finish_reason,
+        "timings": {
+            "ttft_s": result.ttft,
+            "total_s": result.elapsed,
+            "prefill_tokens_per_s": result.prefill_tokens_per_s,
+            "decode_tokens_per_s": result.decode_tokens_per_s,
+        },
+    }

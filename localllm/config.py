@@ -1,0 +1,51 @@
+"""Configuration dataclasses, built once at the edge (CLI flags, models.toml) and passed down."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from localllm.errors import ConfigError
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads share a core's vector units, so they do not help here)."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+        if n:
+            return int(n)
+    except ImportError:
+        pass
+    return max(1, (os.cpu_count() or 2))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str  # path to a .gguf (already resolved)
+    backend: str = "numba"  # numba | numpy | torch
+    threads: int = 0  # 0 = physical cores
+    ctx_size: int = 0  # 0 = the model's trained context, capped at max_default_ctx
+    max_num_seqs: int = 16  # --parallel
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_mb: int = 0  # 0 = sized from ctx_size x max_num_seqs (shared, never split per sequence)
+    enable_prefix_caching: bool = True
+    index_dir: Path | None = None  # where parsed GGUF indexes are cached
+    max_default_ctx: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("numba", "numpy", "torch"):
+            raise ConfigError(f"unknown backend '{self.backend}' (choose numba, numpy or torch)")
+        for name in ("threads", "ctx_size", "kv_cache_mb"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+
+    @property
+    def num_threads(self) -> int:
+        return self.threads or physical_cores()

@@ -1,0 +1,123 @@
+"""BlockManager: the paged KV cache's bookkeeping. Blocks, reference counts and automatic prefix caching.
+
+A full block is keyed by a chained hash of (parent block's hash, its token ids), so a hit on a block
+implies its whole prefix matches; tokens are compared on a hit to rule out hash collisions. Freed blocks
+keep their contents and stay findable until they are reused, least recently freed first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from localllm.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+        self.num_prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.num_prefix_hits = 0  # of which found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding a cached prefix of seq's tokens; the last token is always left to compute
+        so the step has logits to sample from."""
+        if not self.enable_prefix_caching:
+            return []
+        found: list[int] = []
+        parent = None
+        for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
+            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            parent = block_hash(parent, tokens)
+            block_id = self.hash_to_block_id.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            found.append(block_id)
+        return found
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] | None = None) -> bool:
+        """Grow seq's block table to hold num_computed + cached + new tokens; False if blocks run out."""
+        cached_block_ids = cached_block_ids or []
+        num_tokens = seq.num_computed_tokens + len(cached_block_ids) * self.block_size + num_new_tokens
+        need = self.blocks_needed(num_tokens) - len(seq.block_table) - len(cached_block_ids)
+        reusable = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        if need > self.num_free_blocks - reusable:
+            return False
+        for block_id in cached_block_ids:
+            self._take(block_id)
+            seq.block_table.append(block_id)
+        for _ in range(max(need, 0)):
+            seq.block_table.append(self._take(self._evict_one()))
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register every block of seq that is full of computed tokens under its chained hash."""
+        if not self.enable_prefix_caching:
+            return
+        parent = None
+        for i in range(seq.num_computed_tokens // self.block_size):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+                block.hash, block.token_ids = block_hash(parent, tokens), tokens
+                self.hash_to_block_id.setdefault(block.hash, block.block_id)
+            parent = block.hash
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks, tail first, so a shared prefix is the last to be evicted."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+        seq.block_table = []
+
+    def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.num_prefix_queries += num_prompt_tokens
+        self.num_prefix_hits += num_hit_tokens
+
+    def _take(self, block_id: int) -> int:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_block_ids[block_id]
+        block.ref_count += 1
+        return block_id
+
+    def _evict_one(self) -> int:
+        """The least recently freed block, its cached contents forgotten."""
+        block_id = next(iter(self.free_block_ids))
+        block = self.blocks[block_id]
+        if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
+            del self.hash_to_block_id[block.hash]
+        block.hash, block.token_ids = None, ()
+        return block_id

@@ -1,0 +1,248 @@
+"""LLMEngine: requests in, per-token outputs out. Every front end (run, chat, serve, bench, the Python
+API) drives this one engine through add_request / abort / step."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from localllm.config import EngineConfig
+from localllm.engine.block_manager import BlockManager
+from localllm.engine.detokenizer import Detokenizer
+from localllm.engine.kv_cache import KVCache
+from localllm.engine.model_runner import ModelRunner, SampledToken
+from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
+from localllm.engine.scheduler import Scheduler
+from localllm.engine.sequence import Sequence
+from localllm.errors import ContextLengthExceededError, LocalLLMError
+from localllm.sampler import make_generator
+from localllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    detokenizer: Detokenizer
+    stop_ids: frozenset[int]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        from localllm.backends import make_backend
+        from localllm.gguf_file import GGUFFile
+        from localllm.models import load_model
+        from localllm.tokenizer import load_tokenizer
+
+        self.config = config
+        self.gguf = GGUFFile.open(config.model, config.index_dir)
+        self.tokenizer = load_tokenizer(self.gguf.metadata)
+        self.backend = make_backend(config.backend, config.num_threads)
+        self.model = load_model(self.gguf, self.backend)
+        self.args = self.model.args
+        self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
+        num_blocks = self._num_blocks()
+        self.kv_cache = KVCache(
+            self.backend, self.args.n_layers, num_blocks, config.block_size, self.args.n_kv_heads, self.args.head_dim
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        if hasattr(self.backend, "warmup"):
+            self.backend.warmup(self.model)
+
+    def _num_blocks(self) -> int:
+        bs = self.config.block_size
+        if self.config.kv_cache_mb:
+            tokens = self.config.kv_cache_mb * 2**20 // self.args.kv_bytes_per_token
+        else:
+            tokens = self.max_model_len * self.config.max_num_seqs
+        num_blocks = max(int(tokens) // bs, -(-self.max_model_len // bs))
+        return num_blocks
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.config.block_size
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id. Rejects prompts that cannot fit the context."""
+        params = params or SamplingParams()
+        ids = self.tokenize_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+        self.check_prompt(len(ids))
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise LocalLLMError(f"request id '{request_id}' is already in use")
+        seq = Sequence(request_id, ids, params, make_generator(params.seed))
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.tokenizer.eog_ids
+        )
+        detok = Detokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        self.requests[request_id] = _Request(seq, detok, stop_ids)
+        self.scheduler.add(seq)
+        return request_id
+
+    def check_prompt(self, num_tokens: int) -> None:
+        if num_tokens == 0:
+            raise LocalLLMError("the prompt is empty")
+        if num_tokens >= self.max_model_len:
+            raise ContextLengthExceededError(
+                f"the prompt has {num_tokens} tokens but the context holds {self.max_model_len} "
+                "(raise --ctx-size or shorten the prompt)"
+            )
+
+    def abort(self, request_id: str) -> StepOutput | None:
+        """Stop a request now and free its KV blocks."""
+        request = self.requests.pop(request_id, None)
+        if request is None or request.seq.is_finished:
+            return None
+        self.scheduler.finish(request.seq, "abort")
+        return self._output(request, "", None, None, time.perf_counter())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one forward pass over the mixed batch, and turn sampled tokens into outputs."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        sampled = self.runner.run(plan.scheduled)
+        now = time.perf_counter()
+        outputs = []
+        for item, token in zip(plan.scheduled, sampled):
+            item.seq.num_computed_tokens += item.num_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+            if token is not None:
+                outputs.append(self._on_token(self.requests[item.seq.request_id], token, now))
+        return outputs
+
+    def _on_token(self, request: _Request, token: SampledToken, now: float) -> StepOutput:
+        seq = request.seq
+        seq.append_token(token.token_id)
+        seq.first_token_time = seq.first_token_time or now
+        seq.last_token_time = now
+        logprob = None
+        if token.logprob is not None:
+            logprob = TokenLogprob(token.token_id, token.logprob, token.top_logprobs or [])
+        if token.token_id in request.stop_ids:
+            return self._finish(request, "", "stop", token.token_id, logprob, now)
+        text, matched = request.detokenizer.add(token.token_id)
+        if matched is not None:
+            return self._finish(request, text, "stop", matched, logprob, now)
+        params = seq.params
+        if (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens) or (
+            seq.num_tokens >= self.max_model_len
+        ):
+            return self._finish(request, text + request.detokenizer.finish(), "length", None, logprob, now)
+        return self._output(request, text, token.token_id, logprob, now)
+
+    def _finish(
+        self, request: _Request, text: str, reason: str, stop: Any, logprob: TokenLogprob | None, now: float
+    ) -> StepOutput:
+        self.scheduler.finish(request.seq, reason)
+        self.requests.pop(request.seq.request_id, None)
+        out = self._output(request, text, request.seq.token_ids[-1], logprob, now)
+        out.stop_reason = stop
+        return out
+
+    def _output(
+        self, request: _Request, text: str, token_id: int | None, logprob: TokenLogprob | None, now: float
+    ) -> StepOutput:
+        seq = request.seq
+        return StepOutput(
+            request_id=seq.request_id,
+            text=text,
+            token_id=token_id,
+            logprob=logprob,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens,
+            generated_tokens=seq.num_output_tokens,
+            ttft=(seq.first_token_time - seq.arrival_time) if seq.first_token_time else None,
+            elapsed=now - seq.arrival_time,
+        )
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StepOutput]:
+        """Run one request to the end, yielding its outputs (other queued requests advance too)."""
+        request_id = self.add_request(prompt, params)
+        try:
+            yield from self._drain(request_id)
+        finally:
+            self.abort(request_id)
+
+    def _drain(self, request_id: str) -> Iterator[StepOutput]:
+        while True:
+            for out in self.step():
+                if out.request_id == request_id:
+                    yield out
+                    if out.finished:
+                        return
+
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion (continuously batched) and return results in prompt order."""
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        prompt_ids = {i: self.requests[i].seq.prompt_token_ids for i in ids}
+        collected: dict[str, list[StepOutput]] = {i: [] for i in ids}
+        pending = set(ids)
+        while pending:
+            for out in self.step():
+                if out.request_id in collected:
+                    collected[out.request_id].append(out)
+                    if out.finished:
+                        pending.discard(out.request_id)
+        return [collect_request_output(i, prompt_ids[i], collected[i]) for i in ids]
+
+
+def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[StepOutput]) -> RequestOutput:
+    last = outs[-1]
+    tokens = [o.token_id for o in outs if o.token_id is not None]
+    if last.finish_reason == "stop" and isinstance(last.stop_reason, int):
+        tokens = tokens[:-1]  # the stop token is not part of the completion
+    return RequestOutput(
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        text="".join(o.text for o in outs),
+        token_ids=tokens,
+        finish_reason=last.finish_reason,
+        cached_tokens=last.cached_tokens,
+        ttft=last.ttft,
+        elapsed=last.elapsed,
+        logprobs=[o.logprob for o in outs if o.logprob is not None],
+    )
+
+
+def score_tokens(engine: LLMEngine, token_ids: list[int]) -> Any:
+    """Logits at every position of `token_ids` in one pass (teacher forcing, perplexity).
+
+    Goes through the same block manager, runner and KV cache as generation; the blocks are freed after.
+    """
+    from localllm.engine.scheduler import ScheduledSeq
+
+    engine.check_prompt(len(token_ids))
+    seq = Sequence("score", list(token_ids), SamplingParams(temperature=0))
+    if not engine.block_manager.allocate(seq, len(token_ids)):
+        raise LocalLLMError("not enough free KV cache blocks to score this sequence")
+    try:
+        batch = engine.runner.prepare([ScheduledSeq(seq, len(token_ids))])
+        batch.logits_indices = np.arange(len(token_ids), dtype=np.int64)
+        return engine.backend.to_numpy(engine.model.forward(batch, engine.kv_cache))
+    finally:
+        engine.block_manager.free(seq)

@@ -1,0 +1,89 @@
+"""ModelRunner: turns a scheduled step into the kernels' inputs, runs one forward pass for the whole
+mixed batch, and samples each sequence that reached its last token with its own parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from localllm.engine.kv_cache import KVCache
+from localllm.engine.scheduler import ScheduledSeq
+from localllm.models.base import ForwardBatch
+from localllm.sampler import apply_penalties, log_softmax, sample, top_logprobs
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: Any, kv_cache: KVCache):
+        self.model = model
+        self.backend = model.backend
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+        input_ids, positions, slots, query_start, context_lens, logits_indices = [], [], [], [0], [], []
+        for item in scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_tokens
+            pos = np.arange(start, end, dtype=np.int64)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            input_ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
+            positions.append(pos)
+            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            query_start.append(query_start[-1] + item.num_tokens)
+            context_lens.append(end)
+            if item.samples:
+                logits_indices.append(query_start[-1] - 1)
+        return ForwardBatch(
+            input_ids=np.concatenate(input_ids),
+            positions=np.concatenate(positions),
+            slot_mapping=np.concatenate(slots),
+            query_start_loc=np.asarray(query_start, dtype=np.int32),
+            context_lens=np.asarray(context_lens, dtype=np.int32),
+            block_tables=self._block_tables(scheduled),
+            logits_indices=np.asarray(logits_indices, dtype=np.int64),
+        )
+
+    @staticmethod
+    def _block_tables(scheduled: list[ScheduledSeq]) -> np.ndarray:
+        width = max(len(item.seq.block_table) for item in scheduled)
+        tables = np.zeros((len(scheduled), width), dtype=np.int32)
+        for i, item in enumerate(scheduled):
+            tables[i, : len(item.seq.block_table)] = item.seq.block_table
+        return tables
+
+    def run(self, scheduled: list[ScheduledSeq]) -> list[SampledToken | None]:
+        """One forward pass; a SampledToken per scheduled sequence that samples, else None."""
+        batch = self.prepare(scheduled)
+        logits = self.backend.to_numpy(self.model.forward(batch, self.kv_cache))
+        results: list[SampledToken | None] = []
+        row = 0
+        for item in scheduled:
+            if not item.samples:
+                results.append(None)
+                continue
+            results.append(self._sample(item, logits[row]))
+            row += 1
+        return results
+
+    def forward_logits(self, scheduled: list[ScheduledSeq]) -> np.ndarray:
+        """Raw logits of the sampled rows (for perplexity and tests)."""
+        return self.backend.to_numpy(self.model.forward(self.prepare(scheduled), self.kv_cache))
+
+    @staticmethod
+    def _sample(item: ScheduledSeq, logits: np.ndarray) -> SampledToken:
+        seq, params = item.seq, item.seq.params
+        processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+        token_id = sample(processed, params, seq.rng)
+        if params.logprobs is None:
+            return SampledToken(token_id)
+        lp = log_softmax(logits)
+        return SampledToken(token_id, float(lp[token_id]), top_logprobs(lp, params.logprobs))

@@ -1,0 +1,126 @@
+"""Scheduler: decides which sequences run in the next step and how many tokens each contributes.
+
+Every step spends a token budget (`max_num_batched_tokens`): running sequences first (a decode costs one
+token, an unfinished prompt continues with a chunk), then waiting ones are admitted while blocks, the
+budget and `max_num_seqs` allow. A long prompt is split into chunks, so it never freezes the other
+streams. When blocks run out, the newest running sequence is preempted: its blocks are freed and it is
+recomputed later. Pure bookkeeping: no arrays.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from localllm.engine.block_manager import BlockManager
+from localllm.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens of this sequence computed in the step
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step reaches the sequence's last token, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_tokens == 0 or not self._allocate_or_preempt(seq, num_tokens, out):
+                continue
+            out.scheduled.append(ScheduledSeq(seq, num_tokens))
+            budget -= num_tokens
+        return budget
+
+    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        while not self.block_manager.allocate(seq, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.block_manager.find_cached_prefix(seq)
+            num_cached = len(cached) * self.block_manager.block_size
+            num_tokens = min(seq.num_tokens - num_cached, budget)
+            if not self.block_manager.allocate(seq, num_tokens, cached):
+                break
+            self.waiting.popleft()
+            self._admit(seq, num_cached)
+            out.scheduled.append(ScheduledSeq(seq, num_tokens))
+            budget -= num_tokens
+
+    def _admit(self, seq: Sequence, num_cached: int) -> None:
+        if not seq.admitted:  # the first admission is what the user's cached-token count reports
+            seq.num_cached_tokens = num_cached
+            seq.first_scheduled_time = time.perf_counter()
+            self.block_manager.record_prefix_lookup(seq.num_tokens, num_cached)
+            seq.admitted = True
+        seq.num_computed_tokens = num_cached
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove seq wherever it is and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+            if seq.block_table:
+                self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,78 @@
+"""Turns one sequence's logits into its next token: penalties, bias, then greedy or random sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceLike
+
+import numpy as np
+
+from localllm.sampling_params import SamplingParams
+
+
+def make_generator(seed: int | None) -> np.random.Generator:
+    """A per-request generator, so a seeded result never depends on what else runs."""
+    return np.random.default_rng(seed)
+
+
+def apply_penalties(
+    logits: np.ndarray, params: SamplingParams, prompt_ids: SequenceLike[int], output_ids: SequenceLike[int]
+) -> np.ndarray:
+    """Logit bias, llama.cpp's repeat penalty (over the last n tokens of prompt + output), and OpenAI's
+    presence/frequency penalties (over the generated tokens)."""
+    penalised = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+    if not (penalised or params.logit_bias):
+        return logits
+    logits = np.array(logits, dtype=np.float32, copy=True)
+    for token_id, bias in params.logit_bias.items():
+        if 0 <= token_id < logits.shape[0]:
+            logits[token_id] += bias
+    if params.repeat_penalty != 1.0:
+        history = list(prompt_ids) + list(output_ids)
+        window = history if params.repeat_last_n < 0 else history[-params.repeat_last_n :]
+        seen = np.unique(np.asarray(window, dtype=np.int64)) if window else np.empty(0, np.int64)
+        vals = logits[seen]
+        logits[seen] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and len(output_ids):
+        ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
+    return logits
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Greedy at temperature 0; otherwise temperature, top-k, top-p and min-p, then one draw."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    candidates = _top_k_candidates(logits, params.top_k)
+    scaled = logits[candidates].astype(np.float64) / params.temperature
+    order = np.argsort(-scaled, kind="stable")
+    candidates, scaled = candidates[order], scaled[order]
+    probs = np.exp(scaled - scaled[0])
+    probs /= probs.sum()
+    keep = len(probs)
+    if params.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
+    if params.min_p > 0.0:
+        keep = min(keep, max(1, int(np.sum(probs >= params.min_p * probs[0]))))
+    probs = probs[:keep] / probs[:keep].sum()
+    return int(candidates[rng.choice(keep, p=probs)])
+
+
+def _top_k_candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
+    if 0 < top_k < logits.shape[0]:
+        return np.argpartition(-logits, top_k - 1)[:top_k]
+    return np.arange(logits.shape[0])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max()
+    return (x - np.log(np.exp(x).sum())).astype(np.float32)
+
+
+def top_logprobs(logprobs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens with their log-probabilities, best first."""
+    if k <= 0:
+        return []
+    idx = np.argpartition(-logprobs, k - 1)[:k]
+    idx = idx[np.argsort(-logprobs[idx], kind="stable")]
+    return [(int(i), float(logprobs[i])) for i in idx]

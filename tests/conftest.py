@@ -1,0 +1,38 @@
+"""Shared fixtures: the tiny random GGUF model, and the real SmolLM2 model (downloaded once, cached)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tiny_model import write_tiny_model
+
+DATA = Path(__file__).parent / "data"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama.Q8_0.gguf")
+
+
+@pytest.fixture(scope="session")
+def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("index")
+
+
+def _model_home() -> Path:
+    return Path(os.environ.get("LOCALLLM_HOME", "~/.cache/localllm")).expanduser()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real model: $LOCALLLM_TEST_MODEL, else the localllm cache (pulled on first use)."""
+    explicit = os.environ.get("LOCALLLM_TEST_MODEL")
+    if explicit:
+        return Path(explicit)
+    from localllm.registry import load_registry, resolve_model
+
+    return resolve_model("smollm2-135m-instruct", _model_home(), load_registry(None), progress=False).path

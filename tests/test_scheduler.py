@@ -1,0 +1,155 @@
+"""Property tests of the block manager and scheduler: random arrivals, lengths, aborts and pool sizes.
+
+Every request finishes or is rejected with a reason, no block is leaked or double-owned, and the pool
+is whole again when all is done. No model: tokens are made up, which is all the bookkeeping sees.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localllm.engine.block_manager import BlockManager
+from localllm.engine.scheduler import Scheduler
+from localllm.engine.sequence import Sequence, SequenceStatus
+from localllm.sampling_params import SamplingParams
+
+
+def check_invariants(bm: BlockManager, sched: Scheduler) -> None:
+    owners = Counter(b for seq in sched.running for b in seq.block_table)
+    for seq in sched.waiting:
+        assert not seq.block_table, "a waiting sequence holds blocks"
+    for block in bm.blocks:
+        assert block.ref_count == owners.get(block.block_id, 0), f"block {block.block_id} ref count"
+        assert (block.ref_count == 0) == (block.block_id in bm.free_block_ids)
+    for seq in sched.running:
+        assert len(seq.block_table) == len(set(seq.block_table)), "a block twice in one table"
+        assert len(seq.block_table) * bm.block_size >= seq.num_computed_tokens
+    assert len(sched.running) <= sched.max_num_seqs
+
+
+def simulate(requests, num_blocks, block_size, max_num_seqs, budget, prefix_caching, abort_rate, seed):
+    rng = random.Random(seed)
+    bm = BlockManager(num_blocks, block_size, prefix_caching)
+    sched = Scheduler(bm, max_num_seqs, budget)
+    max_model_len = num_blocks * block_size
+    pending = list(enumerate(requests))
+    seqs, outcome, step = {}, {}, 0
+    while pending or sched.has_unfinished():
+        step += 1
+        assert step < 20_000, "no progress: the scheduler deadlocked"
+        while pending and pending[0][1][0] <= step:  # arrivals
+            i, (_, prompt, max_tokens) = pending.pop(0)
+            if len(prompt) >= max_model_len:
+                outcome[i] = "rejected"
+                continue
+            seqs[i] = Sequence(str(i), prompt, SamplingParams(max_tokens=max_tokens))
+            sched.add(seqs[i])
+        for i, seq in seqs.items():  # random aborts
+            if not seq.is_finished and rng.random() < abort_rate:
+                sched.finish(seq, "abort")
+                outcome[i] = "abort"
+        plan = sched.schedule()
+        for item in plan.scheduled:
+            seq = item.seq
+            samples = item.samples
+            seq.num_computed_tokens += item.num_tokens
+            bm.cache_full_blocks(seq)
+            if samples:
+                seq.append_token(rng.randrange(4))
+                if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= max_model_len:
+                    sched.finish(seq, "length")
+                    outcome[int(seq.request_id)] = "length"
+        check_invariants(bm, sched)
+    return bm, sched, outcome, seqs
+
+
+request = st.tuples(
+    st.integers(1, 30),  # arrival step
+    st.lists(st.integers(0, 3), min_size=1, max_size=120),  # prompt: tiny alphabet, so prefixes repeat
+    st.integers(1, 40),  # max tokens
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    requests=st.lists(request, min_size=1, max_size=24).map(lambda r: sorted(r, key=lambda x: x[0])),
+    num_blocks=st.integers(4, 40),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(1, 64),
+    prefix_caching=st.booleans(),
+    abort_rate=st.sampled_from([0.0, 0.01, 0.05]),
+    seed=st.integers(0, 1000),
+)
+def test_every_request_ends_and_the_pool_is_whole(
+    requests, num_blocks, block_size, max_num_seqs, budget, prefix_caching, abort_rate, seed
+):
+    bm, sched, outcome, seqs = simulate(
+        requests, num_blocks, block_size, max_num_seqs, budget, prefix_caching, abort_rate, seed
+    )
+    assert len(outcome) == len(requests), "a request neither finished nor was rejected"
+    assert all(seq.status == SequenceStatus.FINISHED for seq in seqs.values())
+    assert bm.num_free_blocks == num_blocks, "blocks leaked"
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_prefix_cache_hit_reports_cached_tokens():
+    bm = BlockManager(16, 4)
+    sched = Scheduler(bm, 4, 64)
+    first = Sequence("a", list(range(10)), SamplingParams(max_tokens=1))
+    sched.add(first)
+    plan = sched.schedule()
+    first.num_computed_tokens += plan.scheduled[0].num_tokens
+    bm.cache_full_blocks(first)
+    sched.finish(first, "length")
+    second = Sequence("b", list(range(9)) + [99, 100], SamplingParams(max_tokens=1))
+    sched.add(second)
+    plan = sched.schedule()
+    assert second.num_cached_tokens == 8  # two full blocks of 4 shared
+    assert plan.scheduled[0].num_tokens == 3
+
+
+def test_hash_collision_is_verified_by_tokens():
+    bm = BlockManager(8, 2)
+    seq = Sequence("a", [1, 2, 3], SamplingParams())
+    assert bm.allocate(seq, 3)
+    seq.num_computed_tokens = 3
+    bm.cache_full_blocks(seq)
+    block = bm.blocks[seq.block_table[0]]
+    block.token_ids = (7, 7)  # simulate a colliding hash holding other tokens
+    assert bm.find_cached_prefix(Sequence("b", [1, 2, 3], SamplingParams())) == []
+
+
+def test_chunked_prefill_shares_the_step_with_decodes():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, 4, 8)
+    short = Sequence("short", [1, 2], SamplingParams(max_tokens=50))
+    sched.add(short)
+    plan = sched.schedule()
+    short.num_computed_tokens += 2
+    short.append_token(5)
+    sched.add(Sequence("long", list(range(40)), SamplingParams()))
+    plan = sched.schedule()
+    sizes = {item.seq.request_id: item.num_tokens for item in plan.scheduled}
+    assert sizes == {"short": 1, "long": 7}  # the decode goes first, the prompt gets a chunk
+
+
+def test_preemption_frees_the_newest_sequence():
+    bm = BlockManager(4, 2)
+    sched = Scheduler(bm, 4, 64)
+    a, b = Sequence("a", [1, 2, 3, 4], SamplingParams()), Sequence("b", [5, 6, 7, 8], SamplingParams())
+    sched.add(a)
+    sched.add(b)
+    plan = sched.schedule()
+    assert len(plan.scheduled) == 2 and bm.num_free_blocks == 0
+    for item in plan.scheduled:
+        item.seq.num_computed_tokens += item.num_tokens
+        item.seq.append_token(0)  # 5 tokens each now: the next step needs a third block
+    plan = sched.schedule()
+    assert [s.request_id for s in plan.preempted] == ["b"]
+    assert [s.seq.request_id for s in plan.scheduled] == ["a"]
+    assert b.num_computed_tokens == 0 and not b.block_table and sched.waiting[0] is b

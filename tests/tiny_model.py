@@ -1,0 +1,96 @@
+"""A tiny random llama model written as a real GGUF file, with a byte-level BPE vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "e n", "a n"]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-ins for the 256 byte values."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    keep += list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def vocabulary() -> tuple[list[str], list[int], list[str]]:
+    tokens = list(SPECIALS) + [bytes_to_unicode()[b] for b in range(256)]
+    tokens += [m.replace(" ", "") for m in MERGES]
+    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
+    return tokens, types, MERGES
+
+
+def write_tiny_model(path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: int = 2) -> Path:
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    dim, ffn, heads, kv_heads = 64, 128, 4, 2
+    head_dim = dim // heads
+    tokens, types, merges = vocabulary()
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+    qtype = getattr(gguf.GGMLQuantizationType, quant)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        data = (rng.standard_normal((rows, cols)) * 0.5 / np.sqrt(cols)).astype(np.float32)
+        if quant == "F32":
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_shape=data.shape, raw_dtype=qtype)
+
+    def vector(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    matrix("token_embd.weight", len(tokens), dim)
+    vector("output_norm.weight", dim)
+    for il in range(n_layers):
+        p = f"blk.{il}"
+        vector(f"{p}.attn_norm.weight", dim)
+        vector(f"{p}.ffn_norm.weight", dim)
+        matrix(f"{p}.attn_q.weight", dim, dim)
+        matrix(f"{p}.attn_k.weight", kv_heads * head_dim, dim)
+        matrix(f"{p}.attn_v.weight", kv_heads * head_dim, dim)
+        matrix(f"{p}.attn_output.weight", dim, dim)
+        matrix(f"{p}.ffn_gate.weight", ffn, dim)
+        matrix(f"{p}.ffn_up.weight", ffn, dim)
+        matrix(f"{p}.ffn_down.weight", dim, ffn)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
