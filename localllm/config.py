@@ -32,6 +32,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     block_size: int = 16
     kv_cache_mb: int = 0  # 0 = sized from ctx_size x max_num_seqs (shared, never split per sequence)
+    num_kv_blocks: int = 0  # exact pool size, overriding the two above (tests, benchmarks)
     enable_prefix_caching: bool = True
     index_dir: Path | None = None  # where parsed GGUF indexes are cached
     max_default_ctx: int = 4096
@@ -39,7 +40,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("numba", "numpy", "torch"):
             raise ConfigError(f"unknown backend '{self.backend}' (choose numba, numpy or torch)")
-        for name in ("threads", "ctx_size", "kv_cache_mb"):
+        for name in ("threads", "ctx_size", "kv_cache_mb", "num_kv_blocks"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -71,7 +71,7 @@ def write_tiny_model(path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: i
         if quant == "F32":
             w.add_tensor(name, data)
         else:
-            w.add_tensor(name, quantize(data, qtype), raw_shape=data.shape, raw_dtype=qtype)
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
 
     def vector(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))

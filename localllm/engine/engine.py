@@ -59,6 +59,8 @@ class LLMEngine:
 
     def _num_blocks(self) -> int:
         bs = self.config.block_size
+        if self.config.num_kv_blocks:
+            return max(self.config.num_kv_blocks, -(-self.max_model_len // bs))
         if self.config.kv_cache_mb:
             tokens = self.config.kv_cache_mb * 2**20 // self.args.kv_bytes_per_token
         else:

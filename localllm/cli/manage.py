@@ -1,0 +1,170 @@
+"""Model management commands: `pull`, `list`, `rm`.
+
+The table that `list` prints has fixed columns (name, file, size, downloaded) plus whatever
+`describe(path)` returns for each downloaded file, so richer GGUF facts (architecture, parameter
+count, quantization) only need a better `describe`, not changes to the table code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from localllm.cli.app import app
+from localllm.errors import LocalLLMError, ModelNotFoundError
+from localllm.registry import (
+    Registry,
+    cached_file,
+    default_home,
+    default_user_registry,
+    load_registry,
+    model_path,
+    models_dir,
+    resolve_model,
+    unknown_model_message,
+)
+
+Describe = Callable[[Path], Mapping[str, str]]
+# A llama.cpp quant tag in a file name, e.g. "Q4_1", "q4_k_m", "IQ2_XS", "F16".
+_QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.I)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    name: str
+    file: str
+    size: int | None  # bytes on disk when downloaded, else the size the registry expects
+    status: str  # "yes", "no", "partial", "local" (a user's own file) or "missing"
+    path: Path | None  # the file when it is present
+    default: bool = False
+
+
+def describe(path: Path) -> dict[str, str]:
+    """Extra `list` columns for one downloaded file; must stay cheap (no full GGUF parse)."""
+    match = _QUANT.search(path.name)
+    return {"quant": match.group(1).upper() if match else ""}
+
+
+@app.command()
+def pull(
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="NAME|URL", help="Registry name or http(s) URL; default model if omitted."),
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Re-check the sha256 of a file already downloaded.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Download a model into the cache (only once) and print its path.
+
+    Example: localllm pull smollm2-135m-instruct
+    """
+    home, registry = default_home(), load_registry(default_user_registry())
+    resolved = resolve_model(
+        name or registry.default_model, home, registry, progress=not quiet, verify=verify
+    )
+    print(resolved.path)
+
+
+@app.command("list")
+def list_models() -> None:
+    """List the registry's models and the .gguf files in the cache.
+
+    Example: localllm list
+    """
+    home, registry = default_home(), load_registry(default_user_registry())
+    Console().print(model_table(model_rows(registry, home), describe))
+
+
+@app.command()
+def rm(name: Annotated[str, typer.Argument(help="Registry name, or a file name in the cache.")]) -> None:
+    """Delete a downloaded model from the cache; `pull` can fetch it again.
+
+    Example: localllm rm smollm2-135m-instruct
+    """
+    home, registry = default_home(), load_registry(default_user_registry())
+    for path, size in remove_model(name, registry, home):
+        print(f"removed {path} ({human_size(size)})")
+
+
+# ---------------------------------------------------------------- logic behind the commands
+
+
+def model_rows(registry: Registry, home: Path) -> list[ModelRow]:
+    """One row per registry entry, then one per .gguf in the cache that no entry accounts for."""
+    rows = [_entry_row(registry, name, home) for name in registry.entries]
+    known = {row.file for row in rows}
+    cache = models_dir(home)
+    extra = sorted(cache.glob("*.gguf")) if cache.is_dir() else []
+    for path in extra:
+        if path.name not in known and path.is_file():
+            rows.append(ModelRow(path.name, path.name, path.stat().st_size, "yes", path))
+    return rows
+
+
+def _entry_row(registry: Registry, name: str, home: Path) -> ModelRow:
+    entry = registry.entries[name]
+    path = model_path(entry, home)
+    default = name == registry.default_model
+    if path.is_file() and (entry.is_local or entry.size in (None, path.stat().st_size)):
+        status = "local" if entry.is_local else "yes"
+        return ModelRow(name, path.name, path.stat().st_size, status, path, default)
+    status = (
+        "missing" if entry.is_local else "partial" if path.with_name(path.name + ".part").exists() else "no"
+    )
+    return ModelRow(name, entry.file_name, entry.size, status, None, default)
+
+
+def model_table(rows: list[ModelRow], describe: Describe | None = None) -> Table:
+    """A Rich table of `rows`; columns after DOWNLOADED come from `describe` on present files."""
+    extra = [describe(row.path) if describe and row.path else {} for row in rows]
+    extra_columns = list(dict.fromkeys(key for info in extra for key in info))
+    table = Table(
+        box=None, header_style="bold", caption="* default model" if any(r.default for r in rows) else None
+    )
+    for column in ("NAME", "FILE", "SIZE", "DOWNLOADED", *(c.upper() for c in extra_columns)):
+        table.add_column(column, overflow="fold", justify="right" if column == "SIZE" else "left")
+    for row, info in zip(rows, extra, strict=True):
+        name = f"{row.name} *" if row.default else row.name
+        cells = [info.get(c, "") for c in extra_columns]
+        table.add_row(name, row.file, human_size(row.size), row.status, *cells)
+    return table
+
+
+def remove_model(name: str, registry: Registry, home: Path) -> list[tuple[Path, int]]:
+    """Delete the cached file (and any leftover .part) of a model; returns (path, bytes) removed."""
+    entry = registry.find(name)
+    if entry is not None and entry.is_local:
+        raise LocalLLMError(
+            f"model {entry.name} is your own file {model_path(entry, home)}; localllm leaves it alone."
+        )
+    if entry is not None:
+        path: Path | None = model_path(entry, home)
+    else:
+        path = cached_file(name, models_dir(home))
+        if path is None:
+            raise ModelNotFoundError(unknown_model_message(name, registry))
+    candidates = [path, path.with_name(path.name + ".part")]
+    removed = [(p, p.stat().st_size) for p in candidates if p.is_file()]
+    if not removed:
+        raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
+    for p, _ in removed:
+        p.unlink()
+    return removed
+
+
+def human_size(size: int | None) -> str:
+    if size is None:
+        return "?"
+    if size < 1024:
+        return f"{size} B"
+    exponent = min(3, (size.bit_length() - 1) // 10)  # 1 KiB, 2 MiB, 3 GiB
+    return f"{size / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"

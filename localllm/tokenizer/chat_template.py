@@ -1,0 +1,142 @@
+"""Chat templates: the model's Jinja template (GGUF `tokenizer.chat_template`) rendered the way
+Hugging Face transformers renders it, then tokenized the way llama.cpp does.
+
+The environment matches transformers' `_compile_jinja_template`: a sandbox, trim_blocks and
+lstrip_blocks, loop controls, `raise_exception`, a non-escaping `tojson`, `strftime_now`, and the
+`{% generation %}` block (rendered as its plain content).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from localllm.errors import LocalLLMError
+
+
+class TemplateError(LocalLLMError):
+    """A chat template that cannot be compiled or rendered, or that rejected the conversation."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"the chat template rejected the conversation: {message}")
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson HTML-escapes; templates expect plain JSON, as in transformers.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with it)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template plus the BOS/EOS texts it may refer to."""
+
+    def __init__(self, template_text: str, bos_token: str = "", eos_token: str = ""):
+        self.source = template_text
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(template_text)
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateError(
+                f"the chat template has a syntax error on line {e.lineno}: {e.message}."
+            ) from None
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], override: str | None = None) -> ChatTemplate | None:
+        """The GGUF's template (or `override`, template text), None when there is neither."""
+        text = override or metadata.get("tokenizer.chat_template")
+        if not text:
+            return None
+        tokens = metadata.get("tokenizer.ggml.tokens") or []
+        return cls(str(text), _token_text(tokens, metadata, "bos"), _token_text(tokens, metadata, "eos"))
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """The prompt text for `messages`; extra keyword arguments (tools, ...) reach the template."""
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
+        try:
+            return self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **context
+            )
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"the chat template failed to render: {_one_line(e)}.") from None
+        except Exception as e:  # the template called something that failed (a bad index, 1/0, ...)
+            raise TemplateError(
+                f"the chat template failed to render: {type(e).__name__}: {_one_line(e)}."
+            ) from None
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()).rstrip(".") or type(error).__name__
+
+
+def _token_text(tokens: Sequence[str], metadata: Mapping[str, Any], role: str) -> str:
+    tid = metadata.get(f"tokenizer.ggml.{role}_token_id")
+    if tid is None or not 0 <= int(tid) < len(tokens):
+        return ""
+    return str(tokens[int(tid)])
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> list[int]:
+    """Render and tokenize a conversation like llama.cpp's chat path.
+
+    The text is tokenized with parse_special=True. Where the model adds BOS itself, a BOS the
+    template wrote at the start is dropped first (and likewise a trailing EOS), so no token appears
+    twice - what llama.cpp's common_chat_template_direct_apply does.
+    """
+    text = template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    bos, eos = template.bos_token, template.eos_token
+    if tokenizer.add_bos and bos and text.startswith(bos):
+        text = text[len(bos) :]
+    if tokenizer.add_eos and eos and text.endswith(eos):
+        text = text[: -len(eos)]
+    return tokenizer.encode(text, add_special=True, parse_special=True)

@@ -1,0 +1,181 @@
+"""Chat templates: HF-compatible Jinja rendering and llama.cpp-style tokenization of the result."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from localllm.errors import LocalLLMError
+from localllm.tokenizer import load_tokenizer
+from localllm.tokenizer.chat_template import ChatTemplate, TemplateError, apply_chat_template
+
+# SmolLM2-135M-Instruct's template, as stored in its GGUF.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+    "trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+DEFAULT_SYSTEM = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+)
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi!"},
+    {"role": "assistant", "content": "Hello."},
+    {"role": "user", "content": "Bye?"},
+]
+
+
+@pytest.fixture()
+def smollm2_template() -> ChatTemplate:
+    return ChatTemplate(SMOLLM2_TEMPLATE, "<|im_start|>", "<|im_end|>")
+
+
+def test_smollm2_template_full_conversation(smollm2_template: ChatTemplate) -> None:
+    text = smollm2_template.render(CONVERSATION)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_smollm2_template_default_system_and_no_generation_prompt(smollm2_template: ChatTemplate) -> None:
+    text = smollm2_template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=False)
+    assert text == DEFAULT_SYSTEM + "<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_trim_and_lstrip_blocks_like_hf() -> None:
+    template = ChatTemplate("  {% for m in messages %}\n    {{ m.content }}\n  {% endfor %}\n")
+    assert template.render([{"content": "a"}, {"content": "b"}]) == "    a\n    b\n"
+
+
+def test_bos_eos_and_extra_variables() -> None:
+    template = ChatTemplate(
+        "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}{{ extra }}", "<s>", "</s>"
+    )
+    assert template.render([{"role": "user", "content": "x"}], extra="!") == "<s>x</s>!"
+
+
+def test_raise_exception_becomes_template_error() -> None:
+    template = ChatTemplate(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Roles must alternate') }}{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="Roles must alternate") as info:
+        template.render([{"role": "assistant", "content": "x"}])
+    assert isinstance(info.value, LocalLLMError)
+
+
+def test_tojson_is_plain_json() -> None:
+    template = ChatTemplate("{{ tools | tojson }}|{{ tools | tojson(indent=2) }}")
+    tools = [{"name": "café <b>", "n": 1}]
+    plain, indented = template.render([], tools=tools).split("|")
+    assert plain == json.dumps(tools, ensure_ascii=False)
+    assert json.loads(indented) == tools and "\n  " in indented
+
+
+def test_strftime_now() -> None:
+    assert ChatTemplate("{{ strftime_now('%Y') }}").render([]) == str(datetime.now().year)
+
+
+def test_loop_controls_and_generation_block() -> None:
+    template = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'stop' %}{% break %}{% endif %}"
+        "{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    )
+    assert (
+        template.render([{"role": "a", "content": "1"}, {"role": "stop"}, {"role": "a", "content": "2"}])
+        == "1"
+    )
+
+
+def test_syntax_error_is_one_sentence() -> None:
+    with pytest.raises(TemplateError, match="syntax error on line 1"):
+        ChatTemplate("{% for m in messages %}")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ messages[3].content.upper() }}",  # undefined
+        "{{ messages.append(1) }}",  # the sandbox forbids mutation
+        "{{ ''.__class__.__mro__ }}",
+        "{{ 1 / 0 }}",
+    ],
+)
+def test_render_errors_are_template_errors(source: str) -> None:
+    with pytest.raises(TemplateError, match="failed to render"):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+def test_from_metadata() -> None:
+    meta = {"tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>"], "tokenizer.ggml.bos_token_id": 1}
+    meta["tokenizer.ggml.eos_token_id"] = 2
+    assert ChatTemplate.from_metadata(meta) is None
+    template = ChatTemplate.from_metadata(
+        {**meta, "tokenizer.chat_template": "{{ bos_token }}hi{{ eos_token }}"}
+    )
+    assert template is not None and template.render([]) == "<s>hi</s>"
+    override = ChatTemplate.from_metadata(meta, override="custom")
+    assert override is not None and override.render([]) == "custom"
+
+
+# -- tokenizing the rendered prompt -----------------------------------------------------------------
+
+
+def _tiny_metadata(add_bos: bool) -> dict:
+    tokens = ["<|endoftext|>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", *"abhiuserĊĠ"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3] * 5 + [1] * (len(tokens) - 5),
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": add_bos,
+    }
+
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_apply_chat_template_never_doubles_bos(add_bos: bool) -> None:
+    tok = load_tokenizer(_tiny_metadata(add_bos))
+    template = ChatTemplate(
+        "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}", "<s>", "</s>"
+    )
+    assert apply_chat_template(tok, template, [{"role": "user", "content": "hi"}]) == [
+        1,
+        tok.piece_to_id("h"),
+        tok.piece_to_id("i"),
+    ]
+
+
+def test_apply_chat_template_adds_bos_when_template_does_not() -> None:
+    tok = load_tokenizer(_tiny_metadata(True))
+    template = ChatTemplate("<|im_start|>{{ messages[0].content }}<|im_end|>", "<s>", "</s>")
+    assert apply_chat_template(tok, template, [{"role": "user", "content": "a"}]) == [1, 3, 5, 4]
+
+
+@pytest.mark.slow
+def test_smollm2_chat_prompt_matches_llama_cpp(smollm2_path: Path, index_dir: Path) -> None:
+    from localllm.gguf_file import GGUFFile
+
+    metadata = GGUFFile.open(smollm2_path, index_dir).metadata
+    tok = load_tokenizer(metadata)
+    template = ChatTemplate.from_metadata(metadata)
+    assert template is not None and template.source == SMOLLM2_TEMPLATE
+    ids = apply_chat_template(
+        tok, template, [{"role": "system", "content": "x"}, {"role": "user", "content": "Hi there!"}]
+    )
+    cases = json.loads((Path(__file__).parent / "data" / "smollm2_tokens.json").read_text(encoding="utf-8"))
+    chatml = next(c for c in cases["cases"] if c["name"] == "chatml_special")
+    # The reference prompt is "<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\n".
+    assert (
+        ids[-len(chatml["ids_add_special=1_parse_special=1"]) :]
+        == chatml["ids_add_special=1_parse_special=1"]
+    )
+    assert ids[0] == 1 and ids.count(1) == 3  # one <|im_start|> per turn, no extra BOS

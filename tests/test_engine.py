@@ -1,0 +1,116 @@
+"""The engine on the tiny random model: batching, prefix caching and preemption never change greedy output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_scenarios import alone, run_with_arrivals
+
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine, score_tokens
+from localllm.errors import ContextLengthExceededError, LocalLLMError
+from localllm.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def make_engine(path, index_dir, backend="numpy", **kw) -> LLMEngine:
+    kw.setdefault("max_num_seqs", 8)
+    return LLMEngine(EngineConfig(model=str(path), backend=backend, index_dir=index_dir, threads=1, **kw))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path, index_dir):
+    return make_engine(tiny_model_path, index_dir)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(3, 250, size=20).tolist()
+    return [shared[: rng.integers(1, 20)] + rng.integers(3, 250, size=rng.integers(1, 40)).tolist() for _ in range(n)]
+
+
+def test_batched_equals_alone(engine):
+    ps = prompts(10)
+    expected = {i: alone(engine, p, GREEDY) for i, p in enumerate(ps)}
+    assert run_with_arrivals(engine, ps, GREEDY, seed=1) == expected
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_prefix_cache_on_off_and_preemption_agree(tiny_model_path, index_dir, engine):
+    ps = prompts(10, seed=3)
+    expected = {i: alone(engine, p, GREEDY) for i, p in enumerate(ps)}
+    no_cache = make_engine(tiny_model_path, index_dir, enable_prefix_caching=False)
+    assert run_with_arrivals(no_cache, ps, GREEDY, seed=2) == expected
+    # a pool of 8 blocks of 16 tokens cannot hold 8 sequences of ~50 tokens: preemption must happen
+    tight = make_engine(tiny_model_path, index_dir, num_kv_blocks=8, ctx_size=128, max_num_seqs=8)
+    assert run_with_arrivals(tight, ps, GREEDY, seed=4) == expected
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.block_manager.num_free_blocks == 8
+
+
+def test_chunked_prefill_matches_one_pass(tiny_model_path, index_dir, engine):
+    chunked = make_engine(tiny_model_path, index_dir, max_num_batched_tokens=7)
+    p = prompts(1, seed=5)[0] * 3
+    assert alone(chunked, p, GREEDY) == alone(engine, p, GREEDY)
+
+
+def test_prefix_cache_reports_cached_tokens(engine):
+    p = list(range(3, 60))
+    engine.generate([p], GREEDY)
+    second = engine.generate([p + [7, 8]], GREEDY)[0]
+    assert second.cached_tokens == 48  # three full blocks of 16
+
+
+def test_decode_logits_match_one_pass_scoring(engine):
+    p = prompts(1, seed=9)[0]
+    out = engine.generate([p], GREEDY)[0]
+    logits = score_tokens(engine, p + out.token_ids)
+    assert logits[len(p) - 1 :].argmax(axis=1)[: len(out.token_ids)].tolist() == out.token_ids
+
+
+def test_max_tokens_and_finish_reason(engine):
+    out = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 3
+
+
+def test_context_limit_ends_with_length(tiny_model_path, index_dir):
+    small = make_engine(tiny_model_path, index_dir, ctx_size=32)
+    out = small.generate([list(range(3, 23))], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and out.prompt_tokens + out.generated_tokens == 32
+
+
+def test_long_prompt_rejected_not_truncated(tiny_model_path, index_dir):
+    small = make_engine(tiny_model_path, index_dir, ctx_size=32)
+    with pytest.raises(ContextLengthExceededError, match="40 tokens"):
+        small.add_request(list(range(3, 43)))
+
+
+def test_empty_prompt_rejected(engine):
+    with pytest.raises(LocalLLMError, match="empty"):
+        engine.add_request([])
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(engine):
+    params = SamplingParams(temperature=1.0, seed=42, max_tokens=10, ignore_eos=True)
+    ps = prompts(6, seed=11)
+    expected = {i: alone(engine, p, params) for i, p in enumerate(ps)}
+    assert run_with_arrivals(engine, ps, params, seed=5) == expected
+
+
+def test_abort_frees_blocks(engine):
+    rid = engine.add_request(list(range(3, 40)), GREEDY)
+    engine.step()
+    assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    out = engine.abort(rid)
+    assert out.finish_reason == "abort"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_stop_token_and_logprobs(engine):
+    p = prompts(1, seed=2)[0]
+    first = engine.generate([p], GREEDY)[0].token_ids[0]
+    params = SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[first], logprobs=2)
+    out = engine.generate([p], params)[0]
+    assert out.finish_reason == "stop" and out.token_ids == []
+    assert out.logprobs[0].token_id == first and len(out.logprobs[0].top) == 2

@@ -1,0 +1,100 @@
+"""Sampling: greedy, temperature, top-k/top-p/min-p, penalties, logit bias, seeds, stop strings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localllm.engine.detokenizer import StopChecker
+from localllm.errors import LocalLLMError
+from localllm.sampler import apply_penalties, make_generator, sample, top_logprobs, log_softmax
+from localllm.sampling_params import SamplingParams
+
+LOGITS = np.array([1.0, 3.0, 2.0, 0.5, 2.9], dtype=np.float32)
+
+
+def draws(params: SamplingParams, n: int = 400, seed: int = 0) -> set[int]:
+    rng = make_generator(seed)
+    return {sample(LOGITS, params, rng) for _ in range(n)}
+
+
+def test_greedy_is_argmax():
+    assert sample(LOGITS, SamplingParams(temperature=0), make_generator(0)) == 1
+
+
+def test_top_k_limits_candidates():
+    assert draws(SamplingParams(temperature=1.0, top_k=2)) == {1, 4}
+
+
+def test_top_p_keeps_the_nucleus():
+    # probabilities ~ [.05, .37, .14, .03, .34]: 0.5 needs the two best
+    assert draws(SamplingParams(temperature=1.0, top_p=0.5)) == {1, 4}
+
+
+def test_min_p_drops_unlikely_tokens():
+    assert draws(SamplingParams(temperature=1.0, min_p=0.3)) == {1, 2, 4}
+
+
+def test_high_temperature_reaches_everything():
+    assert draws(SamplingParams(temperature=5.0)) == {0, 1, 2, 3, 4}
+
+
+def test_seed_reproducible_and_independent_of_other_draws():
+    params = SamplingParams(temperature=1.0, seed=7)
+    a = [sample(LOGITS, params, make_generator(7)) for _ in range(1)]
+    rng = make_generator(7)
+    b = [sample(LOGITS, params, rng) for _ in range(20)]
+    assert a[0] == b[0]
+    assert [sample(LOGITS, params, r) for r in [make_generator(7)] * 20] == b
+
+
+def test_logit_bias_can_force_or_ban():
+    params = SamplingParams(temperature=0, logit_bias={3: 100.0})
+    assert sample(apply_penalties(LOGITS, params, [], []), params, make_generator(0)) == 3
+    params = SamplingParams(temperature=0, logit_bias={1: -100.0})
+    assert sample(apply_penalties(LOGITS, params, [], []), params, make_generator(0)) == 4
+
+
+def test_repeat_penalty_llama_cpp_style():
+    params = SamplingParams(repeat_penalty=2.0, repeat_last_n=2)
+    out = apply_penalties(np.array([2.0, -2.0, 4.0], np.float32), params, [0, 1], [2])
+    # only the last two tokens (1 and 2) are in the window: positive divided, negative multiplied
+    np.testing.assert_allclose(out, [2.0, -4.0, 2.0])
+
+
+def test_presence_and_frequency_penalties_count_generated_tokens():
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(np.zeros(3, np.float32), params, [0, 0, 0], [1, 1, 2])
+    np.testing.assert_allclose(out, [0.0, -1.0, -0.75])
+
+
+def test_no_penalties_no_copy():
+    assert apply_penalties(LOGITS, SamplingParams(), [1], [1]) is LOGITS
+
+
+def test_logprobs_sorted_and_normalised():
+    lp = log_softmax(LOGITS)
+    assert np.isclose(np.exp(lp).sum(), 1.0)
+    top = top_logprobs(lp, 3)
+    assert [t for t, _ in top] == [1, 4, 2]
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1}, {"top_p": 0}, {"min_p": 2}, {"max_tokens": 0}, {"stop": [""]}]
+)
+def test_invalid_params_are_rejected(kwargs):
+    with pytest.raises(LocalLLMError):
+        SamplingParams(**kwargs)
+
+
+def test_stop_string_held_back_then_cut():
+    checker = StopChecker(["</end>"])
+    assert checker.feed("Hello </e") == ("Hello ", None)
+    assert checker.feed("nd> tail") == ("", "</end>")
+
+
+def test_stop_string_partial_released_when_it_cannot_match():
+    checker = StopChecker(["STOP"])
+    assert checker.feed("ST") == ("", None)
+    assert checker.feed("AR") == ("STAR", None)
+    assert checker.flush() == ""
