@@ -53,7 +53,7 @@ def run(
         repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=stop or None,
     )  # fmt: skip
-    engine = LLMEngine(c.engine_config(path, backend, threads, ctx_size, max_num_seqs=1))
+    engine = LLMEngine(c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1))
     prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), defaults)
     outputs = []
     for out in engine.stream(prompt_ids, params):

@@ -1,0 +1,1 @@
+"""Benchmarks: offline (llama-bench style), serving (vLLM bench style) and batching comparisons."""

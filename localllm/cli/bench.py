@@ -1,0 +1,105 @@
+"""`localllm bench`: offline llama-bench-style rates; `bench serve` and `bench batching` sub-modes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from localllm.cli import common as c
+from localllm.cli.app import app
+
+
+class _ModelFirstGroup(TyperGroup):
+    """Lets `localllm bench MODEL ...` mean `localllm bench --model MODEL ...` next to the sub-modes."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["--model", args[0], *args[1:]]
+        return super().parse_args(ctx, args)
+
+
+bench_app = typer.Typer(cls=_ModelFirstGroup, invoke_without_command=True, no_args_is_help=False)
+app.add_typer(bench_app, name="bench", help="Benchmarks: offline rates, serving load, batching comparison.")
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+@bench_app.callback()
+def offline(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="A .gguf path or registry name.")] = None,
+    n_prompt: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths, comma-separated.")] = "512",
+    n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths, comma-separated.")] = "128",
+    threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated.")] = "",
+    reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions per test.")] = 3,
+    batch: Annotated[str, typer.Option("-b", "--batch", help="Extra decode rows with N sequences.")] = "",
+    output: Annotated[str, typer.Option("-o", "--output", help="table, md, json or csv.")] = "table",
+    llama_bench: Annotated[
+        str | None, typer.Option("--llama-bench", help="llama-bench binary to compare with (or on PATH).")
+    ] = None,
+    backend: c.Backend = "numba",
+) -> None:
+    """Measure prompt processing (ppN) and generation (tgN) speed, like llama-bench.
+
+    Examples:
+
+      localllm bench                       # default model, pp512 and tg128
+
+      localllm bench smollm2-135m-instruct -p 128,512 -n 128 -t 1,2 -r 5 -o md
+
+      localllm bench -b 16 --llama-bench ./llama-bench    # add batched decode, compare with llama.cpp
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from localllm.bench.offline import ratios
+
+    path, _ = c.resolve(model)
+    rows = _run_localllm(path, _int_list(n_prompt), _int_list(n_gen), _threads(threads), reps,
+                         _int_list(batch), backend)  # fmt: skip
+    binary = llama_bench or shutil.which("llama-bench")
+    if binary:
+        from localllm.bench.offline import run_llama_bench
+
+        for t in _threads(threads):
+            rows += run_llama_bench(binary, path, _int_list(n_prompt), _int_list(n_gen), t, reps)
+    from localllm.bench.report import print_offline
+    from localllm.bench.system import system_info
+
+    info = system_info(path, backend, _threads(threads)[0])
+    print_offline(rows, ratios(rows), info, output)
+
+
+def _threads(text: str) -> list[int]:
+    from localllm.config import physical_cores
+
+    return _int_list(text) or [physical_cores()]
+
+
+def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -> list:
+    from localllm.bench.offline import OfflineBench
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+
+    rows = []
+    ctx = max(n_prompt + n_gen + [1]) + max(n_gen + [1]) + 16
+    for threads in threads_list:
+        config = EngineConfig(model=str(path), backend=backend, threads=threads, ctx_size=ctx,
+                              max_num_seqs=max(batches + [1]), max_num_batched_tokens=max(n_prompt + [512]),
+                              enable_prefix_caching=False, index_dir=c.model_home() / "index")  # fmt: skip
+        bench = OfflineBench(LLMEngine(config), reps)
+        rows += [bench.prompt_processing(p) for p in n_prompt]
+        rows += [bench.text_generation(n) for n in n_gen]
+        rows += [bench.text_generation(n, b) for n in n_gen for b in batches if b > 1]
+        print(f"threads={threads}: done", file=sys.stderr)
+    return rows
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)
