@@ -8,6 +8,8 @@ from localllm.errors import ModelFormatError
 
 ARCHITECTURES = {
     "llama": ("localllm.models.llama", "LlamaModel"),
+    "qwen2": ("localllm.models.qwen2", "Qwen2Model"),
+    "gemma3": ("localllm.models.gemma3", "Gemma3Model"),
 }
 
 
