@@ -103,3 +103,4 @@ def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -
 
 def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)
+from localllm.cli import bench_modes  # noqa: E402,F401
