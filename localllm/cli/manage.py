@@ -47,9 +47,26 @@ class ModelRow:
 
 
 def describe(path: Path) -> dict[str, str]:
-    """Extra `list` columns for one downloaded file; must stay cheap (no full GGUF parse)."""
+    """Extra `list` columns for one downloaded file: architecture, parameters, quant type, context.
+
+    Reads the GGUF's metadata and tensor table through the cached index (a full parse happens only
+    the first time a file is seen). A file that cannot be read still gets the quant tag in its name.
+    """
+    from localllm.gguf_file import GGUFFile
+    from localllm.model_info import format_params, summarize
+
     match = _QUANT.search(path.name)
-    return {"quant": match.group(1).upper() if match else ""}
+    quant = match.group(1).upper() if match else ""
+    try:
+        info = summarize(GGUFFile.open(path, default_home() / "index"))
+    except Exception:  # a damaged or foreign file must not break the listing
+        return {"arch": "", "params": "", "quant": quant, "context": ""}
+    return {
+        "arch": info.architecture,
+        "params": format_params(info.parameters),
+        "quant": info.quant or quant,
+        "context": f"{info.context_length:,}" if info.context_length else "",
+    }
 
 
 @app.command()

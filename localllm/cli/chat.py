@@ -1,0 +1,119 @@
+"""`localllm chat`: talk with a model in the terminal (the work lives in localllm.chat)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from localllm.cli import common as c
+from localllm.cli.app import app
+
+
+@app.command()
+def chat(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODEL]", help="A .gguf path or registry name; the default model if omitted."
+        ),
+    ] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="Jinja template text, a file holding one, or 'chatml' (for models without one).",
+        ),
+    ] = None,
+    temperature: c.Temperature = None,
+    top_p: c.TopP = None,
+    top_k: c.TopK = None,
+    min_p: c.MinP = None,
+    repeat_penalty: c.RepeatPenalty = None,
+    presence_penalty: c.PresencePenalty = 0.0,
+    frequency_penalty: c.FrequencyPenalty = 0.0,
+    seed: c.Seed = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", "-n", help="Tokens per reply (default: until the model ends its turn)."),
+    ] = None,
+    stop: c.Stop = None,
+    threads: c.Threads = 0,
+    ctx_size: c.CtxSize = 0,
+    backend: c.Backend = "numba",
+) -> None:
+    """Chat with a model in the terminal, replies streamed as they are written.
+
+    The conversation and its KV cache carry across turns, so each turn only processes the new text;
+    when the context fills up the oldest turns are dropped (never the system prompt), with a notice.
+    Type /help inside for commands; Ctrl-C stops a reply, Ctrl-D leaves.
+
+    With stdin not a terminal, all of stdin is one message: the reply goes to stdout, stats to stderr.
+
+    Examples:
+
+      localllm chat
+
+      localllm chat smollm2-135m-instruct --system "Answer in one sentence." --temperature 0.3
+
+      echo "Why is the sky blue?" | localllm chat
+
+      localllm chat base-model.gguf --chat-template chatml
+    """
+    from localllm.chat.session import ChatSession, load_template
+    from localllm.engine.async_engine import AsyncEngine
+    from localllm.engine.engine import LLMEngine
+    from localllm.gguf_file import GGUFFile
+
+    interactive = sys.stdin.isatty()
+    path, defaults = c.resolve(model)
+    template_override = chat_template or defaults.get("chat_template")
+    metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
+    load_template(metadata, path.name, template_override)  # refuse a model without a template now
+    if max_tokens is None and "max_tokens" not in defaults:
+        max_tokens = -1  # a chat reply runs until the model ends its turn (or the context is full)
+    params = c.sampling_params(
+        defaults, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=stop or None,
+    )  # fmt: skip
+    ctx = ctx_size or int(defaults.get("context") or 0)
+    config = c.engine_config(path, backend, threads, ctx, max_num_seqs=1)
+    if interactive:
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"loading {path.name} ..."):
+            engine = LLMEngine(config)
+    else:
+        engine = LLMEngine(config)
+    template = load_template(engine.gguf.metadata, path.name, template_override)
+    session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
+    runner = AsyncEngine(engine)
+    counter = iter(range(1 << 62))
+
+    def stream(ids, p):
+        return runner.stream(ids, p, f"chat-{next(counter)}")
+
+    try:
+        if interactive:
+            _interactive(session, stream, params, path, backend, engine.max_model_len)
+        else:
+            from localllm.chat.repl import answer_once
+
+            answer_once(session, stream, params, sys.stdin.read(), sys.stdout, sys.stderr)
+    finally:
+        runner.shutdown()
+
+
+def _interactive(session, stream, params, path, backend: str, ctx: int) -> None:
+    from rich.console import Console
+
+    from localllm.chat.repl import ChatRepl, plain_reader, prompt_toolkit_reader
+
+    console = Console(highlight=False)
+    terminal = sys.stdout.isatty()
+    read = prompt_toolkit_reader(c.model_home() / "chat_history") if terminal else plain_reader
+    about = {"model": path.name, "context": f"{ctx} tokens", "backend": backend}
+    ChatRepl(session, stream, params, console, read, about, live=terminal).run()

@@ -1,0 +1,131 @@
+"""`localllm info`: what a GGUF file holds and the memory it needs to run."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from localllm.cli import common as c
+from localllm.cli.app import app
+
+
+@app.command()
+def info(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODEL]", help="A .gguf path or registry name; the default model if omitted."
+        ),
+    ] = None,
+    ctx_size: Annotated[
+        int,
+        typer.Option("--ctx-size", "-c", help="Context length for the KV-cache figure (0 = the model's)."),
+    ] = 0,
+    full: Annotated[bool, typer.Option("--full", help="Print the whole chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show a model's metadata, tensor types, chat template and the memory it needs.
+
+    Memory is the file itself (memory-mapped weights) plus the KV cache: float32 keys and values,
+    2 x layers x KV heads x head dim x 4 bytes per token of context.
+
+    Examples:
+
+      localllm info smollm2-135m-instruct
+
+      localllm info model.gguf --ctx-size 8192
+
+      localllm info model.gguf --json --full
+    """
+    from localllm.errors import LocalLLMError
+    from localllm.gguf_file import GGUFFile
+    from localllm.model_info import summarize
+
+    if ctx_size < 0:
+        raise LocalLLMError("--ctx-size must be >= 0.")
+    path, _ = c.resolve(model)
+    summary = summarize(GGUFFile.open(path, c.model_home() / "index"))
+    if as_json:
+        print(json.dumps(summary.as_dict(ctx_size or None), ensure_ascii=False, default=str))
+        return
+    _print(summary, ctx_size or None, full)
+
+
+def _print(summary, ctx_size: int | None, full: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from localllm.model_info import format_params, human_bytes, short_template
+
+    console = Console()
+
+    def n(value) -> str:
+        return "?" if value is None else f"{value:,}"
+
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    rows = [
+        ("name", summary.name),
+        ("file", summary.path),
+        ("architecture", summary.architecture),
+        ("parameters", f"{format_params(summary.parameters)} ({summary.parameters:,})"),
+        ("file size", f"{human_bytes(summary.file_size)} ({summary.file_size:,} bytes)"),
+        ("quantization", summary.quant or "?"),
+        ("context length", n(summary.context_length)),
+        ("embedding", n(summary.embedding_length)),
+        ("layers", n(summary.n_layers)),
+        ("heads", f"{n(summary.n_heads)} (KV heads {n(summary.n_kv_heads)}, head dim {n(summary.head_dim)})"),
+        ("vocabulary", f"{n(summary.vocab_size)} ({summary.tokenizer or '?'} tokenizer)"),
+    ]
+    rows += [(key.replace("_", " "), str(value)) for key, value in summary.extra.items()]
+    for key, value in rows:
+        facts.add_row(key, Text(value))
+    console.print(facts)
+
+    console.print()
+    types = Table(title="tensor types", title_justify="left", box=None, header_style="bold")
+    for column in ("TYPE", "TENSORS", "PARAMETERS", "SIZE", "SHARE"):
+        types.add_column(column, justify="left" if column == "TYPE" else "right")
+    total = sum(t.bytes for t in summary.tensor_types) or 1
+    for t in summary.tensor_types:
+        types.add_row(
+            t.type, str(t.count), f"{t.parameters:,}", human_bytes(t.bytes), f"{100 * t.bytes / total:.1f}%"
+        )
+    console.print(types)
+
+    console.print()
+    memory = summary.memory(ctx_size)
+    mem = Table(title="memory", title_justify="left", box=None, header_style="bold", show_header=False)
+    mem.add_column(style="bold")
+    mem.add_column(justify="right")
+    mem.add_column()
+    mem.add_row("weights", human_bytes(memory["weights_bytes"]), "the file, memory-mapped")
+    per_token = memory["kv_bytes_per_token"]
+    if per_token is None:
+        mem.add_row("KV cache", "?", "the metadata lacks layer or head counts")
+    else:
+        mem.add_row(
+            "KV cache / token",
+            human_bytes(per_token),
+            f"2 x {summary.n_layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} "
+            "x 4 B (float32)",
+        )
+        mem.add_row(
+            f"KV cache @ {memory['context']:,}", human_bytes(memory["kv_cache_bytes"]), "tokens of context"
+        )
+        mem.add_row("total", human_bytes(memory["total_bytes"]), "")
+    console.print(mem)
+
+    console.print()
+    if summary.chat_template is None:
+        console.print("[bold]chat template[/bold]: none (a base model? `chat` needs --chat-template)")
+        return
+    text, cut = (summary.chat_template, False) if full else short_template(summary.chat_template)
+    console.print(f"[bold]chat template[/bold] ({len(summary.chat_template):,} characters):")
+    console.print(Text(text), soft_wrap=True)
+    if cut:
+        console.print("[dim]... (shortened; --full prints all of it)[/dim]")

@@ -1,0 +1,212 @@
+"""What a GGUF file holds and what running it costs: a metadata summary and memory arithmetic.
+
+Read from the metadata and the tensor table alone (no weights are touched, no model is built), so it
+works for architectures the engine does not run, and `localllm list` can afford it for every file.
+
+Memory, as this engine uses it:
+  * weights: the file itself, memory-mapped (pages are read in as they are first touched);
+  * KV cache: keys and values for every layer, stored as float32 -
+    2 x n_layers x n_kv_heads x head_dim x 4 bytes per token of context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KV_DTYPE_BYTES = 4  # the engine keeps K and V in float32
+
+
+@dataclass(frozen=True, slots=True)
+class TensorTypeCount:
+    type: str  # "Q8_0", "F32", ...
+    count: int  # tensors of this type
+    parameters: int  # elements in them
+    bytes: int  # bytes they take in the file
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    file_size: int
+    name: str
+    architecture: str
+    parameters: int
+    quant: str  # the file's quantization: general.file_type, else the type holding most parameters
+    tensor_types: list[TensorTypeCount]  # largest share of the file first
+    context_length: int | None
+    embedding_length: int | None
+    n_layers: int | None
+    n_heads: int | None
+    n_kv_heads: int | None
+    head_dim: int | None
+    vocab_size: int | None
+    tokenizer: str | None
+    chat_template: str | None
+    extra: dict[str, Any] = field(default_factory=dict)  # a few more general.* facts when present
+
+    @property
+    def kv_bytes_per_token(self) -> int | None:
+        if None in (self.n_layers, self.n_kv_heads, self.head_dim):
+            return None
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)  # type: ignore[arg-type]
+
+    def memory(self, ctx_size: int | None = None) -> dict[str, Any]:
+        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context)."""
+        ctx = ctx_size or self.context_length or 0
+        per_token = self.kv_bytes_per_token
+        kv = per_token * ctx if per_token is not None else None
+        return {
+            "weights_bytes": self.file_size,
+            "kv_bytes_per_token": per_token,
+            "context": ctx,
+            "kv_cache_bytes": kv,
+            "total_bytes": self.file_size + (kv or 0),
+        }
+
+    def as_dict(self, ctx_size: int | None = None) -> dict[str, Any]:
+        data = asdict(self)
+        data["tensor_types"] = {
+            t.type: {k: v for k, v in asdict(t).items() if k != "type"} for t in self.tensor_types
+        }
+        data["memory"] = self.memory(ctx_size)
+        return data
+
+
+def kv_bytes_per_token(
+    n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int = KV_DTYPE_BYTES
+) -> int:
+    """Keys and values of one token across all layers."""
+    return 2 * n_layers * n_kv_heads * head_dim * dtype_bytes
+
+
+def summarize(gf: Any) -> ModelInfo:
+    """A ModelInfo for an open GGUFFile."""
+    md: Mapping[str, Any] = gf.metadata
+    arch = str(md.get("general.architecture", "unknown"))
+
+    def arch_int(key: str) -> int | None:
+        value = md.get(f"{arch}.{key}")
+        return _as_int(value)
+
+    n_heads = arch_int("attention.head_count")
+    dim = arch_int("embedding_length")
+    head_dim = arch_int("attention.key_length")
+    if head_dim is None and dim and n_heads:
+        head_dim = dim // n_heads
+    n_kv_heads = arch_int("attention.head_count_kv") or n_heads
+    vocab = arch_int("vocab_size")
+    if vocab is None and md.get("tokenizer.ggml.tokens") is not None:
+        vocab = len(md["tokenizer.ggml.tokens"])
+    histogram = tensor_histogram(gf.tensors.values())
+    parameters = sum(t.parameters for t in histogram)
+    extra = {
+        k.removeprefix("general."): md[k]
+        for k in ("general.basename", "general.size_label", "general.license", "general.organization")
+        if isinstance(md.get(k), (str, int, float))
+    }
+    template = md.get("tokenizer.chat_template")
+    return ModelInfo(
+        path=str(gf.path),
+        file_size=int(gf.path.stat().st_size),
+        name=str(md.get("general.name") or gf.path.stem),
+        architecture=arch,
+        parameters=parameters,
+        quant=file_quant(md, gf.tensors.values()),
+        tensor_types=histogram,
+        context_length=arch_int("context_length"),
+        embedding_length=dim,
+        n_layers=arch_int("block_count"),
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        tokenizer=str(md["tokenizer.ggml.model"]) if md.get("tokenizer.ggml.model") else None,
+        chat_template=str(template) if template else None,
+        extra=extra,
+    )
+
+
+def tensor_histogram(tensors: Any) -> list[TensorTypeCount]:
+    """Count, parameters and bytes per ggml type, the largest share of the file first."""
+    counts: dict[str, list[int]] = {}
+    for t in tensors:
+        row = counts.setdefault(type_name(t.ggml_type), [0, 0, 0])
+        row[0] += 1
+        row[1] += _numel(t.shape)
+        row[2] += int(t.nbytes)
+    rows = [TensorTypeCount(name, c, p, b) for name, (c, p, b) in counts.items()]
+    return sorted(rows, key=lambda r: (-r.bytes, r.type))
+
+
+def file_quant(metadata: Mapping[str, Any], tensors: Any) -> str:
+    """The file's quantization label, e.g. "Q4_K_M": general.file_type when set, else the ggml type
+    holding the most matrix parameters."""
+    ftype = _as_int(metadata.get("general.file_type"))
+    if ftype is not None:
+        try:
+            from gguf import LlamaFileType
+
+            return LlamaFileType(ftype).name.removeprefix("MOSTLY_")
+        except (ImportError, ValueError):
+            pass
+    weight: dict[str, int] = {}
+    for t in tensors:
+        if len(t.shape) >= 2:
+            name = type_name(t.ggml_type)
+            weight[name] = weight.get(name, 0) + _numel(t.shape)
+    return max(weight, key=lambda k: weight[k]) if weight else ""
+
+
+def type_name(ggml_type: int) -> str:
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(ggml_type).name
+    except (ImportError, ValueError):
+        return f"type{ggml_type}"
+
+
+def format_params(n: int) -> str:
+    """135M, 1.7B, 91.3K: the way model cards write parameter counts."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            value = n / scale
+            text = f"{value:.1f}" if value < 100 else f"{value:.0f}"
+            return text.removesuffix(".0") + suffix
+    return str(n)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n} B"
+    exponent = min(4, (int(n).bit_length() - 1) // 10)
+    return f"{n / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB', 'TiB')[exponent - 1]}"
+
+
+def short_template(text: str, max_lines: int = 12, max_chars: int = 800) -> tuple[str, bool]:
+    """The template cut to a readable size; True when something was left out."""
+    lines = text.splitlines()
+    cut = "\n".join(lines[:max_lines])
+    if len(cut) > max_chars:
+        cut = cut[:max_chars]
+    return cut, cut != text
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _as_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,124 @@
+"""`localllm chat` as a person uses it: a real pseudo-terminal (pexpect), typed turns, slash commands,
+a multi-line block, Esc+Enter, Ctrl-C during a reply, Ctrl-D to leave.
+
+The tiny model writes random tokens, so these tests check the structure of the transcript (replies
+and stats lines appear, commands answer, nothing crashes), never the content of the replies.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+PROMPT = ">>>"  # prompt_toolkit draws ">>> " with a cursor move in place of the space
+TIMEOUT = 60
+
+
+def spawn(model, home, *args):
+    env = dict(
+        os.environ,
+        LOCALLLM_HOME=str(home),
+        PROMPT_TOOLKIT_NO_CPR="1",
+        TERM="xterm",
+        COLUMNS="100",
+        LINES="30",
+    )
+    command = ["-m", "localllm", "chat", str(model), "--backend", "numpy", "--temperature", "0", *args]
+    child = pexpect.spawn(
+        sys.executable,
+        command,
+        env=env,
+        encoding="utf-8",
+        codec_errors="replace",
+        dimensions=(30, 100),
+        timeout=TIMEOUT,
+    )
+    child.logfile_read = io.StringIO()
+    child.expect(PROMPT)
+    return child
+
+
+def say(child, line, *expected):
+    """Type a line, wait for each expected text in turn, then for the next prompt."""
+    child.sendline(line)
+    for text in expected:
+        child.expect_exact(text)
+    child.expect(PROMPT)
+
+
+def leave(child) -> str:
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    transcript = child.logfile_read.getvalue()
+    assert child.exitstatus == 0, transcript[-2000:]
+    assert "Traceback" not in transcript
+    return transcript
+
+
+def test_chat_session_in_a_terminal(tiny_model_path, tmp_path):
+    home = tmp_path / "home"
+    saved = tmp_path / "conversation.json"
+    child = spawn(tiny_model_path, home, "-n", "16", "--ctx-size", "8192")
+    say(child, "Hello, who are you?", "tok/s", "context")
+    say(child, "/help", "/regen", "Ctrl-C")
+    say(child, "/set temperature 0.5", "temperature = 0.5")
+    # a multi-line block between triple quotes is one message
+    child.sendline('"""')
+    child.sendline("first line of a block")
+    say(child, 'last line"""', "tok/s")
+    # Esc+Enter (what Alt+Enter sends) puts a newline inside the message
+    child.send("alpha")
+    child.send("\x1b\r")
+    say(child, "beta", "tok/s")
+    say(child, "/system You answer in French.", "system prompt set")
+    say(child, "/stats", "prompt tokens:", "cache")
+    say(child, f"/save {saved}", "saved 7 messages")
+    say(child, "/clear", "conversation cleared")
+    say(child, f"/load {saved}", "loaded 7 messages")
+    say(child, "/regen", "tok/s")
+    # a long reply, stopped with Ctrl-C while it is being written: the chat goes on
+    say(child, "/set max_tokens -1", "max_tokens = none")
+    child.sendline("Tell me a very long story.")
+    time.sleep(1.0)
+    child.sendintr()
+    child.expect_exact("interrupted")
+    child.expect(PROMPT)
+    child.sendintr()  # Ctrl-C at the prompt only clears the line
+    child.expect(PROMPT)
+    say(child, "/set max_tokens 8", "max_tokens = 8")
+    say(child, "And now?", "tok/s")
+    transcript = leave(child)
+
+    assert transcript.count("tok/s") >= 6
+    messages = json.loads(saved.read_text())["messages"]
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * 3
+    assert messages[0]["content"] == "You answer in French."
+    assert messages[3]["content"] == "first line of a block\nlast line"
+    assert messages[5]["content"] == "alpha\nbeta"
+    history = (home / "chat_history").read_text()
+    assert "Hello, who are you?" in history and "/set temperature 0.5" in history
+
+
+def test_small_context_drops_oldest_turns_and_says_so(tiny_model_path, tmp_path):
+    child = spawn(tiny_model_path, tmp_path / "home", "-n", "16", "--ctx-size", "80", "--system", "Be terse.")
+    for i in range(3):
+        child.sendline(f"message number {i} with a few more words in it")
+        index = child.expect([r"context full: dropped the (\d+ )?oldest turn", "tok/s"])
+        if index == 0:
+            break
+        child.expect(PROMPT)
+    else:
+        pytest.fail("no turn was dropped: " + child.logfile_read.getvalue()[-2000:])
+    child.expect_exact("the system prompt is kept")
+    child.expect("tok/s")
+    child.expect(PROMPT)
+    say(child, "/stats", "context")
+    leave(child)
