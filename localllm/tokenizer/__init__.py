@@ -19,6 +19,9 @@ from localllm.errors import ModelFormatError
 __all__ = ["Tokenizer", "TokenAttr", "load_tokenizer"]
 
 
+_KEY = 3  # special pieces are prefiltered by their first _KEY characters
+
+
 class TokenAttr(enum.IntFlag):
     """llama.cpp's llama_token_attr subset that tokenization depends on."""
 
@@ -117,6 +120,11 @@ class Tokenizer(ABC):
         self._roles = self._find_roles(metadata)
         self.eog_ids: frozenset[int] = self._end_of_generation_ids()
         self.special_tokens: dict[str, int] = {self._tokens[i]: i for i in self._special_order()}
+        # special pieces indexed by their first characters, so a long text is not scanned once per piece
+        # (Gemma has 6,400 of them)
+        self._special_by_key: dict[str, list[tuple[int, str, int]]] = {}
+        for rank, (piece, tid) in enumerate(self.special_tokens.items()):
+            self._special_by_key.setdefault(piece[:_KEY], []).append((rank, piece, tid))
         self._hidden_ids = frozenset(i for i, a in enumerate(self._attrs) if a & _HIDDEN)
         self._bytes_cache: dict[int, bytes] = {}
 
@@ -256,11 +264,19 @@ class Tokenizer(ABC):
         """Split text at special tokens (tokenizer_st_partition): each one, longest first, cuts
         every remaining text fragment at all its occurrences."""
         fragments: list[str | int] = [text] if text else []
-        for piece, tid in self.special_tokens.items():
+        for _, piece, tid in self._special_candidates(text):
             if piece not in text or (not parse_special and self._attrs[tid] & _HIDDEN):
                 continue
             fragments = [part for f in fragments for part in _cut(f, piece, tid)]
         return fragments
+
+    def _special_candidates(self, text: str) -> list[tuple[int, str, int]]:
+        """Special pieces that may occur in text (a superset), in longest-first order."""
+        by_key = self._special_by_key
+        grams = {text[i : i + _KEY] for i in range(len(text))}
+        found = [e for k in grams & by_key.keys() for e in by_key[k]]
+        found += [e for k, es in by_key.items() if len(k) < _KEY and k in text for e in es]
+        return sorted(set(found))
 
 
 def _cut(fragment: str | int, piece: str, tid: int) -> list[str | int]:
@@ -309,6 +325,10 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
         from localllm.tokenizer.bpe import BPETokenizer
 
         return BPETokenizer(metadata)
+    if model == "llama":
+        from localllm.tokenizer.spm import SPMTokenizer
+
+        return SPMTokenizer(metadata)
     if model is None:
         raise ModelFormatError("the model file does not say which tokenizer it uses (tokenizer.ggml.model).")
     raise ModelFormatError(f"tokenizer model '{model}' is not supported.")
