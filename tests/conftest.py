@@ -27,12 +27,32 @@ def _model_home() -> Path:
     return Path(os.environ.get("LOCALLLM_HOME", "~/.cache/localllm")).expanduser()
 
 
+def _resolve(name: str) -> Path:
+    from localllm.registry import load_registry, resolve_model
+
+    return resolve_model(name, _model_home(), load_registry(None), progress=False).path
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real model: $LOCALLLM_TEST_MODEL, else the localllm cache (pulled on first use)."""
     explicit = os.environ.get("LOCALLLM_TEST_MODEL")
-    if explicit:
-        return Path(explicit)
-    from localllm.registry import load_registry, resolve_model
+    return Path(explicit) if explicit else _resolve("smollm2-135m-instruct")
 
-    return resolve_model("smollm2-135m-instruct", _model_home(), load_registry(None), progress=False).path
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """gemma-3-270m from the localllm cache (pulled on first use)."""
+    return _resolve("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen25c_path() -> Path:
+    """qwen2.5-coder-0.5b-instruct from the localllm cache (pulled on first use)."""
+    return _resolve("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def model_index_dir() -> Path:
+    """The CLI's own GGUF index cache: parsing a 262k vocabulary takes ~20 s, its cached index ~0.2 s."""
+    return _model_home() / "index"

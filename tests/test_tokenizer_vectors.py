@@ -111,18 +111,6 @@ def _resolve(name: str) -> Path:
     return resolve_model(name, _model_home(), load_registry(None), progress=False).path
 
 
-@pytest.fixture(scope="session")
-def gemma3_path() -> Path:
-    """gemma-3-270m from the localllm cache (pulled on first use)."""
-    return _resolve("gemma-3-270m")
-
-
-@pytest.fixture(scope="session")
-def qwen25c_path() -> Path:
-    """qwen2.5-coder-0.5b-instruct from the localllm cache (pulled on first use)."""
-    return _resolve("qwen2.5-coder-0.5b-instruct")
-
-
 def _open_tokenizer(path: Path) -> Tokenizer:
     # The CLI's index cache: the gguf reader needs ~20 s for a 262k vocabulary, the cached index ~0.2 s.
     return load_tokenizer(GGUFFile.open(path, _model_home() / "index").metadata)

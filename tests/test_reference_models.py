@@ -1,0 +1,96 @@
+"""The real models against llama.cpp, as ../shared/reference/README.md defines "matches llama.cpp".
+
+Reference data (llama.cpp b11312, all-fp32 attention `fa_off_kvf32`) is copied into tests/data/<model>/.
+SmolLM2 runs on the NumPy reference backend and the Numba kernels; the larger models on the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from reference_check import first_near_tie, load_cases, logits_report, teacher_forced
+
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine, score_tokens
+from localllm.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+DATA = Path(__file__).parent / "data"
+VARIANT = "fa_off_kvf32"  # all-fp32 attention: the closest llama.cpp setting to an fp32 engine
+
+
+@dataclass(frozen=True)
+class Bounds:
+    overall: float = 0.95  # teacher-forced agreement over all positions
+    rms: dict[str, float] = field(default_factory=dict)  # per prompt; default 0.3
+    default_rms: float = 0.3
+
+
+MODELS = {
+    # Gemma 3's near-ties are denser (a correct fp32 implementation measures 93.8% on raw_france), and
+    # llama.cpp's own attention settings differ by up to 0.83 RMS on the long prompt.
+    "smollm2": ("smollm2_path", Bounds()),
+    "qwen25c": ("qwen25c_path", Bounds()),
+    "gemma3": ("gemma3_path", Bounds(overall=0.90, rms={"raw_gpl_long": 1.0}, default_rms=0.6)),
+}
+RUNS = [("smollm2", "numpy"), ("smollm2", "numba"), ("qwen25c", "numba"), ("gemma3", "numba")]
+
+
+@pytest.fixture(scope="module")
+def engines(request, model_index_dir):
+    """One engine per (model, backend), built on first use and shared by the module's tests."""
+    built: dict[tuple[str, str], LLMEngine] = {}
+
+    def get(model: str, backend: str) -> LLMEngine:
+        if (model, backend) not in built:
+            path = request.getfixturevalue(MODELS[model][0])
+            config = EngineConfig(model=str(path), backend=backend, ctx_size=1024, max_num_seqs=1,
+                                  max_num_batched_tokens=1024, index_dir=model_index_dir, threads=2)  # fmt: skip
+            built[(model, backend)] = LLMEngine(config)
+        return built[(model, backend)]
+
+    return get
+
+
+def cases(kind: str) -> list:
+    out = []
+    for model, backend in RUNS:
+        greedy, top10 = load_cases(DATA / model)
+        for case in greedy if kind == "greedy" else top10["prompts"]:
+            out.append(pytest.param(model, backend, case, id=f"{model}-{backend}-{case['name']}"))
+    return out
+
+
+@pytest.mark.parametrize("model,backend,case", cases("greedy"))
+def test_teacher_forced_agreement(engines, model, backend, case):
+    engine, bounds = engines(model, backend), MODELS[model][1]
+    ref = case[VARIANT]
+    generated, margins = ref["generated_ids"], ref["top1_minus_top2"]
+    logits = score_tokens(engine, case["prompt_ids"] + generated)
+    agreement = teacher_forced(logits, case["n_prompt"], generated, margins)
+    assert agreement.confident_agree == agreement.confident_total, agreement
+    assert agreement.overall >= bounds.overall, agreement
+
+
+@pytest.mark.parametrize("model,backend,case", cases("greedy"))
+def test_free_running_greedy(engines, model, backend, case):
+    engine = engines(model, backend)
+    ref = case[VARIANT]
+    params = SamplingParams(temperature=0, max_tokens=len(ref["generated_ids"]), ignore_eos=True)
+    ours = engine.generate([case["prompt_ids"]], params)[0].token_ids
+    n = first_near_tie(ref["top1_minus_top2"])
+    assert ours[:n] == ref["generated_ids"][:n], f"diverged before the first near-tie at step {n}"
+
+
+@pytest.mark.parametrize("model,backend,case", cases("top10"))
+def test_last_position_logits(engines, model, backend, case):
+    engine, bounds = engines(model, backend), MODELS[model][1]
+    theirs = np.load(DATA / model / f"logits_{case['name']}.{VARIANT}.npy").astype(np.float32)
+    ours = score_tokens(engine, case["prompt_ids"])[-1]
+    rms, same_top1, shared = logits_report(ours, theirs)
+    assert rms <= bounds.rms.get(case["name"], bounds.default_rms), f"RMS {rms:.3f}"
+    assert same_top1
+    assert shared >= 8, f"only {shared} of the top-10 shared"
