@@ -6,7 +6,7 @@ import sys
 
 
 def main() -> None:
-    from localllm.cli import bench, chat, info, manage, run, tokenize  # noqa: F401  (registers commands)
+    from localllm.cli import bench, chat, info, manage, run, serve, tokenize  # noqa: F401  (registers commands)
     from localllm.cli.app import app
     from localllm.errors import LocalLLMError
 

@@ -1,0 +1,605 @@
+"""The OpenAI-compatible HTTP server: routes, auth, CORS and error handlers around one AsyncEngine.
+
+`create_app(engine_factory, config)` returns the FastAPI app. The engine loads on a background thread
+when the app starts, so /health answers 503 while the model loads and 200 once it serves. Each
+handler runs parse -> validate -> run -> format; every client mistake becomes a 4xx in OpenAI's
+error shape, and a request whose client goes away is aborted at once so its KV blocks come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from localllm.engine.async_engine import AsyncEngine, QueueFull
+from localllm.engine.engine import LLMEngine
+from localllm.engine.output import StepOutput
+from localllm.errors import LocalLLMError
+from localllm.sampling_params import SamplingParams
+from localllm.server.metrics import RequestTracker, ServerMetrics
+from localllm.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorResponse,
+    SamplingRequest,
+    TokenizeRequest,
+    chat_logprobs,
+    chat_response,
+    check_token_ids,
+    completion_logprobs,
+    completion_response,
+    error_body,
+    message_dicts,
+    token_logprobs,
+)
+from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
+
+log = logging.getLogger("localllm.server")
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request"},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key"},
+    503: {"model": ErrorResponse, "description": "Loading, or the queue is full"},
+}
+NO_KEY_MESSAGE = (
+    "You didn't provide an API key: send it in an Authorization header (Authorization: Bearer KEY)."
+)
+CLIENT_CLOSED = 499  # nginx's "client closed request": the response goes nowhere
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs besides the engine, built at the CLI edge."""
+
+    model_id: str  # the served name (registry name or file stem)
+    model_aliases: tuple[str, ...] = ()  # other names accepted in `model` (e.g. the file name)
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    max_queue: int = 0  # waiting requests allowed before 503; 0 = unbounded
+    chat_template: str | None = None  # Jinja text overriding the model's template
+    host: str = "127.0.0.1"  # for the banner only; uvicorn binds
+    port: int = 8080
+    on_load_error: Callable[[BaseException], None] | None = None  # the CLI stops the server
+
+    def accepts_model(self, name: str | None) -> bool:
+        if name is None:
+            return True
+        names = {self.model_id, *self.model_aliases}
+        return name in names or name.lower() in {n.lower() for n in names}
+
+
+# ----------------------------------------------------------------------------------------------- state
+
+
+class ServerState:
+    """The engine once loaded, the chat template, and the metrics; shared by all handlers."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.engine: AsyncEngine | None = None
+        self.template: Any = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(lambda: self.engine)
+        self._closing = False
+
+    @property
+    def llm(self) -> LLMEngine:
+        return self.ready().engine
+
+    def load(self, factory: Callable[[], LLMEngine]) -> None:
+        """Runs on a background thread: build the engine, then start serving."""
+        from localllm.tokenizer.chat_template import ChatTemplate
+
+        try:
+            started = time.perf_counter()
+            llm = factory()
+            self.template = ChatTemplate.from_metadata(llm.gguf.metadata, override=self.config.chat_template)
+            engine = AsyncEngine(llm, self.config.max_queue)
+        except BaseException as e:  # reported on /health and to the CLI, never lost
+            self._load_failed(e)
+            return
+        if self._closing:
+            engine.shutdown()
+            return
+        self.engine = engine
+        log.info("%s", banner(self.config, llm, time.perf_counter() - started))
+
+    def _load_failed(self, error: BaseException) -> None:
+        self.load_error = str(error) or type(error).__name__
+        log.error(
+            "the model failed to load: %s", self.load_error, exc_info=not isinstance(error, LocalLLMError)
+        )
+        if self.config.on_load_error is not None:
+            self.config.on_load_error(error)
+
+    def ready(self) -> AsyncEngine:
+        if self.engine is not None:
+            return self.engine
+        if self.load_error is not None:
+            raise APIError(
+                f"the model failed to load: {self.load_error}", 503, "server_error", code="load_failed"
+            )
+        raise APIError(
+            "the model is loading; retry shortly",
+            503,
+            "server_error",
+            code="model_loading",
+            headers={"Retry-After": "2"},
+        )
+
+    def shutdown(self) -> None:
+        self._closing = True
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def banner(config: ServerConfig, llm: LLMEngine, load_s: float) -> str:
+    c = llm.config
+    return (
+        f"localllm serving {config.model_id} ({c.model}) | backend {c.backend}, {c.num_threads} threads | "
+        f"context {llm.max_model_len} tokens, KV cache {llm.kv_capacity_tokens} tokens, "
+        f"{c.max_num_seqs} parallel | loaded in {load_s:.1f} s | http://{config.host}:{config.port}/v1"
+    )
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+# ------------------------------------------------------------------------------------------------ jobs
+
+
+class Job:
+    """One submitted request. Outputs arrive on an asyncio queue from the engine thread; `close()`
+    (idempotent, synchronous so it works even while the task is being cancelled) aborts it if unfinished."""
+
+    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, prefix: str):
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.tracker = RequestTracker(state.metrics, self.id)
+        self._engine = state.ready()
+        self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
+        self._done = False
+        loop = asyncio.get_running_loop()
+
+        def sink(item: StepOutput | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+                pass
+
+        # Submitting here, not inside the stream, makes a full queue or an oversized prompt an HTTP
+        # status instead of an error in the middle of a 200 stream.
+        self._engine.submit(prompt_ids, params, sink, self.id)
+
+    async def outputs(self) -> AsyncIterator[StepOutput]:
+        while not self._done:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True  # the engine already dropped the request
+                raise item
+            self.tracker.observe(item)
+            self._done = item.finished
+            yield item
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine.abort(self.id)
+            self.tracker.aborted()
+
+
+async def _gather(job: Job) -> list[StepOutput]:
+    return [out async for out in job.outputs()]
+
+
+async def _client_gone(request: Request) -> None:
+    # The body is already read, so the next ASGI message is http.disconnect when the client leaves.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(job: Job, request: Request) -> list[StepOutput] | None:
+    """All outputs of a non-streaming request; None (and the request aborted) if the client left."""
+    gather = asyncio.ensure_future(_gather(job))
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gather.cancel()
+        gone.cancel()
+        job.close()
+    if gather.done() and not gather.cancelled():
+        return gather.result()
+    return None
+
+
+class EventStream(StreamingResponse):
+    """SSE response that aborts its job however the response ends: finished, client gone (Starlette
+    cancels the body on http.disconnect), or never started."""
+
+    def __init__(self, content: AsyncIterator[bytes], job: Job):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.close()
+
+
+async def events(
+    job: Job, chunks: ChunkBuilder, head: list[bytes], per_output: Callable[[StepOutput], Iterator[bytes]]
+) -> AsyncIterator[bytes]:
+    """head, a chunk (or two) per output, the usage chunk if asked for, then [DONE]."""
+    try:
+        for chunk in head:
+            yield chunk
+        async for out in job.outputs():
+            for chunk in per_output(out):
+                yield chunk
+        for chunk in chunks.usage_tail(job.tracker.last):
+            yield chunk
+    except Exception as e:  # after the 200 header an error can only travel inside the stream
+        log.warning("%s failed mid-stream: %s", job.id, e)
+        code = getattr(e, "code", None)
+        yield sse_error(
+            str(e), "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error", code
+        )
+    finally:
+        job.close()
+    yield DONE
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def check_request(
+    state: ServerState, body: SamplingRequest | TokenizeRequest | DetokenizeRequest
+) -> AsyncEngine:
+    engine = state.ready()
+    if not state.config.accepts_model(body.model):
+        raise APIError(
+            f"the model '{body.model}' does not exist; this server serves '{state.config.model_id}'",
+            param="model",
+            code="model_not_found",
+        )
+    if isinstance(body, SamplingRequest):
+        body.check_n()
+    return engine
+
+
+def check_context(llm: LLMEngine, num_prompt: int, max_tokens: int | None, param: str) -> None:
+    """Prompt plus max_tokens must fit the context (the engine stops at the context otherwise)."""
+    limit = llm.max_model_len
+    if num_prompt == 0:
+        raise APIError("the prompt is empty", param=param)
+    if max_tokens is None and num_prompt >= limit:
+        raise APIError(
+            f"This model's maximum context length is {limit} tokens. However, your prompt has {num_prompt} "
+            "tokens, leaving no room for the completion. Please shorten the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and num_prompt + max_tokens > limit:
+        raise APIError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the length of the prompt or max_tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def build_params(
+    llm: LLMEngine, body: SamplingRequest, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
+    params = body.sampling_params(
+        max_tokens, None if logprobs is None else min(logprobs, llm.tokenizer.vocab_size)
+    )
+    check_token_ids(list(params.logit_bias), llm.tokenizer.vocab_size, "logit_bias")
+    return params
+
+
+def chat_prompt_ids(
+    state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True
+) -> list[int]:
+    from localllm.tokenizer.chat_template import apply_chat_template
+
+    if state.template is None:
+        raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
+    return apply_chat_template(
+        state.llm.tokenizer, state.template, message_dicts(messages), add_generation_prompt
+    )
+
+
+def completion_prompt(llm: LLMEngine, body: CompletionRequest) -> tuple[list[int], str]:
+    """The prompt's token ids and its text (for echo)."""
+    prompt = body.single_prompt()
+    if isinstance(prompt, str):
+        return llm.tokenize_prompt(prompt), prompt
+    check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
+    return list(prompt), llm.tokenizer.decode(prompt)
+
+
+# -------------------------------------------------------------------------------------------- handlers
+
+
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    llm = check_request(state, body).engine
+    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages)
+    check_context(llm, len(prompt_ids), body.max_new_tokens(), "messages")
+    params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
+    job = Job(state, prompt_ids, params, "chatcmpl")
+    if body.stream:
+        chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
+        chunks.include_usage, chunks.logprobs = body.include_usage(), bool(body.logprobs)
+        return EventStream(events(job, chunks, [chunks.chat_role()], chunks.chat_output), job)
+    outs = await collect(job, request)
+    if outs is None:
+        return Response(status_code=CLIENT_CLOSED)
+    logprobs = chat_logprobs(llm.tokenizer, token_logprobs(outs)) if body.logprobs else None
+    return JSONResponse(chat_response(job.id, state.config.model_id, outs, logprobs))
+
+
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    llm = check_request(state, body).engine
+    prompt_ids, prompt_text = await run_in_threadpool(completion_prompt, llm, body)
+    check_context(llm, len(prompt_ids), body.max_tokens, "prompt")
+    job = Job(state, prompt_ids, build_params(llm, body, body.max_tokens, body.logprobs), "cmpl")
+    echo = prompt_text if body.echo else ""
+    if body.stream:
+        chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "text_completion")
+        chunks.include_usage, chunks.logprobs = body.include_usage(), body.logprobs is not None
+        chunks.text_offset = len(echo)
+        head = [chunks.completion_text(echo)] if echo else []
+        return EventStream(events(job, chunks, head, chunks.completion_output), job)
+    outs = await collect(job, request)
+    if outs is None:
+        return Response(status_code=CLIENT_CLOSED)
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = completion_logprobs(llm.tokenizer, token_logprobs(outs), len(echo))
+    text = echo + "".join(o.text for o in outs)
+    return JSONResponse(completion_response(job.id, state.config.model_id, text, outs, logprobs))
+
+
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(_state(request))]}
+
+
+async def get_model(model: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    if not state.config.accepts_model(model):
+        raise APIError(f"the model '{model}' does not exist", 404, param="model", code="model_not_found")
+    return model_card(state)
+
+
+def model_card(state: ServerState) -> dict[str, Any]:
+    card = {"id": state.config.model_id, "object": "model", "created": state.created, "owned_by": "localllm"}
+    if state.engine is not None:
+        card["max_model_len"] = state.engine.engine.max_model_len
+    return card
+
+
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    llm = check_request(state, body).engine
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError("give exactly one of 'prompt' and 'messages'", param="prompt")
+    if body.messages is not None:
+        ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, body.add_generation_prompt)
+    else:
+        ids = await run_in_threadpool(llm.tokenizer.encode, body.prompt, body.add_special_tokens, True)
+    result: dict[str, Any] = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}
+    if body.return_token_strs:
+        result["token_strs"] = [llm.tokenizer.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
+    return result
+
+
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    llm = check_request(state, body).engine
+    check_token_ids(body.tokens, llm.tokenizer.vocab_size, "tokens")
+    return {"prompt": llm.tokenizer.decode(body.tokens)}
+
+
+async def health(request: Request) -> dict[str, str]:
+    _state(request).ready()
+    return {"status": "ok"}
+
+
+async def metrics(request: Request) -> Response:
+    content, media_type = _state(request).metrics.render()
+    return Response(content, media_type=media_type)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _error(
+    status: int,
+    message: str,
+    type: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    request: Request | None = None,
+) -> JSONResponse:
+    if request is not None:  # uvicorn's access log is off, so refused requests are logged here
+        log.info("%s %s -> %d: %s", request.method, request.url.path, status, message)
+    return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
+
+
+async def on_api_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, APIError)
+    return _error(e.status, e.message, e.type, e.param, e.code, e.headers, request)
+
+
+async def on_localllm_error(request: Request, e: Exception) -> JSONResponse:
+    if isinstance(e, QueueFull):
+        return _error(503, str(e), "server_error", None, "queue_full", {"Retry-After": "1"}, request)
+    code = getattr(e, "code", None)
+    code = None if code == "invalid_request_error" else code  # OpenAI leaves `code` empty for these
+    return _error(400, str(e), "invalid_request_error", None, code, None, request)
+
+
+async def on_validation_error(request: Request, e: Exception) -> JSONResponse:
+    """FastAPI's 422 becomes OpenAI's 400 with the offending field in `param`."""
+    assert isinstance(e, RequestValidationError)
+    errors = e.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        message = f"the request body is not valid JSON: {detail}"
+        return _error(400, message, "invalid_request_error", request=request)
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    message = f"{param or 'request body'}: {first.get('msg')}"
+    return _error(400, message, "invalid_request_error", param, request=request)
+
+
+async def on_http_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, StarletteHTTPException)
+    kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+    return _error(e.status_code, str(e.detail), kind, None, None, dict(e.headers or {}), request)
+
+
+async def on_unexpected(request: Request, e: Exception) -> JSONResponse:
+    log.exception("internal error on %s", request.url.path, exc_info=e)
+    return _error(500, "internal server error", "server_error")
+
+
+# ------------------------------------------------------------------------------------------------ auth
+
+
+class ApiKeyMiddleware:
+    """Bearer-token check as plain ASGI (a BaseHTTPMiddleware would break disconnect detection)."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if secrets.compare_digest(given, self.expected):
+            return await self.app(scope, receive, send)
+        message = "Incorrect API key provided." if given else NO_KEY_MESSAGE
+        response = _error(
+            401, message, "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
+
+
+class JsonBodyMiddleware:
+    """Reads POST bodies as JSON whatever the Content-Type says (curl -d sends a form type), as
+    llama-server does; a body that is not JSON still gets a clear 400."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+# ------------------------------------------------------------------------------------------------- app
+
+
+def _lifespan(state: ServerState, factory: Callable[[], LLMEngine]) -> Callable:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Load after the socket is open: /health says 503 meanwhile instead of refusing connections.
+        threading.Thread(target=state.load, args=(factory,), name="localllm-load", daemon=True).start()
+        yield
+        await run_in_threadpool(state.shutdown)
+
+    return lifespan
+
+
+STREAMABLE = {200: {"description": "A completion, or Server-Sent Events when stream is true",
+                    "content": {"application/json": {}, "text/event-stream": {}}}}  # fmt: skip
+
+
+def _routes(app: FastAPI) -> None:
+    post = {"methods": ["POST"], "responses": ERROR_RESPONSES, "response_model": None}
+    app.add_api_route(
+        "/v1/chat/completions", chat_completions, **{**post, "responses": STREAMABLE | ERROR_RESPONSES}
+    )
+    app.add_api_route("/v1/completions", completions, **{**post, "responses": STREAMABLE | ERROR_RESPONSES})
+    app.add_api_route("/v1/models", list_models, methods=["GET"], responses=ERROR_RESPONSES)
+    not_found = {404: {"model": ErrorResponse, "description": "No such model"}}
+    app.add_api_route("/v1/models/{model}", get_model, methods=["GET"], responses=ERROR_RESPONSES | not_found)
+    app.add_api_route("/tokenize", tokenize, **post)
+    app.add_api_route("/detokenize", detokenize, **post)
+    app.add_api_route("/health", health, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
+    app.add_api_route("/metrics", metrics, methods=["GET"], response_class=Response)
+
+
+def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI documents a 422 for every body; this server answers 400 instead (OpenAI's status)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()  # FastAPI caches it after the first call
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                operation.get("responses", {}).pop("422", None)
+        return schema
+
+    return openapi
+
+
+def create_app(engine_factory: Callable[[], LLMEngine], config: ServerConfig) -> FastAPI:
+    """The app; `engine_factory` runs on a background thread once the server starts."""
+    state = ServerState(config)
+    app = FastAPI(
+        title="localllm",
+        summary="OpenAI-compatible local LLM server",
+        lifespan=_lifespan(state, engine_factory),
+    )
+    app.state.server = state
+    _routes(app)
+    app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(LocalLLMError, on_localllm_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+    app.add_middleware(JsonBodyMiddleware)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    if config.cors_origins:  # added last, so it runs first and answers preflights before auth
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"], allow_headers=["*"]
+        )
+    return app

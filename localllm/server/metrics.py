@@ -1,0 +1,158 @@
+"""Prometheus metrics with vLLM's names under a `localllm:` prefix, plus the one log line per request.
+
+Each app owns its CollectorRegistry (not the process-global one), so tests can build several apps.
+Engine state (queue lengths, KV usage, prefix-cache counts) is read at scrape time by a collector;
+per-request counters and histograms are fed by `RequestTracker` as outputs stream past.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from localllm.engine.async_engine import AsyncEngine
+    from localllm.engine.output import StepOutput
+
+log = logging.getLogger("localllm.server")
+
+# vLLM's bucket edges, so dashboards built for vLLM read these the same way.
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+
+
+class _EngineCollector(Collector):
+    """Gauges and counters mirrored from the engine when Prometheus scrapes (nothing while loading)."""
+
+    def __init__(self, get_engine: Callable[[], AsyncEngine | None]):
+        self._get_engine = get_engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._get_engine()
+        if engine is None:
+            return
+        bm = engine.engine.block_manager
+        yield GaugeMetricFamily(
+            "localllm:num_requests_running", "Requests in the running batch.", engine.num_running
+        )
+        yield GaugeMetricFamily(
+            "localllm:num_requests_waiting", "Requests waiting to start.", engine.num_waiting
+        )
+        yield GaugeMetricFamily(
+            "localllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", bm.usage
+        )
+        yield CounterMetricFamily(
+            "localllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            bm.num_prefix_queries,
+        )
+        yield CounterMetricFamily(
+            "localllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", bm.num_prefix_hits
+        )
+        yield CounterMetricFamily(
+            "localllm:num_preemptions",
+            "Sequences preempted for lack of KV blocks.",
+            engine.engine.scheduler.num_preemptions,
+        )
+
+
+class ServerMetrics:
+    def __init__(self, get_engine: Callable[[], AsyncEngine | None]):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("localllm:prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.generation_tokens = Counter("localllm:generation_tokens", "Tokens generated.", registry=r)
+        self.request_success = Counter(
+            "localllm:request_success", "Finished requests.", ["finished_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "localllm:time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "localllm:inter_token_latency_seconds", "Time between tokens.", buckets=ITL_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "localllm:e2e_request_latency_seconds", "Request latency.", buckets=E2E_BUCKETS, registry=r
+        )
+        r.register(_EngineCollector(get_engine))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def record_finished(self, last: StepOutput, reason: str) -> None:
+        self.prompt_tokens.inc(last.prompt_tokens)
+        self.generation_tokens.inc(last.generated_tokens)
+        self.request_success.labels(finished_reason=reason).inc()
+        if last.ttft is not None:
+            self.ttft.observe(last.ttft)
+        self.e2e.observe(last.elapsed)
+
+
+class RequestTracker:
+    """Feeds one request's outputs into the metrics and logs a line when it ends (finished or aborted)."""
+
+    def __init__(self, metrics: ServerMetrics, request_id: str):
+        self.metrics = metrics
+        self.request_id = request_id
+        self.last: StepOutput | None = None
+        self.done = False
+
+    def observe(self, out: StepOutput) -> None:
+        # StepOutput.elapsed is stamped by the engine at the step, so differences are true token gaps.
+        if self.last is not None and out.token_id is not None and self.last.token_id is not None:
+            self.metrics.itl.observe(max(out.elapsed - self.last.elapsed, 0.0))
+        self.last = out
+        if out.finished:
+            self._end(out.finish_reason or "stop")
+
+    def aborted(self) -> None:
+        if self.done:
+            return
+        if self.last is not None:
+            self._end("abort")
+            return
+        self.done = True  # gone before its first token: counted, nothing else to report
+        self.metrics.request_success.labels(finished_reason="abort").inc()
+        log.info("%s: aborted before its first token", self.request_id)
+
+    def _end(self, reason: str) -> None:
+        self.done = True
+        last = self.last
+        assert last is not None
+        self.metrics.record_finished(last, reason)
+        log.info("%s", request_summary(self.request_id, last, reason))
+
+
+def request_summary(request_id: str, out: StepOutput, reason: str) -> str:
+    ttft = out.ttft or 0.0
+    decode_time = out.elapsed - ttft
+    rate = (out.generated_tokens - 1) / decode_time if out.generated_tokens > 1 and decode_time > 0 else 0.0
+    return (
+        f"{request_id}: prompt {out.prompt_tokens} tokens ({out.cached_tokens} cached), "
+        f"generated {out.generated_tokens} tokens, TTFT {ttft * 1000:.0f} ms, {rate:.1f} tok/s, "
+        f"total {out.elapsed:.2f} s, finish {reason}"
+    )

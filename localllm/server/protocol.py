@@ -1,0 +1,344 @@
+"""The OpenAI wire format: pydantic request models, their mapping to SamplingParams, the error shape,
+and the non-streaming response bodies.
+
+Requests ignore fields they do not know (clients send `user`, `store`, `metadata`, ...), reject NaN and
+infinities, and bound every number the sampler could overflow on, so no client input reaches the engine
+thread in a form that can fail there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localllm.engine.output import StepOutput, TokenLogprob
+from localllm.sampling_params import SamplingParams
+
+MIN_TEMPERATURE = 1e-5  # below this the softmax overflows; treated as greedy, as vLLM does
+MIN_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
+SEED_RANGE = 2**64
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Documents the error shape in the OpenAPI schema."""
+
+    error: ErrorDetail
+
+
+# -------------------------------------------------------------------------------------------- requests
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = False
+
+
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    # Extra keys (name, tool_calls, tool_call_id, ...) reach the chat template untouched.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+
+
+Bias = Annotated[float, Field(ge=-100, le=100)]
+
+
+class SamplingRequest(_Request):
+    """Fields shared by chat and completions: OpenAI's, then llama.cpp/vLLM extensions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = 1
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=SEED_RANGE)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Bias] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    top_k: int | None = Field(None, ge=-1, description="Extension: 0 or -1 = off.")
+    min_p: float | None = Field(None, ge=0, le=1, description="Extension.")
+    repeat_penalty: float | None = Field(None, ge=0.01, le=100, description="Extension (llama.cpp); 1 = off.")
+    repetition_penalty: float | None = Field(
+        None, ge=0.01, le=100, description="vLLM's name for repeat_penalty."
+    )
+    ignore_eos: bool | None = Field(False, description="Extension: keep generating past end-of-text.")
+
+    def check_n(self) -> None:
+        if self.n is not None and self.n != 1:
+            raise APIError("only n=1 is supported", param="n")
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """OpenAI's defaults where the client sent nothing: temperature 1, top_p 1, no length limit."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        repeat = self.repeat_penalty if self.repeat_penalty is not None else self.repetition_penalty
+        return SamplingParams(
+            temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
+            top_p=max(1.0 if self.top_p is None else self.top_p, 1e-9),  # top_p=0: keep only the top token
+            top_k=max(self.top_k or 0, 0),
+            min_p=self.min_p or 0.0,
+            repeat_penalty=1.0 if repeat is None else repeat,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=self.token_bias(),
+            seed=None if self.seed is None else self.seed % SEED_RANGE,
+            max_tokens=max_tokens,
+            stop=self.stop_strings(),
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+        )
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]  # an empty stop string can never match; OpenAI ignores it too
+
+    def token_bias(self) -> dict[int, float]:
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                raise APIError(
+                    f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+                ) from None
+        return bias
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = False
+    best_of: int | None = None
+
+    def check_n(self) -> None:
+        super().check_n()
+        if self.best_of is not None and self.best_of != 1:
+            raise APIError("only best_of=1 is supported", param="best_of")
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt (OpenAI also allows a batch; a batch of one is accepted)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise APIError("only one prompt per request is supported", param="prompt")
+            prompt = prompt[0]
+        return prompt  # type: ignore[return-value]
+
+
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize: a prompt, or messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them: text content, and `developer` read as `system`."""
+    out = []
+    for m in messages:
+        d = m.model_dump(exclude_none=True)
+        d["role"] = "system" if m.role == "developer" else m.role
+        d["content"] = message_text(m)
+        out.append(d)
+    return out
+
+
+def message_text(message: ChatMessage) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    parts = []
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            raise APIError(
+                f"content parts of type {part.type!r} are not supported (text only)", param="messages"
+            )
+        parts.append(part.text)
+    return "\n".join(parts)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise APIError(f"token id {bad} is out of range: the vocabulary has {vocab_size} tokens", param=param)
+
+
+# ------------------------------------------------------------------------------------------- responses
+
+
+def usage(last: StepOutput | None) -> dict[str, Any]:
+    prompt = last.prompt_tokens if last else 0
+    generated = last.generated_tokens if last else 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt + generated,
+        "prompt_tokens_details": {"cached_tokens": last.cached_tokens if last else 0},
+    }
+
+
+def finish_reason(out: StepOutput) -> str | None:
+    return out.finish_reason if out.finished else None
+
+
+def is_stop_token(out: StepOutput) -> bool:
+    """The final output that carries the end-of-text token itself (not part of the completion)."""
+    return out.finished and out.finish_reason == "stop" and isinstance(out.stop_reason, int)
+
+
+def token_logprobs(outs: list[StepOutput]) -> list[TokenLogprob]:
+    return [o.logprob for o in outs if o.logprob is not None and not is_stop_token(o)]
+
+
+def _clamp(lp: float) -> float:
+    return max(lp, MIN_LOGPROB)
+
+
+def _token_entry(tokenizer: Any, token_id: int, lp: float) -> dict[str, Any]:
+    data = tokenizer.token_bytes(token_id)
+    return {"token": data.decode("utf-8", errors="replace"), "logprob": _clamp(lp), "bytes": list(data)}
+
+
+def chat_logprobs(tokenizer: Any, items: list[TokenLogprob]) -> dict[str, Any]:
+    content = []
+    for item in items:
+        entry = _token_entry(tokenizer, item.token_id, item.logprob)
+        entry["top_logprobs"] = [_token_entry(tokenizer, t, lp) for t, lp in item.top]
+        content.append(entry)
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer: Any, items: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    tokens, lps, tops, offsets = [], [], [], []
+    for item in items:
+        text = tokenizer.token_bytes(item.token_id).decode("utf-8", errors="replace")
+        tokens.append(text)
+        lps.append(_clamp(item.logprob))
+        top = {text: _clamp(item.logprob)}
+        top.update(
+            {tokenizer.token_bytes(t).decode("utf-8", errors="replace"): _clamp(lp) for t, lp in item.top}
+        )
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_response(rid: str, model: str, outs: list[StepOutput], logprobs: dict | None) -> dict[str, Any]:
+    last = outs[-1] if outs else None
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(o.text for o in outs)},
+                "logprobs": logprobs,
+                "finish_reason": last.finish_reason if last else "stop",
+            }
+        ],
+        "usage": usage(last),
+    }
+
+
+def completion_response(
+    rid: str, model: str, text: str, outs: list[StepOutput], logprobs: dict | None
+) -> dict[str, Any]:
+    last = outs[-1] if outs else None
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": last.finish_reason if last else "stop",
+            }
+        ],
+        "usage": usage(last),
+    }
