@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tiny_model import write_tiny_model
 
 DATA = Path(__file__).parent / "data"

@@ -8,7 +8,9 @@ from localllm.engine.engine import LLMEngine
 from localllm.sampling_params import SamplingParams
 
 
-def run_with_arrivals(engine: LLMEngine, prompts: list, params: SamplingParams, seed: int) -> dict[int, list[int]]:
+def run_with_arrivals(
+    engine: LLMEngine, prompts: list, params: SamplingParams, seed: int
+) -> dict[int, list[int]]:
     """Add prompts at random steps while the engine runs; returns generated ids per prompt index."""
     rng = random.Random(seed)
     order = list(range(len(prompts)))
@@ -21,7 +23,9 @@ def run_with_arrivals(engine: LLMEngine, prompts: list, params: SamplingParams, 
             i = order.pop()
             ids[engine.add_request(prompts[i], params, request_id=f"p{i}-{seed}")] = i
         for out in engine.step():
-            if out.token_id is not None and not (out.finish_reason == "stop" and out.stop_reason == out.token_id):
+            if out.token_id is not None and not (
+                out.finish_reason == "stop" and out.stop_reason == out.token_id
+            ):
                 tokens[ids[out.request_id]].append(out.token_id)
         step += 1
     return tokens

@@ -29,7 +29,9 @@ def load_cases(data_dir: Path) -> tuple[list[dict], dict]:
     return greedy["prompts"], top10
 
 
-def teacher_forced(logits: np.ndarray, n_prompt: int, generated: list[int], margins: list[float]) -> Agreement:
+def teacher_forced(
+    logits: np.ndarray, n_prompt: int, generated: list[int], margins: list[float]
+) -> Agreement:
     """logits: (n_prompt + len(generated), vocab) for prompt + llama.cpp's generated ids."""
     predicted = logits[n_prompt - 1 : n_prompt - 1 + len(generated)].argmax(axis=1)
     agree = predicted == np.asarray(generated)

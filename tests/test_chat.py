@@ -167,12 +167,31 @@ def test_repl_commands_and_overflow_notice(engine, tmp_path):
     session = new_session(engine, system="You are terse.", max_model_len=90)
     save = tmp_path / "c.json"
     lines = [
-        "/help", "first message about cats", "/set temperature 0.5", "/set top_k 7", "/set max_tokens 12",
-        "/set bogus 1", "/set temperature -1", "second message about dogs", KeyboardInterrupt(),
-        '"""', "third message", "on two lines", '"""', "/stats", f"/save {save}", "/clear",
-        f"/load {save}", "/regen", "/system Be brief.", "/system", "/nope", "//etc/hosts is a file",
-        "/exit", "never read",
-    ]  # fmt: skip
+        "/help",
+        "first message about cats",
+        "/set temperature 0.5",
+        "/set top_k 7",
+        "/set max_tokens 12",
+        "/set bogus 1",
+        "/set temperature -1",
+        "second message about dogs",
+        KeyboardInterrupt(),
+        '"""',
+        "third message",
+        "on two lines",
+        '"""',
+        "/stats",
+        f"/save {save}",
+        "/clear",
+        f"/load {save}",
+        "/regen",
+        "/system Be brief.",
+        "/system",
+        "/nope",
+        "//etc/hosts is a file",
+        "/exit",
+        "never read",
+    ]
     repl = ChatRepl(session, engine.stream, PARAMS, console, scripted(lines), {"model": "tiny"})
     repl.run()
     text = out.getvalue()

@@ -27,7 +27,10 @@ def engine(tiny_model_path, index_dir):
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     shared = rng.integers(3, 250, size=20).tolist()
-    return [shared[: rng.integers(1, 20)] + rng.integers(3, 250, size=rng.integers(1, 40)).tolist() for _ in range(n)]
+    return [
+        shared[: rng.integers(1, 20)] + rng.integers(3, 250, size=rng.integers(1, 40)).tolist()
+        for _ in range(n)
+    ]
 
 
 def test_batched_equals_alone(engine):
@@ -76,7 +79,9 @@ def test_max_tokens_and_finish_reason(engine):
 
 def test_context_limit_ends_with_length(tiny_model_path, index_dir):
     small = make_engine(tiny_model_path, index_dir, ctx_size=32)
-    out = small.generate([list(range(3, 23))], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))[0]
+    out = small.generate(
+        [list(range(3, 23))], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    )[0]
     assert out.finish_reason == "length" and out.prompt_tokens + out.generated_tokens == 32
 
 

@@ -13,18 +13,30 @@ from localllm.sampling_params import SamplingParams
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 TEXTS = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-    "The three primary colors are", "import numpy as np\n", "Water boils at",
-    "My favourite book is", "The quick brown fox", "In 1969, the first humans", "To make a cake you need",
-    "The largest planet in our solar system", "SELECT name FROM users WHERE", "Photosynthesis is",
-    "The speed of light is", "A haiku about autumn:\n", "Dear team, I am writing to",
-]  # fmt: skip
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "import numpy as np\n",
+    "Water boils at",
+    "My favourite book is",
+    "The quick brown fox",
+    "In 1969, the first humans",
+    "To make a cake you need",
+    "The largest planet in our solar system",
+    "SELECT name FROM users WHERE",
+    "Photosynthesis is",
+    "The speed of light is",
+    "A haiku about autumn:\n",
+    "Dear team, I am writing to",
+]
 
 
 def make(path, index_dir, **kw) -> LLMEngine:
     kw.setdefault("max_num_seqs", 16)
-    return LLMEngine(EngineConfig(model=str(path), backend="numba", threads=2, ctx_size=256,
-                                  index_dir=index_dir, **kw))  # fmt: skip
+    return LLMEngine(
+        EngineConfig(model=str(path), backend="numba", threads=2, ctx_size=256, index_dir=index_dir, **kw)
+    )
 
 
 @pytest.fixture(scope="module")

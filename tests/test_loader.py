@@ -5,7 +5,6 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-
 from tiny_model import write_tiny_model
 
 from localllm.backends.numpy_ref import NumpyBackend
@@ -66,7 +65,9 @@ def _rewrite(src, dst, arch=None, tensor_type=None):
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name.replace("llama.", f"{arch}.") if arch else name, f.contents(), f.types[0], sub_type=sub)
+        w.add_key_value(
+            name.replace("llama.", f"{arch}.") if arch else name, f.contents(), f.types[0], sub_type=sub
+        )
     for t in reader.tensors:
         qtype = t.tensor_type
         if tensor_type is not None and t.name == "blk.0.attn_q.weight":

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
-from localllm.quant import QUANT_TYPES, QuantType, dequantize, is_supported, row_bytes, type_name
-from localllm.quant.ggml import BLOCK_KERNELS
 
 from localllm.errors import ModelFormatError
+from localllm.quant import QUANT_TYPES, QuantType, dequantize, is_supported, row_bytes, type_name
+from localllm.quant.ggml import BLOCK_KERNELS
 
 T = gguf.GGMLQuantizationType
 BLOCK_TYPES = list(BLOCK_KERNELS)  # every quantized (block) type we implement

@@ -47,8 +47,15 @@ def engines(request, model_index_dir):
     def get(model: str, backend: str) -> LLMEngine:
         if (model, backend) not in built:
             path = request.getfixturevalue(MODELS[model][0])
-            config = EngineConfig(model=str(path), backend=backend, ctx_size=1024, max_num_seqs=1,
-                                  max_num_batched_tokens=1024, index_dir=model_index_dir, threads=2)  # fmt: skip
+            config = EngineConfig(
+                model=str(path),
+                backend=backend,
+                ctx_size=1024,
+                max_num_seqs=1,
+                max_num_batched_tokens=1024,
+                index_dir=model_index_dir,
+                threads=2,
+            )
             built[(model, backend)] = LLMEngine(config)
         return built[(model, backend)]
 

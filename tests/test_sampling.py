@@ -7,7 +7,7 @@ import pytest
 
 from localllm.engine.detokenizer import StopChecker
 from localllm.errors import LocalLLMError
-from localllm.sampler import apply_penalties, make_generator, sample, top_logprobs, log_softmax
+from localllm.sampler import apply_penalties, log_softmax, make_generator, sample, top_logprobs
 from localllm.sampling_params import SamplingParams
 
 LOGITS = np.array([1.0, 3.0, 2.0, 0.5, 2.9], dtype=np.float32)

@@ -276,10 +276,19 @@ def test_defaults_run_until_context_full(client: openai.OpenAI, srv: Running) ->
 
 def test_extensions_and_penalties_accepted(srv: Running) -> None:
     body = {
-        "messages": CHAT, "max_tokens": 4, "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.3, "top_p": 0.9,
-        "presence_penalty": 0.5, "frequency_penalty": 0.5, "seed": -5, "stop": "zz",
-        "user": "u", "store": False,
-    }  # fmt: skip
+        "messages": CHAT,
+        "max_tokens": 4,
+        "top_k": 5,
+        "min_p": 0.1,
+        "repeat_penalty": 1.3,
+        "top_p": 0.9,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "seed": -5,
+        "stop": "zz",
+        "user": "u",
+        "store": False,
+    }
     r = post(srv, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     r = post(srv, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "repetition_penalty": 1.1})
@@ -559,13 +568,18 @@ def test_metrics(srv: Running, client: openai.OpenAI) -> None:
     client.completions.create(model=MODEL_ID, prompt="count me", max_tokens=3, logit_bias=BAN_END)
     text = httpx.get(f"{srv.url}/metrics").text
     for name in (
-        "localllm:num_requests_running", "localllm:num_requests_waiting", "localllm:kv_cache_usage_perc",
-        "localllm:prefix_cache_queries_total", "localllm:prefix_cache_hits_total",
+        "localllm:num_requests_running",
+        "localllm:num_requests_waiting",
+        "localllm:kv_cache_usage_perc",
+        "localllm:prefix_cache_queries_total",
+        "localllm:prefix_cache_hits_total",
         "localllm:prompt_tokens_total",
-        "localllm:generation_tokens_total", 'localllm:request_success_total{finished_reason="length"}',
-        "localllm:time_to_first_token_seconds_bucket", "localllm:inter_token_latency_seconds_bucket",
+        "localllm:generation_tokens_total",
+        'localllm:request_success_total{finished_reason="length"}',
+        "localllm:time_to_first_token_seconds_bucket",
+        "localllm:inter_token_latency_seconds_bucket",
         "localllm:e2e_request_latency_seconds_bucket",
-    ):  # fmt: skip
+    ):
         assert name in text, name
     values = {
         ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and not ln.startswith("#")

@@ -30,12 +30,25 @@ SPECIALS = [
 ]
 # (piece, score): merges go highest score first; every intermediate of a merge must itself be a piece.
 PIECES = [
-    (S, -1.0), *((c, -2.0) for c in "abcdehlorw"),
-    ("he", -3.0), ("ll", -3.5), ("hell", -4.0), ("hello", -4.5), (S + "hello", -5.0), (S + "w", -6.0),
-    ("or", -6.5), (S + "wor", -7.0), ("ld", -7.5), (S + "world", -8.0),
-    ("ab", -9.0), ("bc", -9.5), ("aa", -10.0), ("abcd", -1.0),  # abcd: no "abc" piece, never formed
-    ("a" + S, -11.0), ("a" + S + "b", -12.0),  # a token with a "▁" inside: text may not be cut there
-]  # fmt: skip
+    (S, -1.0),
+    *((c, -2.0) for c in "abcdehlorw"),
+    ("he", -3.0),
+    ("ll", -3.5),
+    ("hell", -4.0),
+    ("hello", -4.5),
+    (S + "hello", -5.0),
+    (S + "w", -6.0),
+    ("or", -6.5),
+    (S + "wor", -7.0),
+    ("ld", -7.5),
+    (S + "world", -8.0),
+    ("ab", -9.0),
+    ("bc", -9.5),
+    ("aa", -10.0),
+    ("abcd", -1.0),  # abcd: no "abc" piece, never formed
+    ("a" + S, -11.0),
+    ("a" + S + "b", -12.0),  # a token with a "▁" inside: text may not be cut there
+]
 
 
 def tiny_metadata(pieces: list[tuple[str, float]] = PIECES, **overrides: object) -> dict:

@@ -20,7 +20,9 @@ class Backend(Protocol):
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> Any:
         """A small 1-D tensor (norm weight, bias) as float32."""
 
-    def allocate_kv(self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> Any:
+    def allocate_kv(
+        self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int
+    ) -> Any:
         """Key and value pools: (n_layers, num_blocks, block_size, kv_heads, head_dim) each."""
 
     def linear(self, x: Any, weight: Any) -> Any:

@@ -119,8 +119,9 @@ class OfflineBench:
         return row
 
 
-def run_llama_bench(binary: str, model: Path, n_prompt: list[int], n_gen: list[int], threads: int,
-                    reps: int) -> list[BenchRow]:  # fmt: skip
+def run_llama_bench(
+    binary: str, model: Path, n_prompt: list[int], n_gen: list[int], threads: int, reps: int
+) -> list[BenchRow]:
     """llama.cpp's own numbers for the same tests, parsed from `llama-bench -o json`."""
     cmd = [binary, "-m", str(model), "-t", str(threads), "-r", str(reps), "-o", "json"]
     cmd += ["-p", ",".join(map(str, n_prompt)) or "0", "-n", ",".join(map(str, n_gen)) or "0"]
@@ -132,8 +133,16 @@ def run_llama_bench(binary: str, model: Path, n_prompt: list[int], n_gen: list[i
     rows = []
     for r in json.loads(result.stdout):
         test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-        row = BenchRow("llama.cpp", str(r.get("model_type", model.stem)), int(r.get("model_size", 0)),
-                       int(r.get("model_n_params", 0)), "", "ggml-cpu", int(r["n_threads"]), test)  # fmt: skip
+        row = BenchRow(
+            "llama.cpp",
+            str(r.get("model_type", model.stem)),
+            int(r.get("model_size", 0)),
+            int(r.get("model_n_params", 0)),
+            "",
+            "ggml-cpu",
+            int(r["n_threads"]),
+            test,
+        )
         row.samples = [float(x) for x in r.get("samples_ts", [r["avg_ts"]])]
         rows.append(row)
     return rows
@@ -142,5 +151,8 @@ def run_llama_bench(binary: str, model: Path, n_prompt: list[int], n_gen: list[i
 def ratios(rows: list[BenchRow]) -> list[tuple[str, int, float]]:
     """(test, threads, localllm / llama.cpp) for every test both engines ran."""
     theirs = {(r.test, r.threads): r.mean for r in rows if r.engine == "llama.cpp"}
-    return [(r.test, r.threads, r.mean / theirs[(r.test, r.threads)])
-            for r in rows if r.engine == "localllm" and theirs.get((r.test, r.threads))]  # fmt: skip
+    return [
+        (r.test, r.threads, r.mean / theirs[(r.test, r.threads)])
+        for r in rows
+        if r.engine == "localllm" and theirs.get((r.test, r.threads))
+    ]

@@ -7,7 +7,19 @@ import io
 import json
 from typing import Any
 
-COLUMNS = ["engine", "model", "size", "params", "quant", "backend", "threads", "test", "t/s", "GB/s", "RSS MB"]
+COLUMNS = [
+    "engine",
+    "model",
+    "size",
+    "params",
+    "quant",
+    "backend",
+    "threads",
+    "test",
+    "t/s",
+    "GB/s",
+    "RSS MB",
+]
 
 
 def _cells(row: Any) -> list[str]:
@@ -28,9 +40,16 @@ def _cells(row: Any) -> list[str]:
 
 def print_offline(rows: list, ratios: list[tuple[str, int, float]], info: dict, output: str) -> None:
     if output == "json":
-        print(json.dumps({"system": info, "results": [r.as_dict() for r in rows],
-                          "ratios": [{"test": t, "threads": n, "localllm_over_llama_cpp": x}
-                                     for t, n, x in ratios]}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "system": info,
+                    "results": [r.as_dict() for r in rows],
+                    "ratios": [{"test": t, "threads": n, "localllm_over_llama_cpp": x} for t, n, x in ratios],
+                },
+                indent=2,
+            )
+        )
     elif output == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf)
@@ -56,8 +75,10 @@ def _print_ratios_md(ratios: list) -> None:
 
 
 def _system_line(info: dict) -> str:
-    return (f"{info['cpu']}, {info['physical_cores']} cores; localllm {info['localllm_version']} "
-            f"({info['git_revision']}), {info['date']}; model sha256 {info.get('model_sha256', '?')[:12]}")  # fmt: skip
+    return (
+        f"{info['cpu']}, {info['physical_cores']} cores; localllm {info['localllm_version']} "
+        f"({info['git_revision']}), {info['date']}; model sha256 {info.get('model_sha256', '?')[:12]}"
+    )
 
 
 def _print_rich(rows: list, ratios: list, info: dict) -> None:

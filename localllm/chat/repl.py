@@ -37,14 +37,17 @@ COMMANDS = [
     ("/exit", "leave (also /quit, /bye or Ctrl-D)"),
     ("/clear", "forget the conversation; the system prompt stays"),
     ("/system [TEXT]", "show the system prompt, or set it to TEXT"),
-    ("/set [PARAM VALUE]", "show the sampling settings, or change one: " + ", ".join(
-        ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty"])),
+    (
+        "/set [PARAM VALUE]",
+        "show the sampling settings, or change one: "
+        + ", ".join(["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty"]),
+    ),
     ("/stats", "context use, cache hits and speed so far"),
     ("/save FILE", "save the conversation as JSON"),
     ("/load FILE", "replace the conversation with one saved by /save"),
     ("/regen", "answer the last message again (replaces the last reply)"),
     ("//TEXT", "send a message that starts with a slash"),
-]  # fmt: skip
+]
 KEYS = [
     ("Enter", "send"),
     ("Esc Enter / Alt+Enter", "new line inside a message"),
@@ -203,9 +206,12 @@ class LiveReply:
         from rich.live import Live
 
         self.live = Live(
-            console=self.console, auto_refresh=False, vertical_overflow="visible",
-            redirect_stdout=False, redirect_stderr=False,
-        )  # fmt: skip
+            console=self.console,
+            auto_refresh=False,
+            vertical_overflow="visible",
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self.live.start()
         return self
 
@@ -339,12 +345,19 @@ class ChatRepl:
         name, _, arg = line.partition(" ")
         arg = arg.strip()
         handler = {
-            "/help": self.cmd_help, "/?": self.cmd_help,
-            "/exit": self.cmd_exit, "/quit": self.cmd_exit, "/bye": self.cmd_exit,
-            "/clear": self.cmd_clear, "/system": self.cmd_system, "/set": self.cmd_set,
-            "/stats": self.cmd_stats, "/save": self.cmd_save, "/load": self.cmd_load,
+            "/help": self.cmd_help,
+            "/?": self.cmd_help,
+            "/exit": self.cmd_exit,
+            "/quit": self.cmd_exit,
+            "/bye": self.cmd_exit,
+            "/clear": self.cmd_clear,
+            "/system": self.cmd_system,
+            "/set": self.cmd_set,
+            "/stats": self.cmd_stats,
+            "/save": self.cmd_save,
+            "/load": self.cmd_load,
             "/regen": self.cmd_regen,
-        }.get(name.lower())  # fmt: skip
+        }.get(name.lower())
         if handler is None:
             raise LocalLLMError(f"unknown command {name}; /help lists the commands.")
         handler(arg)

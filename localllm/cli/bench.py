@@ -35,7 +35,9 @@ def _int_list(text: str) -> list[int]:
 def offline(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option("--model", "-m", help="A .gguf path or registry name.")] = None,
-    n_prompt: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths, comma-separated.")] = "512",
+    n_prompt: Annotated[
+        str, typer.Option("-p", "--n-prompt", help="Prompt lengths, comma-separated.")
+    ] = "512",
     n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths, comma-separated.")] = "128",
     threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated.")] = "",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions per test.")] = 3,
@@ -61,8 +63,9 @@ def offline(
     from localllm.bench.offline import ratios
 
     path, _ = c.resolve(model)
-    rows = _run_localllm(path, _int_list(n_prompt), _int_list(n_gen), _threads(threads), reps,
-                         _int_list(batch), backend)  # fmt: skip
+    rows = _run_localllm(
+        path, _int_list(n_prompt), _int_list(n_gen), _threads(threads), reps, _int_list(batch), backend
+    )
     binary = llama_bench or shutil.which("llama-bench")
     if binary:
         from localllm.bench.offline import run_llama_bench
@@ -90,9 +93,16 @@ def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -
     rows = []
     ctx = max(n_prompt + n_gen + [1]) + max(n_gen + [1]) + 16
     for threads in threads_list:
-        config = EngineConfig(model=str(path), backend=backend, threads=threads, ctx_size=ctx,
-                              max_num_seqs=max(batches + [1]), max_num_batched_tokens=max(n_prompt + [512]),
-                              enable_prefix_caching=False, index_dir=c.model_home() / "index")  # fmt: skip
+        config = EngineConfig(
+            model=str(path),
+            backend=backend,
+            threads=threads,
+            ctx_size=ctx,
+            max_num_seqs=max(batches + [1]),
+            max_num_batched_tokens=max(n_prompt + [512]),
+            enable_prefix_caching=False,
+            index_dir=c.model_home() / "index",
+        )
         bench = OfflineBench(LLMEngine(config), reps)
         rows += [bench.prompt_processing(p) for p in n_prompt]
         rows += [bench.text_generation(n) for n in n_gen]
@@ -103,4 +113,6 @@ def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -
 
 def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)
+
+
 from localllm.cli import bench_modes  # noqa: E402,F401

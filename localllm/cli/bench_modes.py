@@ -96,9 +96,16 @@ def serve(
 
     levels = _levels(concurrency)
     _check_serve_flags(dataset, dataset_path, plot)
-    shape = {"dataset": dataset, "num_prompts": num_prompts, "input_len": input_len, "output_len": output_len,
-             "random_range_ratio": range_ratio, "prefix_len": prefix_len if dataset == "prefix" else 0,
-             "seed": seed, "dataset_path": str(dataset_path) if dataset_path else None}  # fmt: skip
+    shape = {
+        "dataset": dataset,
+        "num_prompts": num_prompts,
+        "input_len": input_len,
+        "output_len": output_len,
+        "random_range_ratio": range_ratio,
+        "prefix_len": prefix_len if dataset == "prefix" else 0,
+        "seed": seed,
+        "dataset_path": str(dataset_path) if dataset_path else None,
+    }
     launch = (backend, threads, parallel or max(levels), ctx_size, server_args)
     with _target(url, model, launch) as (base, path):
         load = serving.LoadConfig(base, "", levels, request_rate, ignore_eos, timeout, api_key, seed)

@@ -75,10 +75,18 @@ def chat(
     if max_tokens is None and "max_tokens" not in defaults:
         max_tokens = -1  # a chat reply runs until the model ends its turn (or the context is full)
     params = c.sampling_params(
-        defaults, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=stop or None,
-    )  # fmt: skip
+        defaults,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop or None,
+    )
     ctx = ctx_size or int(defaults.get("context") or 0)
     config = c.engine_config(path, backend, threads, ctx, max_num_seqs=1)
     if interactive:

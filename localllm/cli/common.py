@@ -8,7 +8,9 @@ from typing import Annotated, Any
 import typer
 
 Threads = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = physical cores).")]
-CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context length in tokens (0 = model default).")]
+CtxSize = Annotated[
+    int, typer.Option("--ctx-size", "-c", help="Context length in tokens (0 = model default).")
+]
 Backend = Annotated[str, typer.Option("--backend", help="numba (CPU kernels), numpy (reference) or torch.")]
 Temperature = Annotated[
     float | None, typer.Option("--temperature", "--temp", help="0 = greedy. [default: 0.8 or the model's]")
@@ -21,7 +23,8 @@ PresencePenalty = Annotated[float, typer.Option("--presence-penalty", help="Open
 FrequencyPenalty = Annotated[float, typer.Option("--frequency-penalty", help="OpenAI frequency penalty.")]
 Seed = Annotated[int | None, typer.Option("--seed", "-s", help="Random seed for reproducible sampling.")]
 MaxTokens = Annotated[
-    int | None, typer.Option("--max-tokens", "-n", help="Tokens to generate (default 256; -1 = until context).")
+    int | None,
+    typer.Option("--max-tokens", "-n", help="Tokens to generate (default 256; -1 = until context)."),
 ]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")]
 

@@ -14,10 +14,14 @@ from localllm.cli.app import app
 
 @app.command()
 def run(
-    args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT: a .gguf path or registry name, then the prompt.")],
+    args: Annotated[
+        list[str], typer.Argument(help="[MODEL] PROMPT: a .gguf path or registry name, then the prompt.")
+    ],
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = True,
     system: Annotated[str | None, typer.Option("--system", help="System prompt (chat mode).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of streaming.")
+    ] = False,
     temperature: c.Temperature = None,
     top_p: c.TopP = None,
     top_k: c.TopK = None,
@@ -49,11 +53,21 @@ def run(
     model, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
     path, defaults = c.resolve(model)
     params = c.sampling_params(
-        defaults, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty, seed=seed, max_tokens=max_tokens, stop=stop or None,
-    )  # fmt: skip
-    engine = LLMEngine(c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1))
+        defaults,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop or None,
+    )
+    engine = LLMEngine(
+        c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1)
+    )
     prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), defaults)
     outputs = []
     for out in engine.stream(prompt_ids, params):
@@ -70,7 +84,9 @@ def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, defaults: d
     template = ChatTemplate.from_metadata(engine.gguf.metadata, override=defaults.get("chat_template"))
     if not chat or template is None:
         return engine.tokenize_prompt(prompt)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
     return apply_chat_template(engine.tokenizer, template, messages)
 
 

@@ -39,6 +39,6 @@ def tokenize(
     if as_json:
         print(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
         return
-    for token_id, piece in zip(ids, pieces):
+    for token_id, piece in zip(ids, pieces, strict=True):
         print(f"{token_id:>8} {piece!r}")
     print(f"{len(ids)} tokens")

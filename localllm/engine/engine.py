@@ -47,7 +47,12 @@ class LLMEngine:
         self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
         num_blocks = self._num_blocks()
         self.kv_cache = KVCache(
-            self.backend, self.args.n_layers, num_blocks, config.block_size, self.args.n_kv_heads, self.args.head_dim
+            self.backend,
+            self.args.n_layers,
+            num_blocks,
+            config.block_size,
+            self.args.n_kv_heads,
+            self.args.head_dim,
         )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
@@ -125,7 +130,7 @@ class LLMEngine:
         sampled = self.runner.run(plan.scheduled)
         now = time.perf_counter()
         outputs = []
-        for item, token in zip(plan.scheduled, sampled):
+        for item, token in zip(plan.scheduled, sampled, strict=True):
             item.seq.num_computed_tokens += item.num_tokens
             self.block_manager.cache_full_blocks(item.seq)
             if token is not None:
@@ -200,7 +205,7 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         """Run every prompt to completion (continuously batched) and return results in prompt order."""
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
         prompt_ids = {i: self.requests[i].seq.prompt_token_ids for i in ids}
         collected: dict[str, list[StepOutput]] = {i: [] for i in ids}
         pending = set(ids)

@@ -6,7 +6,9 @@ from typing import Any
 
 
 class KVCache:
-    def __init__(self, backend: Any, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
+    def __init__(
+        self, backend: Any, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
         # (n_layers, num_blocks, block_size, kv_heads, head_dim) each

@@ -546,8 +546,12 @@ def _lifespan(state: ServerState, factory: Callable[[], LLMEngine]) -> Callable:
     return lifespan
 
 
-STREAMABLE = {200: {"description": "A completion, or Server-Sent Events when stream is true",
-                    "content": {"application/json": {}, "text/event-stream": {}}}}  # fmt: skip
+STREAMABLE = {
+    200: {
+        "description": "A completion, or Server-Sent Events when stream is true",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
 
 
 def _routes(app: FastAPI) -> None:

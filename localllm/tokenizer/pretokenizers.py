@@ -92,21 +92,51 @@ _ALIASES: dict[str, str] = {
     **{
         n: "gpt2"
         for n in (
-            "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
-            "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais",
-            "trillion", "granite-docling", "exaone4",
+            "gpt-2",
+            "phi-2",
+            "jina-es",
+            "jina-de",
+            "gigachat",
+            "jina-v2-es",
+            "jina-v2-de",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "jina-v1-en",
+            "jina-v2-code",
+            "roberta-bpe",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "granite-docling",
+            "exaone4",
         )
     },
     **{
         n: "starcoder"
         for n in (
-            "starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2",
+            "starcoder",
+            "refact",
+            "command-r",
+            "smollm",
+            "codeshell",
+            "exaone",
+            "minerva-7b",
+            "mellum2",
         )
     },
     **{
         n: "llama3"
         for n in (
-            "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
             "jina-v5-nano",
         )
     },
@@ -115,7 +145,14 @@ _ALIASES: dict[str, str] = {
     **{
         n: "qwen2"
         for n in (
-            "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
+            "qwen2",
+            "deepseek-r1-qwen",
+            "kormo",
+            "f2llmv2",
+            "megrez",
+            "stablelm2",
+            "hunyuan",
+            "solar-open",
             "grok-2",
         )
     },
@@ -132,7 +169,7 @@ _ALIASES: dict[str, str] = {
     "superbpe": "superbpe",
     "ufakzeka": "ufakzeka",
     "minicpm5": "minicpm5",
-}  # fmt: skip
+}
 
 
 class PreTokenizer:
