@@ -60,7 +60,7 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         if hasattr(self.backend, "warmup"):
-            self.backend.warmup(self.model)
+            self.backend.warmup()
 
     def _num_blocks(self) -> int:
         bs = self.config.block_size

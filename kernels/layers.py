@@ -1,0 +1,119 @@
+"""Element-wise and per-row layers: RMSNorm, rotary embedding, SwiGLU / GeGLU, KV-cache writes.
+
+These are small next to the matmuls (a few microseconds per decode step), so they run on one
+thread: a parallel launch costs ~5 us, more than the work.  fastmath is safe here: it only
+reorders sums (rms_norm's sum of squares is accumulated in float64 like the reference) and lets
+LLVM vectorise; exp uses simd.fast_exp (~2 ulp) instead of a scalar libm call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .simd import f32, fast_exp
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def rms_norm_rows(x, weight, eps, out) -> None:
+    """out[i] = x[i] / sqrt(mean(x[i]**2) + eps) * weight, for x (rows, d)."""
+    d = x.shape[1]
+    for i in range(x.shape[0]):
+        ss = 0.0
+        for j in range(d):
+            v = x[i, j]
+            ss += np.float64(v * v)
+        inv = f32(1.0) / np.sqrt(f32(ss / d) + f32(eps))
+        for j in range(d):
+            out[i, j] = x[i, j] * inv * weight[j]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def rope_rows(positions, rope_dim, base, tab_pos, cos, sin) -> None:
+    """Make rows 0..T-1 of the cos/sin tables hold positions[t]; rows already holding that
+    position (tab_pos[t] == positions[t]) are kept, so every layer after the first in a step
+    computes nothing.  cos/sin of pos * base ** (-2i / rope_dim) are computed in float64 like the
+    reference and rounded once."""
+    half = rope_dim // 2
+    for t in range(positions.shape[0]):
+        if tab_pos[t] == positions[t]:
+            continue
+        for i in range(half):
+            a = np.float64(positions[t]) * base ** (-(2.0 * i) / rope_dim)
+            cos[t, i] = np.cos(a)
+            sin[t, i] = np.sin(a)
+        tab_pos[t] = positions[t]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def rope_apply(x, cos, sin, rope_dim, neox, out) -> None:
+    """Rotate x (T, heads, D) into out (may be x itself).  Normal mode rotates pairs (2i, 2i+1),
+    NEOX (i, i + half); dimensions from rope_dim on are copied."""
+    half = rope_dim // 2
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            for i in range(half):
+                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                a, b = x[t, h, i0], x[t, h, i1]
+                out[t, h, i0] = a * cos[t, i] - b * sin[t, i]
+                out[t, h, i1] = a * sin[t, i] + b * cos[t, i]
+            for j in range(rope_dim, x.shape[2]):
+                out[t, h, j] = x[t, h, j]
+
+
+@njit(cache=True)
+def rope(x, positions, rope_dim, base, neox, table, out) -> None:
+    """rope_rows + rope_apply in one call; table = (tab_pos, cos, sin) with >= T rows."""
+    tab_pos, cos, sin = table
+    rope_rows(positions, rope_dim, base, tab_pos, cos, sin)
+    rope_apply(x, cos, sin, rope_dim, neox, out)
+
+
+@njit(cache=True)
+def rope_store_kv(
+    q, k, v, positions, rope_dim, base, neox, table, k_cache, v_cache, slots, q_out, k_out
+) -> None:
+    """The attention prologue in one call: rotate q and k, write the rotated k and v into the
+    paged cache.  Same results as rope(q), rope(k), store_kv."""
+    tab_pos, cos, sin = table
+    rope_rows(positions, rope_dim, base, tab_pos, cos, sin)
+    rope_apply(q, cos, sin, rope_dim, neox, q_out)
+    rope_apply(k, cos, sin, rope_dim, neox, k_out)
+    store_kv_rows(k_cache, v_cache, k_out, v, slots)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def swiglu_rows(gate, up, out) -> None:
+    """silu(gate) * up = gate / (1 + exp(-gate)) * up, for (rows, d) arrays."""
+    for i in range(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            g = gate[i, j]
+            out[i, j] = g / (f32(1.0) + fast_exp(-g)) * up[i, j]
+
+
+_SQRT_2_OVER_PI = f32(np.sqrt(2.0 / np.pi))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def geglu_rows(gate, up, out) -> None:
+    """gelu_tanh(gate) * up; tanh(z) = 1 - 2 / (exp(2z) + 1), which vectorises."""
+    for i in range(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            g = gate[i, j]
+            z = _SQRT_2_OVER_PI * (g + f32(0.044715) * g * g * g)
+            th = f32(1.0) - f32(2.0) / (fast_exp(f32(2.0) * z) + f32(1.0))
+            out[i, j] = f32(0.5) * g * (f32(1.0) + th) * up[i, j]
+
+
+@njit(cache=True)
+def store_kv_rows(k_cache, v_cache, k, v, slot_mapping) -> None:
+    """k, v (T, KVH, D) into the paged caches (num_blocks, block_size, KVH, D) at slot_mapping (T,).
+    Negative slots (padding) are skipped."""
+    bs = k_cache.shape[1]
+    for t in range(k.shape[0]):
+        s = slot_mapping[t]
+        if s < 0:
+            continue
+        blk, off = s // bs, s % bs
+        k_cache[blk, off] = k[t]
+        v_cache[blk, off] = v[t]

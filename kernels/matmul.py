@@ -1,0 +1,499 @@
+"""Quantized linear layers: y (T, N) = x (T, K) @ W.T for a PackedWeight W (see packing.py).
+
+Two paths, both split over tiles of TILE_ROWS weight rows (each thread owns a contiguous range):
+  * integer path (quantized "lane" kinds): activations are quantized to int8 per 32-block, each
+    weight block is loaded once and used for all T rows, products are summed in int16/int32 lanes
+    and scales applied per block.  With AVX2 it is used for every T (decode and prefill).
+  * float path (F32/F16/BF16/Q2_K/Q3_K, and many rows without AVX2): a tile is dequantized to
+    float32 once and fed to a 3x3 register-blocked GEMM over all T rows.  Exact float math.
+
+Compilation: each (kind, path) is a C callback ("range kernel": does tiles lo..hi) compiled on
+first use and cached on disk, and one parallel launcher calls any of them through its address.
+So a model compiles only the kinds it uses, and the costly parallel (parfor) compilation happens
+once for all kinds.  Inside a range kernel `kind` is a compile-time constant and the per-kind
+code is chosen while typing (`@overload`), so each kind compiles only its own code (Numba does not
+prune `if kind == ...` branches; compiling every kind into every kernel cost minutes).
+Caveat of the on-disk cache: Numba invalidates a function's cache only when its own file changes,
+so after editing a constant such as packing.TILE_ROWS, clear NUMBA_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+from numba import carray, cfunc, errors, njit, prange, types
+from numba.extending import overload
+
+from . import blockscales as bs
+from . import dequant as dq
+from . import matmul_int as mi
+from .gemm import GEMM_ARGV_LEN, call_gemm, gemm_kernel
+from .packing import (
+    BF16,
+    F16,
+    F32,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    PackedWeight,
+    layout,
+    pack_weight,
+)
+from .packing import TILE_ROWS as R
+from .quantize_act import quantize_rows
+from .simd import (
+    RANGE_KERNEL_SIG,
+    call_range_kernel,
+    f32,
+    ptr_f32,
+    ptr_i8,
+    ptr_i32,
+    ptr_i64,
+    ptr_u8,
+)
+from .simd_x86 import HAVE_AVX2
+
+# Quantized kinds use the integer path up to this many activation rows, the float path above.
+# With the AVX2 kernels the integer path is faster at every T (1536 x 576 Q4_1, one core: T=1
+# 52 vs 685 us, T=512 9.7 vs 14.7 ms) and, like llama.cpp, prefill uses it too; the portable
+# loops cross over near T = 12-16 (bench/kernels_micro.py measures it).
+INT_PATH_MAX_T = 1 << 30 if HAVE_AVX2 else 12
+# Below this many weight bytes x rows, one thread beats paying the ~5 us parallel launch.
+PARALLEL_MIN_WORK = 96 * 1024
+
+# The float path dequantizes this many rows at a time: (32, K) float32 stays in L2 next to x.
+FLOAT_ROWS = 32
+
+# argv slots shared by all range kernels
+A_BUF, A_NBYTES, A_N, A_K, A_T, A_X, A_Y, A_X8, A_DX, A_SX, A_HS, A_IDS, A_GEMM, A_LDY = range(14)
+ARGV_LEN = 14  # A_Y points at column 0 of this weight's output; A_LDY is y's row length
+
+
+# ---- field views ------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _flat(kind, buf, n, k):
+    """The four packed fields of a lane kind, flat: f0 as uint16 (fp16 scales), f1, f2, qs as uint8."""
+    o1, o2, o3, total = layout(kind, n, k)
+    return buf[0:o1].view(np.uint16), buf[o1:o2], buf[o2:o3], buf[o3:total]
+
+
+@njit(cache=True)
+def _nib_views(kind, buf, n, k):
+    f0, f1, f2, q = _flat(kind, buf, n, k)
+    nt, nb, ns = (n + R - 1) // R, k // 32, k // 256
+    return f0, f1, f2, q.reshape(nt, nb, 16, R), nt, nb, ns
+
+
+@njit(cache=True)
+def _no_qh(nb):
+    """The qh of a 4-bit kind: one tile of zero blocks (so qh[0] is an empty (0, 2, R))."""
+    return np.zeros((1, 0, 2, R), np.uint16)
+
+
+@njit(cache=True)
+def fields_q4_0(buf, n, k, t, dsc, msc):
+    f0, _, _, qs, nt, nb, _ = _nib_views(Q4_0, buf, n, k)
+    bs.scales_d(f0.reshape(nt, nb, R), t, f32(8.0), dsc, msc)
+    return qs, _no_qh(nb)
+
+
+@njit(cache=True)
+def fields_q4_1(buf, n, k, t, dsc, msc):
+    f0, _, _, qs, nt, nb, _ = _nib_views(Q4_1, buf, n, k)
+    bs.scales_dm(f0.reshape(nt, nb, 2, R), t, dsc, msc)
+    return qs, _no_qh(nb)
+
+
+@njit(cache=True)
+def fields_q4_k(buf, n, k, t, dsc, msc):
+    f0, sm, _, qs, nt, nb, ns = _nib_views(Q4_K, buf, n, k)
+    bs.scales_k(f0.reshape(nt, ns, 2, R), sm.reshape(nt, nb, 2, R), t, dsc, msc)
+    return qs, _no_qh(nb)
+
+
+@njit(cache=True)
+def fields_q5_0(buf, n, k, t, dsc, msc):
+    f0, qh, _, qs, nt, nb, _ = _nib_views(Q5_0, buf, n, k)
+    bs.scales_d(f0.reshape(nt, nb, R), t, f32(16.0), dsc, msc)
+    return qs, qh.view(np.uint16).reshape(nt, nb, 2, R)
+
+
+@njit(cache=True)
+def fields_q5_1(buf, n, k, t, dsc, msc):
+    f0, qh, _, qs, nt, nb, _ = _nib_views(Q5_1, buf, n, k)
+    bs.scales_dm(f0.reshape(nt, nb, 2, R), t, dsc, msc)
+    return qs, qh.view(np.uint16).reshape(nt, nb, 2, R)
+
+
+@njit(cache=True)
+def fields_q5_k(buf, n, k, t, dsc, msc):
+    f0, qh, sm, qs, nt, nb, ns = _nib_views(Q5_K, buf, n, k)
+    bs.scales_k(f0.reshape(nt, ns, 2, R), sm.reshape(nt, nb, 2, R), t, dsc, msc)
+    return qs, qh.view(np.uint16).reshape(nt, nb, 2, R)
+
+
+NIBBLE_FIELDS = {Q4_0: fields_q4_0, Q4_1: fields_q4_1, Q4_K: fields_q4_k}
+NIBBLE_FIELDS.update({Q5_0: fields_q5_0, Q5_1: fields_q5_1, Q5_K: fields_q5_k})
+
+
+@njit(cache=True)
+def _q8_fields(buf, n, k):
+    f0, _, _, q = _flat(Q8_0, buf, n, k)
+    nt, nb = (n + R - 1) // R, k // 32
+    return f0.reshape(nt, nb, R), q.view(np.int8).reshape(nt, nb, 8, R, 4)
+
+
+@njit(cache=True)
+def _q6_fields(buf, n, k):
+    f0, f1, f2, q = _flat(Q6_K, buf, n, k)
+    nt, nb, ns = (n + R - 1) // R, k // 32, k // 256
+    sc, qh2 = f1.view(np.int8).reshape(nt, nb, 2, R), f2.reshape(nt, nb, 8, R)
+    return f0.reshape(nt, ns, R), sc, qh2, q.reshape(nt, nb, 16, R)
+
+
+# ---- per-tile work, chosen per kind while typing (so each kind compiles only its own code) -------
+
+
+def _literal_kind(kind) -> int:
+    if not isinstance(kind, types.IntegerLiteral):
+        raise errors.TypingError("the weight kind must be a compile-time constant")
+    return kind.literal_value
+
+
+def int_tile(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc) -> None:
+    """acc (T, R) += tile t of W times the quantized rows xq = (x8, dx, sx, hs).  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(int_tile, jit_options={"cache": True})
+def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+    kv = _literal_kind(kind)
+    if kv == Q8_0:
+
+        def q8(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+            d, q8 = _q8_fields(buf, n, k)
+            mi.tile_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32)
+
+        return q8
+    if kv == Q6_K:
+
+        def q6(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+            d, sc, qh2, qs = _q6_fields(buf, n, k)
+            mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16)
+
+        return q6
+    fields = NIBBLE_FIELDS[kv]
+
+    def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+        qs, qh = fields(buf, n, k, t, dsc, msc)
+        qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
+        mi.tile_nibbles(qs[t], qh3, xq[0], xq[1], xq[2], dsc, msc, acc, s16)
+
+    return nibbles
+
+
+def deq_tile(kind, buf, n, k, t, r0, r1, out) -> None:
+    """Rows t*R + r0 .. t*R + r1 - 1 of W as float32 into out[0 : r1 - r0].  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(deq_tile, jit_options={"cache": True})
+def _deq_tile_impl(kind, buf, n, k, t, r0, r1, out):
+    kv = _literal_kind(kind)
+    if kv in ROW_DEQUANT:
+        return ROW_DEQUANT[kv]
+    if kv == Q8_0:
+
+        def q8(kind, buf, n, k, t, r0, r1, out):
+            d, q8 = _q8_fields(buf, n, k)
+            dq.deq_q8_0(d, q8, t, r0, r1, out)
+
+        return q8
+    if kv == Q6_K:
+
+        def q6(kind, buf, n, k, t, r0, r1, out):
+            d, sc, qh2, qs = _q6_fields(buf, n, k)
+            dq.deq_q6_k(d, sc, qh2, qs, t, r0, r1, out)
+
+        return q6
+    fields = NIBBLE_FIELDS[kv]
+
+    def nibbles(kind, buf, n, k, t, r0, r1, out):
+        dsc = np.empty((k // 32, R), np.float32)
+        msc = np.empty((k // 32, R), np.float32)
+        qs, qh = fields(buf, n, k, t, dsc, msc)
+        dq.deq_nibbles(qs, qh, t, r0, r1, dsc, msc, out)
+
+    return nibbles
+
+
+def _row_f32(kind, buf, n, k, t, r0, r1, out):
+    dq.deq_rows_f32(buf.view(np.float32).reshape(n, k), t * R + r0, t * R + r1, out)
+
+
+def _row_f16(kind, buf, n, k, t, r0, r1, out):
+    dq.deq_rows_f16(buf.view(np.uint16).reshape(n, k), t * R + r0, t * R + r1, out)
+
+
+def _row_bf16(kind, buf, n, k, t, r0, r1, out):
+    dq.deq_rows_bf16(buf.view(np.uint16).reshape(n, k), t * R + r0, t * R + r1, out)
+
+
+def _row_q2_k(kind, buf, n, k, t, r0, r1, out):
+    dq.deq_rows_q2_k(buf.reshape(n, k // 256 * 84), t * R + r0, t * R + r1, out)
+
+
+def _row_q3_k(kind, buf, n, k, t, r0, r1, out):
+    dq.deq_rows_q3_k(buf.reshape(n, k // 256 * 110), t * R + r0, t * R + r1, out)
+
+
+ROW_DEQUANT = {F32: _row_f32, F16: _row_f16, BF16: _row_bf16, Q2_K: _row_q2_k, Q3_K: _row_q3_k}
+
+
+@njit(cache=True)
+def _store(acc, y, t, n) -> None:
+    for ti in range(acc.shape[0]):
+        for r in range(min(R, n - t * R)):
+            y[ti, t * R + r] = acc[ti, r]
+
+
+# ---- range kernels: the bodies of the C callbacks ---------------------------------------------
+
+
+@njit(cache=True)
+def _buf(argv):
+    return carray(ptr_u8(argv[A_BUF]), (argv[A_NBYTES],))
+
+
+@njit(cache=True)
+def int_range(kind, argv, lo, hi) -> None:
+    """Integer path over tiles lo..hi."""
+    buf, n, k, T = _buf(argv), argv[A_N], argv[A_K], argv[A_T]
+    x8 = carray(ptr_i8(argv[A_X8]), (T, k))
+    dx = carray(ptr_f32(argv[A_DX]), (T, k // 32))
+    sx = carray(ptr_f32(argv[A_SX]), (T, k // 32))
+    hs = carray(ptr_i32(argv[A_HS]), (T, k // 16))
+    y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
+    acc = np.empty((T, R), np.float32)
+    s16 = np.empty((4, k // 32, R), np.int16)
+    s32 = np.empty((k // 32, R), np.int32)
+    dsc = np.empty((k // 32, R), np.float32)
+    msc = np.empty((k // 32, R), np.float32)
+    for t in range(lo, hi):
+        acc[:] = 0.0
+        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs), acc, s16, s32, dsc, msc)
+        _store(acc, y, t, n)
+
+
+@njit(cache=True)
+def float_range(kind, argv, lo, hi) -> None:
+    """Float path over tiles lo..hi: dequantize each tile once, GEMM with all T rows.  With ids set
+    (argv[A_IDS] != 0) it is the embedding lookup instead: rows ids[lo..hi] of W into y (T, k)."""
+    buf, n, k, T = _buf(argv), argv[A_N], argv[A_K], argv[A_T]
+    if argv[A_IDS] != 0:
+        ids = carray(ptr_i64(argv[A_IDS]), (T,))
+        y = carray(ptr_f32(argv[A_Y]), (T, k))
+        for i in range(lo, hi):
+            t, lane = ids[i] // R, ids[i] % R
+            deq_tile(kind, buf, n, k, t, lane, lane + 1, y[i : i + 1])
+        return
+    w = np.empty((FLOAT_ROWS, k), np.float32)
+    gemm_argv = np.zeros(GEMM_ARGV_LEN, np.int64)
+    for t in range(lo, hi):
+        rows = min(R, n - t * R)
+        for r0 in range(0, rows, FLOAT_ROWS):
+            r1 = min(rows, r0 + FLOAT_ROWS)
+            deq_tile(kind, buf, n, k, t, r0, r1, w)
+            y_addr, ldy = argv[A_Y], argv[A_LDY]
+            call_gemm(argv[A_GEMM], gemm_argv, argv[A_X], T, k, w, r1 - r0, y_addr, ldy, t * R + r0)
+
+
+_BODIES = {"int": int_range, "float": float_range}
+
+
+@functools.cache
+def range_kernel(kind: int, path: str):
+    """The compiled C callback for (kind, path); kept alive here so its address stays valid."""
+    body = _BODIES[path]
+
+    def kernel(argv, lo, hi):
+        body(kind, argv, lo, hi)
+
+    return cfunc(RANGE_KERNEL_SIG, cache=True)(kernel)
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _argv(buf_addr, nbytes, n, k, x, y, xq, gemm):
+    argv = np.zeros(ARGV_LEN, np.int64)
+    argv[A_BUF], argv[A_NBYTES], argv[A_N], argv[A_K] = buf_addr, nbytes, n, k
+    argv[A_T], argv[A_X], argv[A_Y] = x.shape[0], x.ctypes.data, y.ctypes.data
+    x8, dx, sx, hs = xq
+    argv[A_X8], argv[A_DX] = x8.ctypes.data, dx.ctypes.data
+    argv[A_SX], argv[A_HS] = sx.ctypes.data, hs.ctypes.data
+    argv[A_GEMM], argv[A_LDY] = gemm, y.shape[1]
+    return argv
+
+
+@njit(cache=True)
+def _quantized(x, quantize):
+    return quantize_rows(x if quantize else x[:0])
+
+
+@njit(cache=True)
+def _alive(argv, xq):
+    """A use of argv and the quantized activations after the kernels ran.  The kernels only see raw
+    pointers, and Numba frees an array right after its last visible use: without this, the
+    buffers could be freed (and reused) while the kernels still read them."""
+    return argv[0] + xq[0].size
+
+
+@njit(cache=True, parallel=True)
+def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
+    """Run range kernel `fn` over all tiles on nth threads (quantizing x first for the int path).
+    The weight is passed by address: as an array argument, a read-only one (a memory-mapped F16
+    file) would compile a second copy of every launcher."""
+    xq = _quantized(x, quantize)
+    argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
+    nt = (n + R - 1) // R
+    nth = max(1, min(nth, nt))
+    for c in prange(nth):
+        call_range_kernel(fn, argv.ctypes.data, c * nt // nth, (c + 1) * nt // nth)
+    return _alive(argv, xq)
+
+
+@njit(cache=True)
+def launch_linear_serial(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y):
+    xq = _quantized(x, quantize)
+    argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
+    call_range_kernel(fn, argv.ctypes.data, 0, (n + R - 1) // R)
+    return _alive(argv, xq)
+
+
+@njit(cache=True)
+def _group_argvs(table, gemm, x, y, xq):
+    """One argv per weight of a group (table rows: fn, buf address, nbytes, n, k, column offset),
+    and the first global tile of each weight (tiles[-1] = total)."""
+    W = table.shape[0]
+    argvs = np.zeros((W, ARGV_LEN), np.int64)
+    tiles = np.zeros(W + 1, np.int64)
+    for i in range(W):
+        argvs[i] = _argv(table[i, 1], table[i, 2], table[i, 3], table[i, 4], x, y, xq, gemm)
+        argvs[i, A_Y] += 4 * table[i, 5]  # this weight's first output column
+        tiles[i + 1] = tiles[i] + (table[i, 3] + R - 1) // R
+    return argvs, tiles
+
+
+@njit(cache=True, parallel=True)
+def launch_many(table, gemm, quantize, x, y, nth):
+    """Several weights sharing the input x in one parallel launch (e.g. q/k/v, or gate/up): their
+    tiles form one range split over the threads, x is quantized once, and weight i writes columns
+    table[i, 5] .. + n_i of y.  Each weight runs its own range kernel table[i, 0]."""
+    xq = _quantized(x, quantize)
+    argvs, tiles = _group_argvs(table, gemm, x, y, xq)
+    total = tiles[-1]
+    nth = max(1, min(nth, total))
+    for c in prange(nth):
+        lo, hi = c * total // nth, (c + 1) * total // nth
+        for i in range(table.shape[0]):
+            a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
+            if a < b:
+                call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
+    return _alive(argvs, xq)
+
+
+@njit(cache=True)
+def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
+    xq = quantize_rows(y[:0])
+    argv = _argv(buf_addr, nbytes, n, k, y, y, xq, 0)
+    argv[A_T], argv[A_IDS] = ids.shape[0], ids.ctypes.data
+    call_range_kernel(fn, argv.ctypes.data, 0, ids.shape[0])
+    return _alive(argv, xq)
+
+
+# ---- Python entry points ----------------------------------------------------------------------
+
+
+def kernel_addresses(kind: int, lane: bool) -> tuple[int, int]:
+    """(int, float) range-kernel addresses for a kind (int is 0 for row kinds); compiles them."""
+    fi = range_kernel(kind, "int").address if lane else 0
+    return fi, range_kernel(kind, "float").address
+
+
+def prepare_weight(raw: np.ndarray, ggml_type: int) -> PackedWeight:
+    """Repack a GGUF matrix for these kernels and compile (or load from cache) its kernels."""
+    w = pack_weight(raw, ggml_type)
+    kernels = kernel_addresses(w.kind, w.lane)
+    return dataclasses.replace(w, kernels=kernels, gemm=gemm_kernel().address, addr=w.buf.ctypes.data)
+
+
+def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = None) -> np.ndarray:
+    """x (T, K) float32 C-contiguous -> (T, N) float32, on nth threads."""
+    t = x.shape[0]
+    y = np.empty((t, w.n), np.float32) if out is None else out
+    fi, ff = w.kernels
+    use_int = fi != 0 and t <= INT_PATH_MAX_T
+    fn = fi if use_int else ff
+    if nth <= 1 or (use_int and w.nbytes * t < PARALLEL_MIN_WORK):
+        launch_linear_serial(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
+    else:
+        launch_linear(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, nth)
+    return y
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WeightGroup:
+    """Weights that multiply the same input, run as one launch (see launch_many)."""
+
+    weights: tuple[PackedWeight, ...]
+    offsets: tuple[int, ...]  # first output column of each weight
+    n_total: int
+    tables: tuple[np.ndarray, np.ndarray]  # (integer path allowed, float path) launch tables
+    any_int: bool
+
+    @classmethod
+    def of(cls, weights: tuple[PackedWeight, ...]) -> WeightGroup:
+        if len({w.k for w in weights}) != 1:
+            raise ValueError("grouped weights must share the input size")
+        offsets = tuple(int(o) for o in np.cumsum([0] + [w.n for w in weights[:-1]]))
+        tables = tuple(_group_table(weights, offsets, use_int) for use_int in (True, False))
+        return cls(weights, offsets, sum(w.n for w in weights), tables, any(w.kernels[0] for w in weights))
+
+
+def _group_table(weights: tuple[PackedWeight, ...], offsets: tuple[int, ...], use_int: bool) -> np.ndarray:
+    rows = []
+    for w, off in zip(weights, offsets, strict=True):
+        fn = w.kernels[0] if (use_int and w.kernels[0]) else w.kernels[1]
+        rows.append((fn, w.addr, w.nbytes, w.n, w.k, off))
+    return np.array(rows, np.int64)
+
+
+def linear_group(x: np.ndarray, group: WeightGroup, nth: int) -> list[np.ndarray]:
+    """[x @ W.T for W in group] from one launch; the results are column views of one array."""
+    t = x.shape[0]
+    y = np.empty((t, group.n_total), np.float32)
+    use_int = group.any_int and t <= INT_PATH_MAX_T
+    launch_many(group.tables[0 if use_int else 1], group.weights[0].gemm, use_int, x, y, max(1, nth))
+    return [y[:, o : o + w.n] for w, o in zip(group.weights, group.offsets, strict=True)]
+
+
+def embedding(w: PackedWeight, ids: np.ndarray) -> np.ndarray:
+    """Rows ids of W, dequantized -> (len(ids), k) float32."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.n):
+        raise IndexError(f"token id out of range 0..{w.n - 1}")
+    out = np.empty((ids.shape[0], w.k), np.float32)
+    launch_embed(w.kernels[1], w.addr, w.nbytes, w.n, w.k, np.require(ids, np.int64, ["C", "W"]), out)
+    return out

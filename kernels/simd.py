@@ -1,0 +1,145 @@
+"""Scalar building blocks that let LLVM vectorise the kernels the way we intend.
+
+Numba widens every small-integer operation to int64 (int16 + int16 -> int64), and LLVM then picks
+64-bit vector lanes: four products per AVX2 instruction instead of sixteen.  These intrinsics emit
+the LLVM instruction at the width we ask for (wrapping, like C), so an int16 multiply-accumulate
+over a loop becomes `vpmullw`/`vpaddw` on 16 lanes.  They are plain LLVM IR, so they work on any
+target LLVM supports (no x86-specific intrinsics).
+
+Also here: fp16 -> fp32 (Numba has no float16 on the CPU) and a vectorisable `exp`.
+
+Kernels use error_model="numpy": with Numba's default ("python") every float division checks for
+a zero divisor to raise ZeroDivisionError, and that branch stops LLVM from vectorising the loop
+(measured: swiglu 8 us -> ~1 us for 1536 values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+i16, i32, f32 = np.int16, np.int32, np.float32
+
+
+def _wrapping_binop(op: str, ty: types.Integer):
+    @intrinsic
+    def binop(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            return getattr(builder, op)(args[0], args[1])
+
+        return ty(ty, ty), codegen
+
+    return binop
+
+
+add16 = _wrapping_binop("add", types.int16)
+mul16 = _wrapping_binop("mul", types.int16)
+add32 = _wrapping_binop("add", types.int32)
+mul32 = _wrapping_binop("mul", types.int32)
+
+
+@intrinsic
+def i32_as_f32(typingctx, x):
+    """Reinterpret the bits of an int32 as a float32."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def f32_as_i32(typingctx, x):
+    """Reinterpret the bits of a float32 as an int32."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+_TWO_POW_112 = f32(2.0**112)
+
+
+@njit(inline="always")
+def f16_to_f32(h):
+    """IEEE half bits (any integer type) -> float32, exact for normal and subnormal numbers.
+
+    The exponent/mantissa bits are moved into float32 position; multiplying by 2**112 re-biases the
+    exponent (15 -> 127) and also scales subnormals correctly.  The sign bit survives the multiply.
+    fp16 inf/nan become large finite numbers: scales in valid GGUF files are never inf/nan.
+    """
+    b = i32(h) & 0xFFFF
+    return i32_as_f32(i32(((b & 0x8000) << 16) | ((b & 0x7FFF) << 13))) * _TWO_POW_112
+
+
+@njit(inline="always")
+def bf16_to_f32(h):
+    """bfloat16 bits -> float32: they are the top half of a float32."""
+    return i32_as_f32(i32((i32(h) & 0xFFFF) << 16))
+
+
+_LOG2E = f32(1.4426950408889634)
+_LN2_HI = f32(0.693359375)
+_LN2_LO = f32(-2.12194440e-4)
+
+
+@njit(inline="always", fastmath=True)
+def fast_exp(x):
+    """float32 exp with ~2 ulp error, written so LLVM vectorises it (libm's expf is a scalar call).
+
+    Cephes-style: x = n*ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2**n built from
+    the exponent bits.  Inputs are clamped to [-87, 88] (the float32 range); exp(-inf) gives ~0.
+    """
+    x = min(max(x, f32(-87.0)), f32(88.0))
+    n = np.floor(x * _LOG2E + f32(0.5))
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = f32(1.9875691500e-4)
+    p = p * r + f32(1.3981999507e-3)
+    p = p * r + f32(8.3334519073e-3)
+    p = p * r + f32(4.1665795894e-2)
+    p = p * r + f32(1.6666665459e-1)
+    p = p * r + f32(5.0000001201e-1)
+    p = p * r * r + r + f32(1.0)
+    return p * i32_as_f32(i32((i32(n) + 127) << 23))
+
+
+# ---- raw pointers: per-kind kernels are C callbacks taking an int64 argument vector ---------------
+
+
+def _pointer_cast(dtype: types.Type):
+    @intrinsic
+    def cast(typingctx, addr):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(dtype)))
+
+        return types.CPointer(dtype)(types.int64), codegen
+
+    return cast
+
+
+ptr_u8 = _pointer_cast(types.uint8)
+ptr_i8 = _pointer_cast(types.int8)
+ptr_u16 = _pointer_cast(types.uint16)
+ptr_i32 = _pointer_cast(types.int32)
+ptr_i64 = _pointer_cast(types.int64)
+ptr_f32 = _pointer_cast(types.float32)
+
+# The C signature of every range kernel: void kernel(int64 *argv, int64 lo, int64 hi).
+RANGE_KERNEL_SIG = types.void(types.CPointer(types.int64), types.int64, types.int64)
+
+
+@intrinsic
+def call_range_kernel(typingctx, fn_addr, argv_addr, lo, hi):
+    """Call the range kernel at address fn_addr (see RANGE_KERNEL_SIG) with argv at argv_addr."""
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64.as_pointer(), i64, i64])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(fn, [builder.inttoptr(args[1], i64.as_pointer()), args[2], args[3]])
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen

@@ -1,0 +1,189 @@
+"""AVX2 block kernels written directly in LLVM IR (used through Numba intrinsics).
+
+LLVM never turns scalar loops into `vpmaddubsw` (8-bit multiplies with pairwise int16 sums, 32
+multiply-adds per instruction); these kernels ask for it by name and are 2x faster than the best
+auto-vectorised Numba loops (measured: Q4 block sums 19 vs 9 GB/s per core).  They are only
+compiled where the host CPU has AVX2 (`HAVE_AVX2`); matmul_int falls back to the portable loops
+elsewhere, and both give bit-identical integer sums (tests compare them).
+
+Layout (packing.py): for one 32-block of a 64-row tile, byte j of each row lies at q[j * 64 + r];
+its low nibble is element j, its high nibble element j + 16.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .packing import TILE_ROWS
+
+
+def _host_has_avx2() -> bool:
+    try:
+        return bool(llvm.get_host_cpu_features().get("avx2", False))
+    except Exception:  # unknown host: use the portable kernels
+        return False
+
+
+HAVE_AVX2 = _host_has_avx2() and TILE_ROWS == 64
+
+_i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_V32I8, _V16I16, _V8I16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16), ir.VectorType(_i16, 8)
+# vpunpcklbw / vpunpckhbw on 256 bits interleave within each 128-bit half: pairs for rows
+# 0-7 and 16-23 (lo) or 8-15 and 24-31 (hi) of a 32-row half-tile.
+_UNPACK = {
+    "lo": [i for half in (0, 16) for b in range(8) for i in (half + b, 32 + half + b)],
+    "hi": [i for half in (8, 24) for b in range(8) for i in (half + b, 32 + half + b)],
+}
+_ROWS = {"lo": (0, 16), "hi": (8, 24)}  # first row of each 8-lane group of the int16 result
+
+
+def _const(ty: ir.Type, values: list[int]) -> ir.Constant:
+    return ir.Constant(ty, values)
+
+
+def _call(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    fn = builder.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir.Value:
+    """The int8 pair (x[ja], x[jb]), repeated over 32 bytes."""
+    a = builder.zext(builder.load(builder.gep(xp, [_const(_i32, ja)])), _i16)
+    b = builder.zext(builder.load(builder.gep(xp, [_const(_i32, jb)])), _i16)
+    pair = builder.or_(a, builder.shl(b, _const(_i16, 8)))
+    v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), pair, _const(_i32, 0))
+    v = builder.shuffle_vector(v, v, _const(ir.VectorType(_i32, 16), [0] * 16))
+    return builder.bitcast(v, _V32I8)
+
+
+def _nibbles(builder: ir.IRBuilder, qp: ir.Value, j: int, h: int) -> tuple[ir.Value, ir.Value]:
+    """Low and high nibbles of byte j for the 32 rows of half h."""
+    ptr = builder.bitcast(builder.gep(qp, [_const(_i32, j * TILE_ROWS + h * 32)]), _V32I8.as_pointer())
+    v = builder.load(ptr, align=1)
+    mask = _const(_V32I8, [15] * 32)
+    return builder.and_(v, mask), builder.and_(builder.lshr(v, _const(_V32I8, [4] * 32)), mask)
+
+
+def _pair_products(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, xv: ir.Value) -> dict:
+    """Per row, a * xv[0] + b * xv[1] (int16), rows grouped as {"lo": .., "hi": ..} by _ROWS."""
+    out = {}
+    for part in ("lo", "hi"):
+        pairs = builder.shuffle_vector(a, b, _const(ir.VectorType(_i32, 32), _UNPACK[part]))
+        out[part] = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [pairs, xv])
+    return out
+
+
+def _store_rows(builder: ir.IRBuilder, acc: ir.Value, dst: ir.Value, h: int, part: str) -> None:
+    """Store the 16 int16 lanes of acc (rows _ROWS[part] of half h, 8 each) in row order."""
+    for g, first_row in enumerate(_ROWS[part]):
+        sub = builder.shuffle_vector(acc, acc, _const(ir.VectorType(_i32, 8), list(range(8 * g, 8 * g + 8))))
+        ptr = builder.gep(dst, [_const(_i32, h * 32 + first_row)])
+        builder.store(sub, builder.bitcast(ptr, _V8I16.as_pointer()), align=2)
+
+
+def _pointers(builder: ir.IRBuilder, args: list[ir.Value]) -> tuple[ir.Value, ...]:
+    qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+    return qp, xp, builder.inttoptr(args[2], _i16.as_pointer()), builder.inttoptr(args[3], _i16.as_pointer())
+
+
+def _accumulate(builder: ir.IRBuilder, acc: dict, key: tuple, products: dict) -> None:
+    for part, value in products.items():
+        k = (*key, part)
+        acc[k] = builder.add(acc[k], value) if k in acc else value
+
+
+def _store_all(builder: ir.IRBuilder, acc: dict, s0: ir.Value, s1: ir.Value) -> None:
+    for (which, h, part), value in acc.items():
+        _store_rows(builder, value, s0 if which == 0 else s1, h, part)
+
+
+_SIG = types.void(types.int64, types.int64, types.int64, types.int64)
+
+
+@intrinsic
+def q4_block_sums_avx2(typingctx, q_addr, x_addr, s0_addr, s1_addr):
+    """For one 32-block of a 64-row tile: s0[r] = sum over j < 8, s1[r] = over 8 <= j < 16, of
+    lo(q[j, r]) * x[j] + hi(q[j, r]) * x[16 + j]  (int16; each <= 8 * 2 * 15 * 127 = 30480).
+    Addresses: q 16 x 64 uint8, x 32 int8, s0/s1 64 int16."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp, s0, s1 = _pointers(builder, args)
+        acc: dict = {}
+        for j in range(16):
+            xv = _pair_broadcast(builder, xp, j, 16 + j)
+            for h in range(2):
+                low, high = _nibbles(builder, qp, j, h)
+                _accumulate(builder, acc, (j // 8, h), _pair_products(builder, low, high, xv))
+        _store_all(builder, acc, s0, s1)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+@intrinsic
+def q4_block_sums_split_avx2(typingctx, q_addr, x_addr, s0_addr, s1_addr):
+    """Like q4_block_sums_avx2 but s0 sums exactly the low nibbles (elements 0-15) and s1 the high
+    ones (16-31), for Q6_K's one-scale-per-16 layout: pairs bytes j and j + 8 instead."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp, s0, s1 = _pointers(builder, args)
+        acc: dict = {}
+        for j in range(8):
+            x_low = _pair_broadcast(builder, xp, j, j + 8)
+            x_high = _pair_broadcast(builder, xp, 16 + j, 24 + j)
+            for h in range(2):
+                low_a, high_a = _nibbles(builder, qp, j, h)
+                low_b, high_b = _nibbles(builder, qp, j + 8, h)
+                _accumulate(builder, acc, (0, h), _pair_products(builder, low_a, low_b, x_low))
+                _accumulate(builder, acc, (1, h), _pair_products(builder, high_a, high_b, x_high))
+        _store_all(builder, acc, s0, s1)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+def _quad_broadcast(builder: ir.IRBuilder, xp: ir.Value, g: int) -> ir.Value:
+    """x[4g .. 4g+3] as one int32, repeated over 32 bytes."""
+    ptr = builder.bitcast(builder.gep(xp, [_const(_i32, 4 * g)]), _i32.as_pointer())
+    quad = builder.load(ptr, align=1)
+    v8 = ir.VectorType(_i32, 8)
+    v = builder.insert_element(ir.Constant(v8, ir.Undefined), quad, _const(_i32, 0))
+    return builder.bitcast(builder.shuffle_vector(v, v, _const(v8, [0] * 8)), _V32I8)
+
+
+def _signed_quad_dot(builder: ir.IRBuilder, w: ir.Value, xv: ir.Value) -> ir.Value:
+    """Per 32-bit lane: sum of the 4 int8 products w * x (|w| * sign(w) x, as ggml does)."""
+    aw = _call(builder, "llvm.abs.v32i8", _V32I8, [w, ir.Constant(ir.IntType(1), 0)])
+    sx = _call(builder, "llvm.x86.avx2.psign.b", _V32I8, [xv, w])
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [aw, sx])
+    ones = ir.Constant(_V16I16, [1] * 16)
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [pairs, ones])
+
+
+@intrinsic
+def q8_block_sums_avx2(typingctx, q_addr, x_addr, s_addr, unused):
+    """One Q8_0 32-block of a 64-row tile in quad layout (8 quads x 64 rows x 4 int8):
+    s[r] = sum_e q[r, e] * x[e] as int32 (|products| <= 128 * 127, pairs fit int16)."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        sp = builder.inttoptr(args[2], _i32.as_pointer())
+        v8 = ir.VectorType(_i32, 8)
+        acc = [ir.Constant(v8, [0] * 8) for _ in range(TILE_ROWS // 8)]
+        for g in range(8):
+            xv = _quad_broadcast(builder, xp, g)
+            for rv in range(TILE_ROWS // 8):
+                ptr = builder.gep(qp, [_const(_i32, (g * TILE_ROWS + rv * 8) * 4)])
+                w = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
+                acc[rv] = builder.add(acc[rv], _signed_quad_dot(builder, w, xv))
+        for rv, value in enumerate(acc):
+            ptr = builder.gep(sp, [_const(_i32, rv * 8)])
+            builder.store(value, builder.bitcast(ptr, v8.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return _SIG, codegen

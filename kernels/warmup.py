@@ -1,0 +1,56 @@
+"""Compile (or load from Numba's on-disk cache) every kernel specialisation a model step uses.
+
+Each kernel is called once on tiny inputs of exactly the dtypes/ranks the backend passes, so the
+first real step finds everything compiled.  Per-weight-type matmul kernels are compiled when a
+weight is prepared; the launchers that call them are the same for every type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import attention, layers, matmul
+from .packing import TILE_ROWS
+
+
+def warm_backend(backend: Any) -> None:
+    _warm_matmul(backend)
+    x = np.ones((2, 64), np.float32)
+    layers.rms_norm_rows(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))
+    layers.swiglu_rows(x, x, np.empty_like(x))
+    layers.geglu_rows(x, x, np.empty_like(x))
+    backend.rope(x.reshape(2, 2, 32), np.arange(2), 32, 10000.0, False)
+    kc = np.zeros((2, 4, 2, 32), np.float32)
+    qk = x.reshape(2, 2, 32)
+    backend.rope_store_kv(qk, qk, qk, np.arange(2), 32, 10000.0, False, kc, kc, np.arange(2))
+    _warm_attention(backend)
+
+
+def _warm_matmul(backend: Any) -> None:
+    """The launchers, on both paths, with any prepared weight: their code does not depend on the
+    weight's type (the per-type kernels are compiled by prepare_weight) or on T."""
+    w = next(iter(backend._prepared.values()), None)
+    if w is None:
+        w = matmul.prepare_weight(np.zeros((TILE_ROWS, 32), np.float32), 0)  # F32: float path only
+    x = np.zeros((2, w.k), np.float32)
+    y = np.empty((2, w.n), np.float32)
+    fi, ff = w.kernels
+    for fn, quantize in ((fi or ff, bool(fi)), (ff, False)):
+        matmul.launch_linear_serial(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y)
+        matmul.launch_linear(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
+    matmul.embedding(w, np.zeros(1, np.int64))
+    matmul.linear_group(x, matmul.WeightGroup.of((w, w)), backend.threads)
+
+
+def _warm_attention(backend: Any) -> None:
+    k_cache = np.zeros((2, 4, 1, 8), np.float32)  # (blocks, block_size, kv_heads, head_dim)
+    q = np.ones((2, 2, 8), np.float32)
+    qsl, ctx = np.array([0, 2], np.int64), np.array([2], np.int64)
+    tables = np.zeros((1, 2), np.int64)
+    kv = np.ones((2, 1, 8), np.float32)
+    layers.store_kv_rows(k_cache, k_cache, kv, kv, np.arange(2, dtype=np.int64))
+    args = (q, k_cache, k_cache, qsl, ctx, tables, 1.0, 0, np.empty_like(q))
+    attention.paged_attention_serial(*args)
+    attention.paged_attention_par(*args, backend.threads)

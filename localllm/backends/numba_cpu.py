@@ -1,0 +1,193 @@
+"""The Numba CPU backend: the NumpyBackend's operations, computed by the kernels in localllm.kernels.
+
+Weights are repacked once at load (kernels/packing.py) and multiplied without ever being
+dequantized as a whole.  Every kernel takes float32 C-contiguous arrays and int64/int32 index
+arrays; this class normalises its inputs to exactly those types so each kernel has one compiled
+specialisation, which `warmup()` compiles (or loads from Numba's cache) before the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+
+from localllm.kernels import attention, layers, matmul
+from localllm.kernels.packing import PackedWeight
+from localllm.quant import dequantize
+
+# Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
+_ATTN_PARALLEL_MIN = 1 << 15
+
+
+# Kernels are compiled for C-contiguous, writable arrays of one dtype; a read-only or strided
+# input would compile another specialisation mid-run.  These convert only when needed.
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.require(x, np.float32, ["C", "W"])
+
+
+def _i64(x: np.ndarray) -> np.ndarray:
+    return np.require(x, np.int64, ["C", "W"])
+
+
+class NumbaBackend:
+    name = "numba"
+
+    def __init__(self, threads: int):
+        """threads: how many threads the kernels use (clamped to 1..NUMBA_NUM_THREADS)."""
+        self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(self.threads)
+        self._prepared: dict[tuple, PackedWeight] = {}
+        self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
+        self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
+
+    # ---- weights and cache -------------------------------------------------------------------
+
+    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> PackedWeight:
+        """Repack a matrix once (the same tensor asked twice, e.g. tied embeddings, is packed once)."""
+        key = (raw.__array_interface__["data"][0], raw.shape, raw.dtype.str, int(ggml_type))
+        packed = self._prepared.get(key)
+        if packed is None:
+            packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type)
+        return packed
+
+    def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
+        return _f32(dequantize(raw, ggml_type)).reshape(-1)  # a copy: F32 file data is read-only
+
+    def allocate_kv(self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
+        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
+        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+    # ---- operations ----------------------------------------------------------------------------
+
+    def linear(self, x: np.ndarray, weight: PackedWeight) -> np.ndarray:
+        """x (T, K) or (K,) times the (N, K) weight transposed -> (T, N) or (N,)."""
+        x2 = _f32(x).reshape(-1, weight.k)
+        y = matmul.linear(x2, weight, self.threads)
+        return y if x.ndim == 2 else y.reshape(*x.shape[:-1], weight.n)
+
+    def linear_many(self, x: np.ndarray, weights: Sequence[PackedWeight]) -> list[np.ndarray]:
+        """[linear(x, w) for w in weights] (same values) in one kernel launch: for weights that
+        share their input, like q/k/v or gate/up.  Saves a launch and a quantization of x per
+        extra weight and splits the combined rows evenly over the threads.  The results are
+        column views of one (T, sum of N) array.  Optional: not part of the Backend protocol."""
+        key = tuple(map(id, weights))
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = matmul.WeightGroup.of(tuple(weights))  # keeps the ids alive
+        return matmul.linear_group(_f32(x).reshape(-1, weights[0].k), group, self.threads)
+
+    def embedding(self, weight: PackedWeight, ids: np.ndarray) -> np.ndarray:
+        return matmul.embedding(weight, _i64(ids).reshape(-1))
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        x2 = _f32(x).reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        layers.rms_norm_rows(x2, _f32(weight), float(eps), out)
+        return out.reshape(x.shape)
+
+    def rope(
+        self, x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool
+    ) -> np.ndarray:
+        x3 = _f32(x)
+        pos = _i64(positions)
+        out = np.empty_like(x3)
+        layers.rope(
+            x3, pos, int(rope_dim), float(base), bool(neox), self._rope_table(pos, rope_dim, base), out
+        )
+        return out
+
+    def rope_store_kv(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        positions: np.ndarray,
+        rope_dim: int,
+        base: float,
+        neox: bool,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        slot_mapping: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(rope(q), rope(k)), with the rotated k and v stored in the cache: rope, rope, store_kv
+        in one call.  Optional: not part of the Backend protocol."""
+        q3, k3, pos = _f32(q), _f32(k), _i64(positions)
+        q_out, k_out = np.empty_like(q3), np.empty_like(k3)
+        table = self._rope_table(pos, rope_dim, base)
+        layers.rope_store_kv(
+            q3, k3, _f32(v), pos, int(rope_dim), float(base), bool(neox), table, k_cache, v_cache,
+            _i64(slot_mapping), q_out, k_out,
+        )  # fmt: skip
+        return q_out, k_out
+
+    def _rope_table(self, positions: np.ndarray, rope_dim: int, base: float) -> tuple[np.ndarray, ...]:
+        """(positions, cos, sin) rows for (rope_dim, base), grown to hold len(positions) rows.  The
+        kernel recomputes a row only when its position changed, so the layers of a step share it."""
+        key = (int(rope_dim), float(base))
+        table = self._rope_tables.get(key)
+        n = positions.shape[0]
+        if table is None or table[0].shape[0] < n:
+            rows = max(n, 2 * table[0].shape[0] if table is not None else 16)
+            half = int(rope_dim) // 2
+            table = (
+                np.full(rows, -1, np.int64),
+                np.empty((rows, half), np.float32),
+                np.empty((rows, half), np.float32),
+            )
+            self._rope_tables[key] = table
+        return table
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._gated(layers.swiglu_rows, gate, up)
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._gated(layers.geglu_rows, gate, up)
+
+    @staticmethod
+    def _gated(kernel, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        g, u = _f32(gate).reshape(-1, gate.shape[-1]), _f32(up).reshape(-1, up.shape[-1])
+        out = np.empty_like(g)
+        kernel(g, u, out)
+        return out.reshape(gate.shape)
+
+    def store_kv(
+        self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
+    ) -> None:
+        layers.store_kv_rows(k_cache, v_cache, _f32(k), _f32(v), _i64(slot_mapping))
+
+    def paged_attention(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        query_start_loc: np.ndarray,
+        context_lens: np.ndarray,
+        block_tables: np.ndarray,
+        scale: float,
+        sliding_window: int = 0,
+    ) -> np.ndarray:
+        q3 = _f32(q)
+        qsl, ctx, tables = _i64(query_start_loc), _i64(context_lens), _i64(block_tables)
+        out = np.empty_like(q3)
+        args = (q3, k_cache, v_cache, qsl, ctx, tables, float(scale), int(sliding_window), out)
+        work = q3.shape[0] * q3.shape[1] * q3.shape[2] * (int(ctx.max()) if ctx.size else 0)
+        if self.threads > 1 and work >= _ATTN_PARALLEL_MIN:
+            attention.paged_attention_par(*args, self.threads)
+        else:
+            attention.paged_attention_serial(*args)
+        return out
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    # ---- compilation -------------------------------------------------------------------------
+
+    def warmup(self) -> None:
+        """Compile (or load from Numba's cache) every kernel specialisation a model step uses, on
+        tiny inputs, so no compilation ever happens inside a decode loop.  The per-type matmul
+        kernels were already compiled by `prepare_weight`; this covers the launchers and layers."""
+        from localllm.kernels.warmup import warm_backend
+
+        warm_backend(self)
