@@ -28,6 +28,10 @@ class Backend(Protocol):
     def linear(self, x: Any, weight: Any) -> Any:
         """x (T, K) times the (N, K) weight transposed -> (T, N)."""
 
+    def linear_many(self, x: Any, weights: Any) -> list[Any]:
+        """[linear(x, w) for w in weights] for weights sharing their input (q/k/v, gate/up); a backend
+        may fuse them into one pass."""
+
     def embedding(self, weight: Any, ids: Any) -> Any: ...
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
@@ -39,6 +43,21 @@ class Backend(Protocol):
     def geglu(self, gate: Any, up: Any) -> Any: ...
 
     def store_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
+
+    def rope_store_kv(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        positions: Any,
+        rope_dim: int,
+        base: float,
+        neox: bool,
+        k_cache: Any,
+        v_cache: Any,
+        slot_mapping: Any,
+    ) -> tuple[Any, Any]:
+        """(rope(q), rope(k)), with rotated k and v written to the cache at slot_mapping."""
 
     def paged_attention(
         self,

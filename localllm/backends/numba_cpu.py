@@ -23,11 +23,16 @@ _ATTN_PARALLEL_MIN = 1 << 15
 
 # Kernels are compiled for C-contiguous, writable arrays of one dtype; a read-only or strided
 # input would compile another specialisation mid-run.  These convert only when needed.
+# (np.require costs ~5 us a call, and a decode step makes hundreds of these checks.)
 def _f32(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable:
+        return x
     return np.require(x, np.float32, ["C", "W"])
 
 
 def _i64(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.int64 and x.flags.c_contiguous and x.flags.writeable:
+        return x
     return np.require(x, np.int64, ["C", "W"])
 
 

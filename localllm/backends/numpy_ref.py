@@ -43,6 +43,14 @@ class NumpyBackend:
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
         return x.astype(np.float32) @ weight.dequantized().T
 
+    def linear_many(self, x: np.ndarray, weights: list[RawWeight]) -> list[np.ndarray]:
+        return [self.linear(x, w) for w in weights]
+
+    def rope_store_kv(self, q, k, v, positions, rope_dim, base, neox, k_cache, v_cache, slot_mapping):
+        q, k = ref.rope(q, positions, rope_dim, base, neox), ref.rope(k, positions, rope_dim, base, neox)
+        ref.store_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q, k
+
     def embedding(self, weight: RawWeight, ids: np.ndarray) -> np.ndarray:
         return ref.embedding(weight.raw, weight.ggml_type, ids)
 

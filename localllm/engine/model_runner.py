@@ -46,8 +46,8 @@ class ModelRunner:
             input_ids=np.concatenate(input_ids),
             positions=np.concatenate(positions),
             slot_mapping=np.concatenate(slots),
-            query_start_loc=np.asarray(query_start, dtype=np.int32),
-            context_lens=np.asarray(context_lens, dtype=np.int32),
+            query_start_loc=np.asarray(query_start, dtype=np.int64),
+            context_lens=np.asarray(context_lens, dtype=np.int64),
             block_tables=self._block_tables(scheduled),
             logits_indices=np.asarray(logits_indices, dtype=np.int64),
         )
@@ -55,7 +55,7 @@ class ModelRunner:
     @staticmethod
     def _block_tables(scheduled: list[ScheduledSeq]) -> np.ndarray:
         width = max(len(item.seq.block_table) for item in scheduled)
-        tables = np.zeros((len(scheduled), width), dtype=np.int32)
+        tables = np.zeros((len(scheduled), width), dtype=np.int64)
         for i, item in enumerate(scheduled):
             tables[i, : len(item.seq.block_table)] = item.seq.block_table
         return tables

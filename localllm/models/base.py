@@ -87,9 +87,9 @@ class ForwardBatch:
     input_ids: np.ndarray  # (T,) int64
     positions: np.ndarray  # (T,) int64
     slot_mapping: np.ndarray  # (T,) int64: where each token's K/V goes in the paged cache
-    query_start_loc: np.ndarray  # (S + 1,) int32
-    context_lens: np.ndarray  # (S,) int32: cached positions after this step
-    block_tables: np.ndarray  # (S, max_blocks) int32, padded with 0
+    query_start_loc: np.ndarray  # (S + 1,) int64
+    context_lens: np.ndarray  # (S,) int64: cached positions after this step
+    block_tables: np.ndarray  # (S, max_blocks) int64, padded with 0
     logits_indices: np.ndarray  # (L,) int64: rows whose logits are needed
 
 

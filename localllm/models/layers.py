@@ -50,8 +50,7 @@ class FeedForwardWeights:
         )
 
 
-def _project(b: Any, x: Any, weight: Any, bias: Any) -> Any:
-    y = b.linear(x, weight)
+def _add_bias(y: Any, bias: Any) -> Any:
     return y if bias is None else y + bias
 
 
@@ -60,17 +59,26 @@ def self_attention(
 ) -> Any:
     """Project to q/k/v, rotate, write k/v into the paged cache, attend, project out."""
     n_tokens = h.shape[0]
-    q = _project(b, h, aw.wq, aw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
-    k = _project(b, h, aw.wk, aw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
-    v = _project(b, h, aw.wv, aw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
+    q, k, v = b.linear_many(h, [aw.wq, aw.wk, aw.wv])
+    q = _add_bias(q, aw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
+    k = _add_bias(k, aw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
+    v = _add_bias(v, aw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
     if aw.q_norm is not None:
         q = b.rms_norm(q, aw.q_norm, args.norm_eps)
         k = b.rms_norm(k, aw.k_norm, args.norm_eps)
-    base = args.layer_rope_base(il)
-    q = b.rope(q, batch.positions, args.rope_dim, base, args.rope_neox)
-    k = b.rope(k, batch.positions, args.rope_dim, base, args.rope_neox)
     k_cache, v_cache = kv.layer(il)
-    b.store_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+    q, k = b.rope_store_kv(
+        q,
+        k,
+        v,
+        batch.positions,
+        args.rope_dim,
+        args.layer_rope_base(il),
+        args.rope_neox,
+        k_cache,
+        v_cache,
+        batch.slot_mapping,
+    )
     out = b.paged_attention(
         q,
         k_cache,
@@ -85,8 +93,10 @@ def self_attention(
 
 
 def swiglu_ffn(b: Any, fw: FeedForwardWeights, h: Any) -> Any:
-    return b.linear(b.swiglu(b.linear(h, fw.gate), b.linear(h, fw.up)), fw.down)
+    gate, up = b.linear_many(h, [fw.gate, fw.up])
+    return b.linear(b.swiglu(gate, up), fw.down)
 
 
 def geglu_ffn(b: Any, fw: FeedForwardWeights, h: Any) -> Any:
-    return b.linear(b.geglu(b.linear(h, fw.gate), b.linear(h, fw.up)), fw.down)
+    gate, up = b.linear_many(h, [fw.gate, fw.up])
+    return b.linear(b.geglu(gate, up), fw.down)
