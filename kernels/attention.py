@@ -101,17 +101,18 @@ def attend_chunk(q, keys, values, bs, kvh, table, h, i0, nq, pos0, scale, window
             acc[r, d] = 0.0
     first = max(0, pos0 - window + 1) if window > 0 else 0
     end = pos0 + nq  # one past the last query's position
-    p = first
+    # Whole blocks only, the rest masked: how a query's sums are grouped must not depend on which
+    # chunk it shares (chunked prefill, batching), or batched and lone runs would differ in the last
+    # bits. Masked slots add exact zeros; unwritten cache slots hold zeros or older finite values.
+    p = first - first % bs
     while p < end:
-        blk, off = table[p // bs], p % bs
-        n = min(bs - off, end - p)
-        row0 = (blk * bs + off) * kvh + kh
-        _block_scores(qc, nq, keys, row0, kvh, n, sc)
+        row0 = table[p // bs] * bs * kvh + kh
+        _block_scores(qc, nq, keys, row0, kvh, bs, sc)
         for r in range(nq):
             lo = max(0, pos0 + r - window + 1) if window > 0 else 0
-            _softmax_update(sc, r, n, p, lo, pos0 + r + 1, m, total, acc)
-        _add_values(sc, nq, values, row0, kvh, n, acc)
-        p += n
+            _softmax_update(sc, r, bs, p, lo, pos0 + r + 1, m, total, acc)
+        _add_values(sc, nq, values, row0, kvh, bs, acc)
+        p += bs
     for r in range(nq):
         inv = f32(1.0) / total[r] if total[r] > f32(0.0) else f32(0.0)
         for d in range(q.shape[2]):

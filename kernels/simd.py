@@ -60,19 +60,25 @@ def f32_as_i32(typingctx, x):
     return types.int32(types.float32), codegen
 
 
-_TWO_POW_112 = f32(2.0**112)
+_TWO_POW_M24 = f32(2.0**-24)
 
 
 @njit(inline="always")
 def f16_to_f32(h):
     """IEEE half bits (any integer type) -> float32, exact for normal and subnormal numbers.
 
-    The exponent/mantissa bits are moved into float32 position; multiplying by 2**112 re-biases the
-    exponent (15 -> 127) and also scales subnormals correctly.  The sign bit survives the multiply.
+    Normal numbers are re-biased in the integer domain (exponent + 112).  Scaling by 2**112 in float
+    instead looked simpler, but fastmath lets LLVM reassociate `f16_to_f32(d) * dx * s` into
+    `bits * (2**112 * dx * s)`, which overflows for large activations (inf * tiny = NaN).
     fp16 inf/nan become large finite numbers: scales in valid GGUF files are never inf/nan.
     """
     b = i32(h) & 0xFFFF
-    return i32_as_f32(i32(((b & 0x8000) << 16) | ((b & 0x7FFF) << 13))) * _TWO_POW_112
+    sign = (b & 0x8000) << 16
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    normal = i32_as_f32(i32(sign | ((e + 112) << 23) | (m << 13)))
+    sub = f32(m) * _TWO_POW_M24  # subnormal or zero: m * 2**-24
+    return normal if e != 0 else (-sub if sign else sub)
 
 
 @njit(inline="always")

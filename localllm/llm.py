@@ -20,8 +20,20 @@ def resolve_model_path(model: str, home: Path | None = None, progress: bool = Tr
 
 
 def default_numba_cache(home: Path) -> None:
-    """Numba's compiled-kernel cache goes in a writable place of ours unless the user chose one."""
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(home / "numba_cache"))
+    """Numba's compiled-kernel cache goes in a writable place of ours unless the user chose one.
+
+    Numba only notices a change in a cached function's own file, not in the helpers it inlines from
+    other files, so the directory is keyed by a hash of all kernel sources: an upgrade never runs
+    stale machine code.
+    """
+    import hashlib
+    from importlib.util import find_spec
+
+    spec = find_spec("localllm.kernels")
+    digest = hashlib.sha256()
+    for source in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else []:
+        digest.update(source.read_bytes())
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(home / "numba_cache" / digest.hexdigest()[:16]))
 
 
 class LLM:

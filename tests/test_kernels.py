@@ -103,6 +103,21 @@ def test_linear_matches_reference(name: str, n: int, k: int, t: int) -> None:
         assert rel_err(y, expected) < FLOAT_TOL
 
 
+@pytest.mark.parametrize("name", LANE_TYPES + ROW_TYPES)
+@pytest.mark.parametrize("scale", [1e-3, 1e3])
+def test_linear_with_small_and_large_activations(name: str, scale: float) -> None:
+    """Real models have activation outliers in the hundreds (Qwen2.5: ~180). A scale conversion that
+    fastmath could reassociate into an overflow once turned such rows into NaN."""
+    rng = np.random.default_rng(zlib.crc32(f"scale {name}".encode()))
+    raw = random_weight(rng, name, 64, 512)
+    w = matmul.prepare_weight(raw, T[name])
+    x = (rng.standard_normal((2, 512)) * scale).astype(np.float32)
+    y = matmul.linear(x, w, nth=2)
+    assert np.isfinite(y).all()
+    tol = INT_TOL if name in LANE_TYPES else FLOAT_TOL
+    assert rel_err(y, ref.linear(x, raw, T[name])) < tol
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
 def test_linear_serial_parallel_and_both_paths_agree(name: str) -> None:
     """Same result on 1 or 2 threads; the integer and float paths agree within INT_TOL."""
@@ -385,3 +400,16 @@ def test_smollm2_matches_numpy_backend(smollm2_path, index_dir) -> None:
     theirs = _run_model(NumpyBackend(), smollm2_path, index_dir, prompt, 3)
     assert (ours.argmax(axis=1) == theirs.argmax(axis=1)).all()
     assert rel_err(ours, theirs) < 0.08
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+def test_linear_precise_is_close_to_float_activations(backend: NumbaBackend, name: str) -> None:
+    """Two integer passes (activations, then their rounding residual) land within 1e-4 of the
+    float32 result, where one pass is ~100x further off."""
+    rng = np.random.default_rng(zlib.crc32(f"precise {name}".encode()))
+    raw = random_weight(rng, name, 96, 512)
+    w = backend.prepare_weight(raw, T[name])
+    x = rng.standard_normal((3, 512)).astype(np.float32) * 20
+    expected = ref.linear(x, raw, T[name])
+    assert rel_err(backend.linear_precise(x, w), expected) < 1e-4
+    assert rel_err(backend.linear(x, w), expected) > 1e-3

@@ -28,6 +28,9 @@ class Backend(Protocol):
     def linear(self, x: Any, weight: Any) -> Any:
         """x (T, K) times the (N, K) weight transposed -> (T, N)."""
 
+    def linear_precise(self, x: Any, weight: Any) -> Any:
+        """linear for projections sensitive to activation rounding (the output projection)."""
+
     def linear_many(self, x: Any, weights: Any) -> list[Any]:
         """[linear(x, w) for w in weights] for weights sharing their input (q/k/v, gate/up); a backend
         may fuse them into one pass."""

@@ -43,6 +43,9 @@ class NumpyBackend:
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
         return x.astype(np.float32) @ weight.dequantized().T
 
+    def linear_precise(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
+        return self.linear(x, weight)
+
     def linear_many(self, x: np.ndarray, weights: list[RawWeight]) -> list[np.ndarray]:
         return [self.linear(x, w) for w in weights]
 

@@ -59,4 +59,4 @@ class LlamaModel:
         for il in range(self.args.n_layers):
             x = self.forward_layer(il, x, batch, kv)
         x = self.backend.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
-        return self.backend.linear(x, self.output)
+        return self.backend.linear_precise(x, self.output)
