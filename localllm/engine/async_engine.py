@@ -6,11 +6,10 @@ Commands reach it through a queue; each request's outputs go to the sink it was 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from localllm.engine.engine import LLMEngine
@@ -121,27 +120,6 @@ class AsyncEngine:
         q: queue.Queue[StepOutput | BaseException] = queue.Queue()
         self.submit(prompt_ids, params, q.put, request_id)
         yield from _drain(lambda: q.get(), lambda: self.abort(request_id))
-
-    async def astream(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[StepOutput]:
-        """Async iterator for the server; a cancelled consumer (client gone) aborts the request."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self.submit(prompt_ids, params, lambda o: loop.call_soon_threadsafe(q.put_nowait, o), request_id)
-        finished = False
-        try:
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
 
 
 def _drain(get: Callable[[], Any], abort: Callable[[], None]) -> Iterator[StepOutput]:
