@@ -373,7 +373,7 @@ def english_text(n_bytes: int) -> str:
 def test_smollm2_speed_100kb_english(smollm2: Tokenizer) -> None:
     """Reports the time for 100 KB of English (no timing assertion: the lead measures)."""
     text = english_text(100_000)
-    smollm2._cache.clear()
+    smollm2._word_cache.clear()
     start = time.perf_counter()
     ids = smollm2.encode(text)
     cold = time.perf_counter() - start

@@ -19,6 +19,7 @@ from localllm.errors import ModelFormatError
 __all__ = ["Tokenizer", "TokenAttr", "load_tokenizer"]
 
 
+_WORD_CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server cannot grow without bound
 _KEY = 3  # special pieces are prefiltered by their first _KEY characters
 
 
@@ -172,6 +173,7 @@ class Tokenizer(ABC):
             self._special_by_key.setdefault(piece[:_KEY], []).append((rank, piece, tid))
         self._hidden_ids = frozenset(i for i, a in enumerate(self._attrs) if a & _HIDDEN)
         self._bytes_cache: dict[int, bytes] = {}
+        self._word_cache: dict[str, tuple[int, ...]] = {}
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -314,6 +316,24 @@ class Tokenizer(ABC):
                 continue
             fragments = [part for f in fragments for part in _cut(f, piece, tid)]
         return fragments
+
+    def _encode_words(self, words: Iterable[str]) -> list[int]:
+        """The ids of pre-tokenized words, memoised per word: text repeats words, and merging is the
+        slow part. Subclasses provide `_word_ids(word)`."""
+        out: list[int] = []
+        cache = self._word_cache
+        for word in words:
+            ids = cache.get(word)
+            if ids is None:
+                ids = self._word_ids(word)
+                if len(cache) >= _WORD_CACHE_LIMIT:
+                    cache.clear()
+                cache[word] = ids
+            out.extend(ids)
+        return out
+
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        raise NotImplementedError
 
     def _special_candidates(self, text: str) -> list[tuple[int, str, int]]:
         """Special pieces that may occur in text (a superset), in longest-first order."""

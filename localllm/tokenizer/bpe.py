@@ -16,7 +16,6 @@ from localllm.errors import ModelFormatError
 from localllm.tokenizer import Tokenizer
 from localllm.tokenizer.pretokenizers import get_pretokenizer
 
-_CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server cannot grow without bound
 _SHORT_WORD = 12  # symbols; below this a plain scan beats the heap (measured)
 
 
@@ -52,20 +51,9 @@ class BPETokenizer(Tokenizer):
         self.default_add_bos = self.pre.add_bos
         super().__init__(metadata)
         self._ranks = _read_merges(metadata)
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     def _tokenize_text(self, text: str, after_special: bool) -> list[int]:
-        out: list[int] = []
-        cache = self._cache
-        for word in self.pre.split(text):
-            ids = cache.get(word)
-            if ids is None:
-                ids = self._word_ids(word)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = ids
-            out.extend(ids)
-        return out
+        return self._encode_words(self.pre.split(text))
 
     def _normal_token_bytes(self, token_id: int) -> bytes:
         text = self._tokens[token_id]

@@ -27,7 +27,6 @@ __all__ = ["SPMTokenizer"]
 
 SPACE = "\u2581"  # "▁": SentencePiece's escaped space
 _SHORT_TEXT = 12  # characters; below this a plain scan beats the heap (as in bpe.py)
-_CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server cannot grow without bound
 
 
 class SPMTokenizer(Tokenizer):
@@ -41,7 +40,6 @@ class SPMTokenizer(Tokenizer):
         self.add_space_prefix: bool = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
         self._scores = _read_scores(metadata, self.vocab_size)
         self._byte_ids = self._byte_fallback_ids()
-        self._cache: dict[str, tuple[int, ...]] = {}
         self._splitter: re.Pattern[str] | None = None  # built on first use: it scans the vocabulary
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
@@ -61,17 +59,7 @@ class SPMTokenizer(Tokenizer):
             text = " " + text
         if self._splitter is None:
             self._splitter = _word_splitter(self._tokens)
-        out: list[int] = []
-        cache = self._cache
-        for word in self._splitter.split(text.replace(" ", SPACE)):
-            ids = cache.get(word)
-            if ids is None:
-                ids = self._word_ids(word)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = ids
-            out.extend(ids)
-        return out
+        return self._encode_words(self._splitter.split(text.replace(" ", SPACE)))
 
     def _word_ids(self, word: str) -> tuple[int, ...]:
         merge = _merge_short if len(word) < _SHORT_TEXT else _merge_heap
