@@ -319,16 +319,21 @@ def float_range(kind, argv, lo, hi) -> None:
             call_gemm(argv[A_GEMM], gemm_argv, argv[A_X], T, k, w, r1 - r0, y_addr, ldy, t * R + r0)
 
 
-_BODIES = {"int": int_range, "float": float_range}
-
-
 @functools.cache
 def range_kernel(kind: int, path: str):
-    """The compiled C callback for (kind, path); kept alive here so its address stays valid."""
-    body = _BODIES[path]
+    """The compiled C callback for (kind, path); kept alive here so its address stays valid.
+    The closure captures only the int `kind`: Numba keys its disk cache on the pickled closure
+    cells, and a captured dispatcher pickles differently in every process (a cache miss and a
+    0.6 s recompile per kernel at every start)."""
+    if path == "int":
 
-    def kernel(argv, lo, hi):
-        body(kind, argv, lo, hi)
+        def kernel(argv, lo, hi):
+            int_range(kind, argv, lo, hi)
+
+    else:
+
+        def kernel(argv, lo, hi):
+            float_range(kind, argv, lo, hi)
 
     return cfunc(RANGE_KERNEL_SIG, cache=True)(kernel)
 
@@ -404,6 +409,25 @@ def launch_many(table, gemm, quantize, x, y, nth):
     table[i, 5] .. + n_i of y.  Each weight runs its own range kernel table[i, 0]."""
     xq = _quantized(x, quantize)
     argvs, tiles = _group_argvs(table, gemm, x, y, xq)
+    total = tiles[-1]
+    nth = max(1, min(nth, total))
+    for c in prange(nth):
+        lo, hi = c * total // nth, (c + 1) * total // nth
+        for i in range(table.shape[0]):
+            a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
+            if a < b:
+                call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
+    return _alive(argvs, xq)
+
+
+@njit(cache=True, parallel=True)
+def launch_many_split(table, gemm, quantize, x, outs, nth):
+    """launch_many, but weight i writes its own (T, n_i) array at address outs[i] (row length
+    n_i) instead of a column range of one shared y: the results are C-contiguous, no copies."""
+    xq = _quantized(x, quantize)
+    argvs, tiles = _group_argvs(table, gemm, x, x, xq)
+    for i in range(table.shape[0]):
+        argvs[i, A_Y], argvs[i, A_LDY] = outs[i], table[i, 3]
     total = tiles[-1]
     nth = max(1, min(nth, total))
     for c in prange(nth):

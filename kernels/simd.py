@@ -63,8 +63,40 @@ def f32_as_i32(typingctx, x):
 _TWO_POW_M24 = f32(2.0**-24)
 
 
+def _host_has(feature: str) -> bool:
+    try:
+        import llvmlite.binding as llvm
+
+        return bool(llvm.get_host_cpu_features().get(feature, False))
+    except Exception:  # unknown host: portable code
+        return False
+
+
+HAVE_F16C = _host_has("f16c")
+
+
+@intrinsic
+def _f16_to_f32_hw(typingctx, h):
+    """fp16 bits -> float32 as LLVM's `fpext half`: one vcvtph2ps per 8 values with F16C (only
+    used where the host has it; elsewhere LLVM would need a libm helper Numba cannot link)."""
+
+    def codegen(context, builder, signature, args):
+        bits = builder.trunc(args[0], ir.IntType(16)) if args[0].type.width > 16 else args[0]
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+
+    return types.float32(h), codegen
+
+
 @njit(inline="always")
 def f16_to_f32(h):
+    """IEEE half bits (any integer type of >= 16 bits) -> float32, exact (F16C where present)."""
+    if HAVE_F16C:
+        return _f16_to_f32_hw(h)
+    return f16_to_f32_soft(h)
+
+
+@njit(inline="always")
+def f16_to_f32_soft(h):
     """IEEE half bits (any integer type) -> float32, exact for normal and subnormal numbers.
 
     Normal numbers are re-biased in the integer domain (exponent + 112).  Scaling by 2**112 in float

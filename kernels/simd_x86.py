@@ -61,6 +61,18 @@ def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir
     return builder.bitcast(v, _V32I8)
 
 
+# Software prefetch distance in bytes.  Decode streams every weight from DRAM once per token and
+# the hardware prefetcher alone left each core at ~5 GB/s of its ~9; fetching this far ahead
+# lets the loads overlap the integer work.
+PREFETCH_AHEAD = 4096
+
+
+def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int) -> None:
+    ptr = builder.gep(base, [_const(_i32, offset)])
+    i32 = _i32
+    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ptr, _const(i32, 0), _const(i32, 3), _const(i32, 1)])
+
+
 def _nibbles(builder: ir.IRBuilder, qp: ir.Value, j: int, h: int) -> tuple[ir.Value, ir.Value]:
     """Low and high nibbles of byte j for the 32 rows of half h."""
     ptr = builder.bitcast(builder.gep(qp, [_const(_i32, j * TILE_ROWS + h * 32)]), _V32I8.as_pointer())
@@ -115,6 +127,7 @@ def q4_block_sums_avx2(typingctx, q_addr, x_addr, s0_addr, s1_addr):
         qp, xp, s0, s1 = _pointers(builder, args)
         acc: dict = {}
         for j in range(16):
+            _prefetch(builder, qp, PREFETCH_AHEAD + j * 64)
             xv = _pair_broadcast(builder, xp, j, 16 + j)
             for h in range(2):
                 low, high = _nibbles(builder, qp, j, h)
@@ -176,6 +189,10 @@ def q8_block_sums_avx2(typingctx, q_addr, x_addr, s_addr, unused):
         v8 = ir.VectorType(_i32, 8)
         acc = [ir.Constant(v8, [0] * 8) for _ in range(TILE_ROWS // 8)]
         for g in range(8):
+            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256)
+            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + 64)
+            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + 128)
+            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + 192)
             xv = _quad_broadcast(builder, xp, g)
             for rv in range(TILE_ROWS // 8):
                 ptr = builder.gep(qp, [_const(_i32, (g * TILE_ROWS + rv * 8) * 4)])

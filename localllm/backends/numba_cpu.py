@@ -47,6 +47,8 @@ class NumbaBackend:
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
+        self._plans: dict[int, tuple[object, object]] = {}  # id(model) -> (model, DecoderPlan or None)
+        self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
 
     # ---- weights and cache -------------------------------------------------------------------
 
@@ -65,6 +67,23 @@ class NumbaBackend:
         shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
         return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
+    as_i64 = staticmethod(_i64)
+
+    def decoder_stack(self, model: object, x: np.ndarray, batch: object, kv: object) -> np.ndarray | None:
+        """Run all of `model`'s layers on x in one kernel call (see kernels/decoder.py); None when the
+        model's layer is not the plain llama one (the caller then runs its layers op by op).
+        Optional: not part of the Backend protocol."""
+        from localllm.backends.numba_stack import DecoderPlan, can_fuse
+
+        if not self.fuse_layers:
+            return None
+        plan = self._plans.get(id(model))
+        if plan is None:
+            plan = self._plans[id(model)] = (model, DecoderPlan.build(model) if can_fuse(model) else None)
+        if plan[1] is None:
+            return None
+        return plan[1].run(self, _f32(x), batch, kv)
+
     # ---- operations ----------------------------------------------------------------------------
 
     def linear(self, x: np.ndarray, weight: PackedWeight) -> np.ndarray:
@@ -81,9 +100,13 @@ class NumbaBackend:
         large: one more pass over the matrix, far cheaper than the float path's dequantization. The
         same path at every batch size, so a row's result never depends on its batch."""
         x2 = _f32(x).reshape(-1, weight.k)
+        t = x2.shape[0]
         x8, dx, _, _ = quantize_rows(x2)
-        rounded = (x8.astype(np.float32).reshape(x2.shape[0], -1, 32) * dx[:, :, None]).reshape(x2.shape)
-        return matmul.linear(x2, weight, self.threads) + matmul.linear(x2 - rounded, weight, self.threads)
+        rounded = (x8.astype(np.float32).reshape(t, -1, 32) * dx[:, :, None]).reshape(x2.shape)
+        # Both passes as one launch of 2T rows: each weight tile is read once for both (rows are
+        # computed independently, so this equals two separate calls bit for bit).
+        y = matmul.linear(np.concatenate([x2, x2 - rounded]), weight, self.threads)
+        return y[:t] + y[t:]
 
     def linear_many(self, x: np.ndarray, weights: Sequence[PackedWeight]) -> list[np.ndarray]:
         """[linear(x, w) for w in weights] (same values) in one kernel launch: for weights that

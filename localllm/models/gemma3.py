@@ -33,6 +33,7 @@ class Gemma3Layer:
 
 class Gemma3Model(LlamaModel):
     rope_neox = True
+    fusable_layers = False  # post-norms, q/k norms, GeGLU, sliding windows: op by op
 
     def read_args(self, gf: GGUFFile) -> ModelArgs:
         dim = int(gf.arch_get("embedding_length"))

@@ -22,6 +22,7 @@ class LlamaModel:
     """A pre-norm decoder. Subclasses change the arguments, the layer loading or the layer itself."""
 
     rope_neox = False  # llama GGUFs store q/k permuted for adjacent-pair rotation
+    fusable_layers = True  # forward_layer is the plain one a backend may run fused (decoder_stack)
 
     def __init__(self, gf: GGUFFile, backend: Any):
         self.backend = backend
@@ -56,7 +57,12 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: Any) -> Any:
         """Logits (len(batch.logits_indices), vocab) for the rows that need them."""
         x = self.embed(batch.input_ids)
-        for il in range(self.args.n_layers):
-            x = self.forward_layer(il, x, batch, kv)
+        stack = getattr(self.backend, "decoder_stack", None)
+        fused = stack(self, x, batch, kv) if stack is not None and self.fusable_layers else None
+        if fused is not None:
+            x = fused
+        else:
+            for il in range(self.args.n_layers):
+                x = self.forward_layer(il, x, batch, kv)
         x = self.backend.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
         return self.backend.linear_precise(x, self.output)
