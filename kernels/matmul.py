@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import numpy as np
 from numba import carray, cfunc, errors, njit, prange, types
@@ -171,34 +172,34 @@ def _literal_kind(kind) -> int:
     return kind.literal_value
 
 
-def int_tile(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc) -> None:
+def int_tile(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs) -> None:
     """acc (T, R) += tile t of W times the quantized rows xq = (x8, dx, sx, hs).  (Numba only.)"""
     raise NotImplementedError
 
 
 @overload(int_tile, jit_options={"cache": True})
-def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
     kv = _literal_kind(kind)
     if kv == Q8_0:
 
-        def q8(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+        def q8(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
             d, q8 = _q8_fields(buf, n, k)
             mi.tile_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32)
 
         return q8
     if kv == Q6_K:
 
-        def q6(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+        def q6(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
             d, sc, qh2, qs = _q6_fields(buf, n, k)
             mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16)
 
         return q6
     fields = NIBBLE_FIELDS[kv]
 
-    def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc):
+    def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
-        mi.tile_nibbles(qs[t], qh3, xq[0], xq[1], xq[2], dsc, msc, acc, s16)
+        mi.tile_nibbles(qs[t], qh3, xq[0], xq[1], xq[2], dsc, msc, acc, s16, pairs)
 
     return nibbles
 
@@ -286,13 +287,14 @@ def int_range(kind, argv, lo, hi) -> None:
     hs = carray(ptr_i32(argv[A_HS]), (T, k // 16))
     y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
     acc = np.empty((T, R), np.float32)
-    s16 = np.empty((4, k // 32, R), np.int16)
+    s16 = np.empty((4, min(T, mi.ROW_CHUNK), k // 32, R), np.int16)
+    pairs = np.empty(mi.PAIRS_BYTES, np.uint8)
     s32 = np.empty((k // 32, R), np.int32)
     dsc = np.empty((k // 32, R), np.float32)
     msc = np.empty((k // 32, R), np.float32)
     for t in range(lo, hi):
         acc[:] = 0.0
-        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs), acc, s16, s32, dsc, msc)
+        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs), acc, s16, s32, dsc, msc, pairs)
         _store(acc, y, t, n)
 
 
@@ -457,9 +459,12 @@ def kernel_addresses(kind: int, lane: bool) -> tuple[int, int]:
     return fi, range_kernel(kind, "float").address
 
 
-def prepare_weight(raw: np.ndarray, ggml_type: int) -> PackedWeight:
-    """Repack a GGUF matrix for these kernels and compile (or load from cache) its kernels."""
-    w = pack_weight(raw, ggml_type)
+def prepare_weight(
+    raw: np.ndarray, ggml_type: int, pack: Callable[[np.ndarray, int], PackedWeight] = pack_weight
+) -> PackedWeight:
+    """Repack a GGUF matrix for these kernels and compile (or load from cache) its kernels.
+    pack: pack_weight or a stand-in with its signature (the backend's disk cache of packed weights)."""
+    w = pack(raw, ggml_type)
     kernels = kernel_addresses(w.kind, w.lane)
     return dataclasses.replace(w, kernels=kernels, gemm=gemm_kernel().address, addr=w.buf.ctypes.data)
 

@@ -23,7 +23,19 @@ from numba.extending import overload
 
 from .packing import TILE_ROWS as R
 from .simd import add16, add32, f16_to_f32, f32, i16, i32, mul16
-from .simd_x86 import HAVE_AVX2, q4_block_sums_avx2, q4_block_sums_split_avx2, q8_block_sums_avx2
+from .simd_x86 import (
+    HAVE_AVX2,
+    PAIRS_BYTES,
+    q4_block_sums_avx2,
+    q4_block_sums_split_avx2,
+    q4_pair_sums_avx2,
+    q4_unpack_pairs_avx2,
+    q8_block_sums_avx2,
+)
+
+# Activation rows whose integer sums are computed together (see nibble_sums_rows): their int16
+# sums, (ROW_CHUNK, nb, R) x 2, stay in L2.
+ROW_CHUNK = 16
 
 
 def nibble_sums(q3, xr, slo, shi) -> None:
@@ -64,6 +76,36 @@ def _nibble_sums_split_impl(q3, xr, slo, shi):
 
         return avx2
     return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi)
+
+
+def nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs) -> None:
+    """nibble_sums for activation rows t0..t1-1 of x8 into slo[i - t0] / shi[i - t0] (the same
+    integer sums), unpacking each weight block once for all the rows.  pairs: PAIRS_BYTES uint8
+    scratch.  (Numba only; without AVX2 it calls nibble_sums per row.)"""
+    raise NotImplementedError
+
+
+@overload(nibble_sums_rows, jit_options={"cache": True})
+def _nibble_sums_rows_impl(q3, x8, t0, t1, slo, shi, pairs):
+    if HAVE_AVX2:
+
+        def avx2(q3, x8, t0, t1, slo, shi, pairs):
+            q, p, x = q3.ctypes.data, pairs.ctypes.data, x8.ctypes.data
+            k, s0, s1 = x8.shape[1], slo.ctypes.data, shi.ctypes.data
+            row = slo.shape[1] * R * 2  # bytes of one row's sums
+            for b in range(q3.shape[0]):
+                q4_unpack_pairs_avx2(q + b * 16 * R, p)
+                for ti in range(t0, t1):
+                    o = (ti - t0) * row + b * 2 * R
+                    q4_pair_sums_avx2(p, x + ti * k + b * 32, s0 + o, s1 + o)
+
+        return avx2
+
+    def portable(q3, x8, t0, t1, slo, shi, pairs):
+        for ti in range(t0, t1):
+            nibble_sums(q3, x8[ti], slo[ti - t0], shi[ti - t0])
+
+    return portable
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -150,23 +192,36 @@ def q8_sums_portable(q4, xr, s32) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_nibbles(q3, qh3, x8, dx, sx, dsc, msc, acc, s16) -> None:
+def tile_nibbles(q3, qh3, x8, dx, sx, dsc, msc, acc, s16, pairs) -> None:
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
-    sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx."""
+    sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.
+    s16 (4, ROW_CHUNK, nb, R) int16 scratch.  A lone row takes the direct kernel, several rows the
+    unpack-once one; both give the same integer sums, and the float step below is shared, so a
+    row's result does not depend on how many rows came with it."""
     five = qh3.shape[0] > 0
-    slo, shi, sh = s16[0], s16[1], s16[2]
-    for ti in range(x8.shape[0]):
-        nibble_sums(q3, x8[ti], slo, shi)
-        if five:
-            high_bit_sums(qh3, x8[ti], sh)
-        for b in range(q3.shape[0]):
-            dxb, sxb = dx[ti, b], sx[ti, b]
-            for r in range(R):
-                s = i32(slo[b, r]) + i32(shi[b, r])
-                if five:
-                    s += 16 * i32(sh[b, r])
-                acc[ti, r] += dsc[b, r] * dxb * f32(s) + msc[b, r] * sxb
+    slo, shi, sh = s16[0], s16[1], s16[2, 0]
+    for t0 in range(0, x8.shape[0], ROW_CHUNK):
+        t1 = min(x8.shape[0], t0 + ROW_CHUNK)
+        if t1 - t0 == 1:
+            nibble_sums(q3, x8[t0], slo[0], shi[0])
+        else:
+            nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs)
+        for ti in range(t0, t1):
+            if five:
+                high_bit_sums(qh3, x8[ti], sh)
+            _scale_nibbles(slo[ti - t0], shi[ti - t0], sh, five, dx[ti], sx[ti], dsc, msc, acc[ti])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _scale_nibbles(slo, shi, sh, five, dx, sx, dsc, msc, acc) -> None:
+    for b in range(slo.shape[0]):
+        dxb, sxb = dx[b], sx[b]
+        for r in range(R):
+            s = i32(slo[b, r]) + i32(shi[b, r])
+            if five:
+                s += 16 * i32(sh[b, r])
+            acc[r] += dsc[b, r] * dxb * f32(s) + msc[b, r] * sxb
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -184,7 +239,7 @@ def tile_q8_0(d, q3, x8, dx, acc, s32) -> None:
 def tile_q6_k(d, sc, qh2, q3, x8, dx, hs, acc, s16) -> None:
     """w = d * sc16 * (q - 32), q = nibble + 16 * crumb, one int8 scale per 16 elements.
     d (ns, R) fp16 bits, sc (nb, 2, R) int8, qh2 (nb, 8, R), q3 (nb, 16, R)."""
-    slo, shi, clo, chi = s16[0], s16[1], s16[2], s16[3]
+    slo, shi, clo, chi = s16[0, 0], s16[1, 0], s16[2, 0], s16[3, 0]
     for ti in range(x8.shape[0]):
         nibble_sums_split(q3, x8[ti], slo, shi)
         crumb_sums(qh2, x8[ti], clo, chi)

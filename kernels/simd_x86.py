@@ -204,3 +204,57 @@ def q8_block_sums_avx2(typingctx, q_addr, x_addr, s_addr, unused):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+# ---- many activation rows: unpack a block's nibbles once, reuse them for every row ---------------
+# The 64 pair vectors of one 32-block (16 byte pairs x 2 half-tiles x lo/hi rows) are written to a
+# 2 KiB scratch that stays in L1; each activation row then costs 64 `vpmaddubsw` + adds instead of
+# also re-doing the masks, shifts and shuffles (measured: T=16 layer matmuls 2x faster).
+PAIRS_BYTES = 16 * 2 * 2 * 32
+
+
+def _pairs_slot(j: int, h: int, part: str) -> int:
+    return ((j * 2 + h) * 2 + (0 if part == "lo" else 1)) * 32
+
+
+@intrinsic
+def q4_unpack_pairs_avx2(typingctx, q_addr, p_addr):
+    """One 32-block of a 64-row tile (16 x 64 packed bytes) -> PAIRS_BYTES of (lo, hi) nibble pairs
+    in the order q4_pair_sums_avx2 reads them."""
+
+    def codegen(context, builder, signature, args):
+        qp, pp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        for j in range(16):
+            _prefetch(builder, qp, PREFETCH_AHEAD + j * 64)
+            for h in range(2):
+                low, high = _nibbles(builder, qp, j, h)
+                for part in ("lo", "hi"):
+                    mask = _const(ir.VectorType(_i32, 32), _UNPACK[part])
+                    pairs = builder.shuffle_vector(low, high, mask)
+                    ptr = builder.gep(pp, [_const(_i32, _pairs_slot(j, h, part))])
+                    builder.store(pairs, builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+@intrinsic
+def q4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
+    """q4_block_sums_avx2 from unpacked pairs (q4_unpack_pairs_avx2): the same integer sums."""
+
+    def codegen(context, builder, signature, args):
+        pp, xp, s0, s1 = _pointers(builder, args)
+        acc: dict = {}
+        for j in range(16):
+            xv = _pair_broadcast(builder, xp, j, 16 + j)
+            for h in range(2):
+                products = {}
+                for part in ("lo", "hi"):
+                    ptr = builder.gep(pp, [_const(_i32, _pairs_slot(j, h, part))])
+                    pairs = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
+                    products[part] = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [pairs, xv])
+                _accumulate(builder, acc, (j // 8, h), products)
+        _store_all(builder, acc, s0, s1)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
