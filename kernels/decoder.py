@@ -66,8 +66,9 @@ def _attention_block(il, x, w, shape, batch, kv, bufs, nth):
         _add_bias(q.reshape(q.shape[0], -1), biases[0][il])
         _add_bias(k.reshape(k.shape[0], -1), biases[1][il])
         _add_bias(v.reshape(v.shape[0], -1), biases[2][il])
-    layers.rope_store_kv(q, k, v, pos, rope_dim, rope_base, neox, rope_table, kv[0][il], kv[1][il], slots, q, k)
-    _attend(q, kv[0][il], kv[1][il], qsl, ctx, block_tables, scale, att, nth)
+    k_cache, v_cache = kv[0][il], kv[1][il]
+    layers.rope_store_kv(q, k, v, pos, rope_dim, rope_base, neox, rope_table, k_cache, v_cache, slots, q, k)
+    _attend(q, k_cache, v_cache, qsl, ctx, block_tables, scale, att, nth)
     _project(t_o[il], gemm, quantize, att.reshape(att.shape[0], -1), np.array([o.ctypes.data], np.int64), nth)
     _add_rows(x, o)
 
@@ -114,4 +115,6 @@ def decoder_stack(x, attn_w, ffn_w, shape, batch, kv, ffn_dim, nth):
         _attention_block(il, x, attn_w, shape, batch, kv, bufs, nth)
         _ffn_block(il, x, ffn_w, shape[6], bufs, nth)
     # keep the buffers alive past the kernels that only saw their addresses
-    return bufs[1].size + bufs[2].size + bufs[3].size + bufs[6].size + bufs[7].size + bufs[9].size + bufs[5].size
+    return (
+        bufs[1].size + bufs[2].size + bufs[3].size + bufs[5].size + bufs[6].size + bufs[7].size + bufs[9].size
+    )

@@ -50,18 +50,19 @@ from .packing import (
     pack_weight,
 )
 from .packing import TILE_ROWS as R
-from .quantize_act import quantize_rows
+from .quantize_act import quantize_rows, quantize_rows16
 from .simd import (
     RANGE_KERNEL_SIG,
     call_range_kernel,
     f32,
     ptr_f32,
     ptr_i8,
+    ptr_i16,
     ptr_i32,
     ptr_i64,
     ptr_u8,
 )
-from .simd_x86 import HAVE_AVX2
+from .simd_x86 import HAVE_AVX2, PAIRS_BYTES
 
 # Quantized kinds use the integer path up to this many activation rows, the float path above.
 # With the AVX2 kernels the integer path is faster at every T (1536 x 576 Q4_1, one core: T=1
@@ -288,13 +289,29 @@ def int_range(kind, argv, lo, hi) -> None:
     y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
     acc = np.empty((T, R), np.float32)
     s16 = np.empty((4, min(T, mi.ROW_CHUNK), k // 32, R), np.int16)
-    pairs = np.empty(mi.PAIRS_BYTES, np.uint8)
+    pairs = np.empty(PAIRS_BYTES, np.uint8)
     s32 = np.empty((k // 32, R), np.int32)
     dsc = np.empty((k // 32, R), np.float32)
     msc = np.empty((k // 32, R), np.float32)
     for t in range(lo, hi):
         acc[:] = 0.0
         int_tile(kind, buf, n, k, t, (x8, dx, sx, hs), acc, s16, s32, dsc, msc, pairs)
+        _store(acc, y, t, n)
+
+
+@njit(cache=True)
+def int16_range(kind, argv, lo, hi) -> None:
+    """Q8_0 weights times int16 activations (A_X8 / A_DX hold quantize_rows16's arrays)."""
+    buf, n, k, T = _buf(argv), argv[A_N], argv[A_K], argv[A_T]
+    x16 = carray(ptr_i16(argv[A_X8]), (T, k))
+    dx = carray(ptr_f32(argv[A_DX]), (T, k // 32))
+    y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
+    acc = np.empty((T, R), np.float32)
+    s32 = np.empty((k // 32, R), np.int32)
+    d, q8 = _q8_fields(buf, n, k)
+    for t in range(lo, hi):
+        acc[:] = 0.0
+        mi.tile_q8_0_x16(d[t], q8[t], x16, dx, acc, s32)
         _store(acc, y, t, n)
 
 
@@ -331,6 +348,11 @@ def range_kernel(kind: int, path: str):
 
         def kernel(argv, lo, hi):
             int_range(kind, argv, lo, hi)
+
+    elif path == "int16":
+
+        def kernel(argv, lo, hi):
+            int16_range(kind, argv, lo, hi)
 
     else:
 
@@ -441,6 +463,19 @@ def launch_many_split(table, gemm, quantize, x, outs, nth):
     return _alive(argvs, xq)
 
 
+@njit(cache=True, parallel=True)
+def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
+    """launch_linear for the int16-activation kernel (Q8_0 only; see linear_precise)."""
+    x16, dx = quantize_rows16(x)
+    argv = _argv(buf_addr, nbytes, n, k, x, y, quantize_rows(x[:0]), 0)
+    argv[A_X8], argv[A_DX] = x16.ctypes.data, dx.ctypes.data
+    nt = (n + R - 1) // R
+    nth = max(1, min(nth, nt))
+    for c in prange(nth):
+        call_range_kernel(fn, argv.ctypes.data, c * nt // nth, (c + 1) * nt // nth)
+    return argv[0] + x16.size + dx.size
+
+
 @njit(cache=True)
 def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
     xq = quantize_rows(y[:0])
@@ -480,6 +515,16 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
         launch_linear_serial(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
     else:
         launch_linear(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, nth)
+    return y
+
+
+def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | None:
+    """x @ W.T with activations kept to 16 bits (one pass, nearly float accuracy) for Q8_0
+    weights; None for other kinds (the caller falls back to two 8-bit passes)."""
+    if w.kind != Q8_0:
+        return None
+    y = np.empty((x.shape[0], w.n), np.float32)
+    launch_linear16(range_kernel(Q8_0, "int16").address, w.addr, w.nbytes, w.n, w.k, x, y, nth)
     return y
 
 

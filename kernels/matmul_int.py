@@ -22,14 +22,14 @@ from numba import njit
 from numba.extending import overload
 
 from .packing import TILE_ROWS as R
-from .simd import add16, add32, f16_to_f32, f32, i16, i32, mul16
+from .simd import add16, add32, f16_to_f32, f32, i16, i32, mul16, mul32
 from .simd_x86 import (
     HAVE_AVX2,
-    PAIRS_BYTES,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
     q4_pair_sums_avx2,
     q4_unpack_pairs_avx2,
+    q8_block_sums16_avx2,
     q8_block_sums_avx2,
 )
 
@@ -222,6 +222,49 @@ def _scale_nibbles(slo, shi, sh, five, dx, sx, dsc, msc, acc) -> None:
             if five:
                 s += 16 * i32(sh[b, r])
             acc[r] += dsc[b, r] * dxb * f32(s) + msc[b, r] * sxb
+
+
+def q8_sums16(q4, xr, s32) -> None:
+    """q8_sums for int16 activations xr (K,): s32[b, r] = sum_e q[b, r, e] * x[32b + e].
+    (Numba only: AVX2 IR kernel where the CPU has it, else `q8_sums16_portable`.)"""
+    raise NotImplementedError
+
+
+@overload(q8_sums16, jit_options={"cache": True})
+def _q8_sums16_impl(q4, xr, s32):
+    if HAVE_AVX2:
+
+        def avx2(q4, xr, s32):
+            q, x, s = q4.ctypes.data, xr.ctypes.data, s32.ctypes.data
+            for b in range(q4.shape[0]):
+                q8_block_sums16_avx2(q + b * 32 * R, x + b * 64, s + b * 4 * R, 0)
+
+        return avx2
+    return lambda q4, xr, s32: q8_sums16_portable(q4, xr, s32)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def q8_sums16_portable(q4, xr, s32) -> None:
+    """q8_sums16 in plain Numba (|sum| <= 32 * 128 * 32767 fits int32)."""
+    for b in range(q4.shape[0]):
+        xo = b * 32
+        for r in range(R):
+            s = i32(0)
+            for g in range(8):
+                for e in range(4):
+                    s = add32(s, mul32(i32(q4[b, g, r, e]), i32(xr[xo + 4 * g + e])))
+            s32[b, r] = s
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def tile_q8_0_x16(d, q3, x16, dx, acc, s32) -> None:
+    """tile_q8_0 for int16 activations (quantize_act.quantize_rows16)."""
+    for ti in range(x16.shape[0]):
+        q8_sums16(q3, x16[ti], s32)
+        for b in range(q3.shape[0]):
+            dxb = dx[ti, b]
+            for r in range(R):
+                acc[ti, r] += f16_to_f32(d[b, r]) * dxb * f32(s32[b, r])
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")

@@ -51,3 +51,30 @@ def quantize_rows(x):
     for i in range(t):
         quantize_row(x[i], x8[i], dx[i], sx[i], hs[i])
     return x8, dx, sx, hs
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def quantize_row16(x, x16, dx) -> None:
+    """One row to int16 per 32-block: x16 = round(x / d), d = max|x| / 32767 (error <= d / 2, i.e.
+    1/65534 of the block's largest value: for projections that need nearly float accuracy)."""
+    for b in range(x.shape[0] // 32):
+        o = b * 32
+        amax = f32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(x[o + j]))
+        d = amax / f32(32767.0)
+        inv = f32(1.0) / d if d > f32(0.0) else f32(0.0)
+        for j in range(32):
+            x16[o + j] = np.int16(np.rint(x[o + j] * inv))
+        dx[b] = d
+
+
+@njit(cache=True)
+def quantize_rows16(x):
+    """x (T, K) float32 -> (x16 (T, K) int16, dx (T, K/32) float32), see quantize_row16."""
+    t, k = x.shape
+    x16 = np.empty((t, k), np.int16)
+    dx = np.empty((t, k // 32), np.float32)
+    for i in range(t):
+        quantize_row16(x[i], x16[i], dx[i])
+    return x16, dx

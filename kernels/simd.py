@@ -161,6 +161,7 @@ def _pointer_cast(dtype: types.Type):
 ptr_u8 = _pointer_cast(types.uint8)
 ptr_i8 = _pointer_cast(types.int8)
 ptr_u16 = _pointer_cast(types.uint16)
+ptr_i16 = _pointer_cast(types.int16)
 ptr_i32 = _pointer_cast(types.int32)
 ptr_i64 = _pointer_cast(types.int64)
 ptr_f32 = _pointer_cast(types.float32)

@@ -258,3 +258,47 @@ def q4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+# ---- Q8_0 weights x int16 activations: the precise output projection ------------------------------
+_V16I8, _V4I64 = ir.VectorType(_i8, 16), ir.VectorType(ir.IntType(64), 4)
+
+
+def _quad16_broadcast(builder: ir.IRBuilder, xp: ir.Value, g: int) -> ir.Value:
+    """x16[4g .. 4g+3] (int16) as one int64, repeated over 256 bits."""
+    ptr = builder.bitcast(builder.gep(xp, [_const(_i32, 8 * g)]), ir.IntType(64).as_pointer())
+    v = builder.insert_element(ir.Constant(_V4I64, ir.Undefined), builder.load(ptr, align=1), _const(_i32, 0))
+    return builder.bitcast(builder.shuffle_vector(v, v, _const(ir.VectorType(_i32, 4), [0] * 4)), _V16I16)
+
+
+@intrinsic
+def q8_block_sums16_avx2(typingctx, q_addr, x_addr, s_addr, unused):
+    """One Q8_0 32-block of a 64-row tile (quad layout, as q8_block_sums_avx2) times 32 int16
+    activations: s[r] = sum_e q[r, e] * x[e] (int32; |s| <= 32 * 128 * 32767 < 2**31)."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        sp = builder.inttoptr(args[2], _i32.as_pointer())
+        v8 = ir.VectorType(_i32, 8)
+        for half in range(2):  # 4 row groups at a time: 8 accumulators stay in registers
+            acc: dict = {}
+            for g in range(8):
+                xv = _quad16_broadcast(builder, xp, g)
+                for rv in range(4 * half, 4 * half + 4):
+                    ptr = builder.gep(qp, [_const(_i32, (g * TILE_ROWS + rv * 8) * 4)])
+                    w = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
+                    for part in range(2):  # rows rv*8 + 0..3, then + 4..7
+                        sel = _const(ir.VectorType(_i32, 16), list(range(16 * part, 16 * part + 16)))
+                        w16 = builder.sext(builder.shuffle_vector(w, w, sel), _V16I16)
+                        p = _call(builder, "llvm.x86.avx2.pmadd.wd", v8, [w16, xv])
+                        acc[(rv, part)] = builder.add(acc[(rv, part)], p) if (rv, part) in acc else p
+            for rv in range(4 * half, 4 * half + 4):
+                # lanes (2i, 2i+1) of part p hold row 4p + i's two halves: add them pairwise
+                # (vphaddd works per 128-bit lane, hence the reorder) -> rows rv*8 .. rv*8+7
+                both = _call(builder, "llvm.x86.avx2.phadd.d", v8, [acc[(rv, 0)], acc[(rv, 1)]])
+                rows = builder.shuffle_vector(both, both, _const(v8, [0, 1, 4, 5, 2, 3, 6, 7]))
+                ptr = builder.gep(sp, [_const(_i32, rv * 8)])
+                builder.store(rows, builder.bitcast(ptr, v8.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return _SIG, codegen

@@ -33,7 +33,7 @@ from localllm.kernels import matmul_int as mi
 from localllm.kernels import reference as ref
 from localllm.kernels.packing import TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
-from localllm.kernels.simd_x86 import HAVE_AVX2
+from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES
 from localllm.quant.ggml import BLOCK_KERNELS
 
 T = gguf.GGMLQuantizationType
@@ -199,6 +199,58 @@ def test_avx2_block_sums_equal_portable_ones() -> None:
     np.testing.assert_array_equal(s_avx, s_port)
     exact = np.einsum("bgre,bge->br", q4.astype(np.int32), xr.reshape(nb, 8, 4).astype(np.int32))
     np.testing.assert_array_equal(s_port, exact)
+    x16 = rng.integers(-32767, 32768, nb * 32, dtype=np.int16)  # the precise path's activations
+    mi.q8_sums16_portable(q4, x16, s_port)
+    run_q8_16(q4, x16, s_avx)
+    np.testing.assert_array_equal(s_avx, s_port)
+    exact = np.einsum("bgre,bge->br", q4.astype(np.int64), x16.reshape(nb, 8, 4).astype(np.int64))
+    np.testing.assert_array_equal(s_port, exact)
+
+
+@pytest.mark.skipif(not HAVE_AVX2, reason="needs an AVX2 CPU")
+def test_unpacked_pair_sums_equal_direct_ones() -> None:
+    """Several activation rows share one unpacking of the weight nibbles: same sums as one row at
+    a time (the kernel a lone decode row uses)."""
+    rng = np.random.default_rng(14)
+    nb, rows = 5, 3
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    x8 = rng.integers(-127, 128, (rows, nb * 32), dtype=np.int8)
+    many = np.zeros((2, rows, nb, TILE_ROWS), np.int16)
+    run_rows(q3, x8, many[0], many[1], np.empty(PAIRS_BYTES, np.uint8))
+    for t in range(rows):
+        lo, hi = np.zeros((nb, TILE_ROWS), np.int16), np.zeros((nb, TILE_ROWS), np.int16)
+        run_one(q3, x8[t], lo, hi)
+        np.testing.assert_array_equal(many[0, t], lo)
+        np.testing.assert_array_equal(many[1, t], hi)
+
+
+@njit
+def run_rows(q3, x8, lo, hi, pairs):
+    mi.nibble_sums_rows(q3, x8, 0, x8.shape[0], lo, hi, pairs)
+
+
+@njit
+def run_one(q3, xr, lo, hi):
+    mi.nibble_sums(q3, xr, lo, hi)
+
+
+@njit
+def run_q8_16(q4, xr, s):
+    mi.q8_sums16(q4, xr, s)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q4_K", "Q8_0", "Q6_K"])
+def test_a_row_does_not_depend_on_its_batch(backend: NumbaBackend, name: str) -> None:
+    """Each activation row gives the same bits alone or among 20 others (chunks of 16 rows, the
+    unpack-once path, a lone-row path): batched and lone decodes must pick the same tokens."""
+    rng = np.random.default_rng(zlib.crc32(f"batch {name}".encode()))
+    raw = random_weight(rng, name, TILE_ROWS + 9, 512)
+    w = backend.prepare_weight(raw, T[name])
+    x = rng.standard_normal((21, 512)).astype(np.float32)
+    for op in (backend.linear, backend.linear_precise):
+        together = op(x, w)
+        for t in (0, 15, 16, 20):
+            np.testing.assert_array_equal(op(x[t : t + 1], w)[0], together[t])
 
 
 @njit
@@ -404,8 +456,8 @@ def test_smollm2_matches_numpy_backend(smollm2_path, index_dir) -> None:
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
 def test_linear_precise_is_close_to_float_activations(backend: NumbaBackend, name: str) -> None:
-    """Two integer passes (activations, then their rounding residual) land within 1e-4 of the
-    float32 result, where one pass is ~100x further off."""
+    """16-bit activations (Q8_0) or two 8-bit passes (activations, then their rounding residual)
+    land within 1e-4 of the float32 result, where one 8-bit pass is ~100x further off."""
     rng = np.random.default_rng(zlib.crc32(f"precise {name}".encode()))
     raw = random_weight(rng, name, 96, 512)
     w = backend.prepare_weight(raw, T[name])
@@ -413,3 +465,25 @@ def test_linear_precise_is_close_to_float_activations(backend: NumbaBackend, nam
     expected = ref.linear(x, raw, T[name])
     assert rel_err(backend.linear_precise(x, w), expected) < 1e-4
     assert rel_err(backend.linear(x, w), expected) > 1e-3
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
+def test_fused_layer_stack_matches_op_by_op(tmp_path, index_dir, quant: str) -> None:
+    """kernels/decoder.py runs the same kernels as the model's op-by-op path; LLVM may optimise an
+    inlined kernel slightly differently, so the logits agree to float rounding (not bits), and
+    the greedy tokens are the same."""
+    from tiny_model import write_tiny_model
+
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine, score_tokens
+
+    path = write_tiny_model(tmp_path / f"tiny-{quant}.gguf", quant=quant, n_layers=3)
+    engine = LLMEngine(EngineConfig(model=str(path), threads=2, index_dir=index_dir))
+    ids = list(range(5, 45))
+    logits = {}
+    for fuse in (True, False):
+        engine.backend.fuse_layers = fuse
+        logits[fuse] = np.asarray(score_tokens(engine, ids))
+    assert all(plan is not None for _, plan in engine.backend._plans.values()), "should run fused"
+    assert rel_err(logits[True], logits[False]) < 1e-4
+    np.testing.assert_array_equal(logits[True].argmax(-1), logits[False].argmax(-1))
