@@ -1,12 +1,16 @@
 """Paged, causal, grouped-query attention for a mixed batch of prefill chunks and decodes.
 
-Same semantics as reference.paged_attention.  A work item is (sequence, query head, chunk of up
-to QUERY_CHUNK consecutive queries): it streams the keys the chunk can see block by block through
-the sequence's block table, and for every block computes the chunk's scores, updates an online
-softmax per query (running max, running sum, rescaled accumulator) and adds the block's values.
-Memory stays O(chunk x head_dim) however long the context, and each key/value row is loaded once
-per chunk instead of once per query.  Items are dealt to threads round-robin, which balances
-causal prefill (later chunks see more keys).
+Same semantics as reference.paged_attention.  A work item is (sequence, KV head, chunk of
+consecutive queries): its rows are every (query, query head) sharing that KV head, so each key
+and value row read from the cache serves the whole group (3-7 heads in the models we run).  Per
+item, in three passes over the keys the chunk can see (through the block table):
+  1. scores of every row against its visible keys, into a scratch of (rows, visible keys);
+  2. per row: max, exp, sum (a numerically stable softmax, vectorised along the keys);
+  3. per row: the probability-weighted sum of the value rows.
+Memory is O(rows x context), linear in the context.  A row's arithmetic depends only on its
+query and its visible keys, in key order (its scratch row starts at its own first visible key),
+never on which chunk or batch it came in: lone and batched decodes give the same bits.
+Items are dealt to threads round-robin, which balances causal prefill (later chunks see more keys).
 fastmath is safe: dot products are reordered, and exp is simd.fast_exp (~2 ulp).
 """
 
@@ -17,106 +21,113 @@ from numba import njit, prange
 
 from .simd import f32, fast_exp
 
-QUERY_CHUNK = 16
-# "Minus infinity" for the running max.  A finite value, because fastmath lets LLVM assume no infs.
-_NEG_BIG = f32(-3.0e38)
+ROWS_PER_ITEM = 16  # (query, head) rows per work item: queries per chunk = 16 // group size
 
 
 @njit(cache=True)
-def work_items(query_start_loc, context_lens, n_heads):
-    """(sequence, head, first query, query count) for every chunk of every sequence and head."""
+def queries_per_item(n_heads, n_kv_heads):
+    return max(1, ROWS_PER_ITEM // (n_heads // n_kv_heads))
+
+
+@njit(cache=True)
+def work_items(query_start_loc, context_lens, n_kv_heads, qpi):
+    """(sequence, kv head, first query, query count) for every chunk of qpi queries."""
     count = 0
     for s in range(context_lens.shape[0]):
         nq = query_start_loc[s + 1] - query_start_loc[s]
-        count += (nq + QUERY_CHUNK - 1) // QUERY_CHUNK * n_heads
+        count += (nq + qpi - 1) // qpi * n_kv_heads
     items = np.empty((count, 4), np.int64)
     i = 0
     for s in range(context_lens.shape[0]):
-        for c0 in range(query_start_loc[s], query_start_loc[s + 1], QUERY_CHUNK):
-            for h in range(n_heads):
+        for c0 in range(query_start_loc[s], query_start_loc[s + 1], qpi):
+            for h in range(n_kv_heads):
                 items[i, 0], items[i, 1], items[i, 2] = s, h, c0
-                items[i, 3] = min(QUERY_CHUNK, query_start_loc[s + 1] - c0)
+                items[i, 3] = min(qpi, query_start_loc[s + 1] - c0)
                 i += 1
     return items
 
 
+@njit(inline="always")
+def _first_visible(pos, window):
+    return max(0, pos - window + 1) if window > 0 else 0
+
+
+@njit(inline="always")
+def _key_row(table, j, bs, kvh, kh):
+    return (table[j // bs] * bs + j % bs) * kvh + kh
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _block_scores(qc, nq, keys, row0, stride, n, sc) -> None:
-    """sc[r, j] = qc[r] . keys[row0 + j * stride] (qc is pre-scaled)."""
-    for j in range(n):
-        for r in range(nq):
+def _scores(qc, rows, group, keys, table, bs, kvh, kh, pos0, window, sc) -> None:
+    """sc[row, j - first visible] = qc[row] . key j for every key j the row sees."""
+    first, end = _first_visible(pos0, window), pos0 + rows // group
+    for j in range(first, end):
+        kr = _key_row(table, j, bs, kvh, kh)
+        for row in range(rows):
+            pos = pos0 + row // group
+            lo = _first_visible(pos, window)
+            if j > pos or j < lo:
+                continue
             s = f32(0.0)
             for d in range(qc.shape[1]):
-                s += qc[r, d] * keys[row0 + j * stride, d]
-            sc[r, j] = s
+                s += qc[row, d] * keys[kr, d]
+            sc[row, j - lo] = s
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _softmax_update(sc, r, n, p, lo, hi, m, total, acc) -> None:
-    """Row r: mask keys outside [lo, hi), fold the block into the running max/sum, leave exp(s - m)
-    in sc[r, :n] (0 where masked) and rescale acc[r] if the max grew."""
-    mx = m[r]
-    for j in range(n):
-        if p + j < lo or p + j >= hi:
-            sc[r, j] = _NEG_BIG
-        mx = max(mx, sc[r, j])
-    if mx == _NEG_BIG:  # nothing visible in this block
+def _softmax_rows(sc, rows, group, pos0, window, total) -> None:
+    """Each row's visible scores -> exp(s - max), and their sum in total[row]."""
+    for row in range(rows):
+        pos = pos0 + row // group
+        n = pos + 1 - _first_visible(pos, window)
+        mx = sc[row, 0]
         for j in range(n):
-            sc[r, j] = 0.0
-        return
-    c = fast_exp(m[r] - mx)
-    s = f32(0.0)
-    for j in range(n):
-        e = fast_exp(sc[r, j] - mx) if sc[r, j] > _NEG_BIG else f32(0.0)
-        sc[r, j] = e
-        s += e
-    total[r] = total[r] * c + s
-    m[r] = mx
-    for d in range(acc.shape[1]):
-        acc[r, d] *= c
+            mx = max(mx, sc[row, j])
+        t = f32(0.0)
+        for j in range(n):
+            e = fast_exp(sc[row, j] - mx)
+            sc[row, j] = e
+            t += e
+        total[row] = t
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _add_values(sc, nq, values, row0, stride, n, acc) -> None:
-    """acc[r] += sum_j sc[r, j] * values[row0 + j * stride]."""
-    for j in range(n):
-        for r in range(nq):
-            w = sc[r, j]
+def _weighted_values(sc, rows, group, values, table, bs, kvh, kh, pos0, window, acc) -> None:
+    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j] * value j."""
+    acc[:rows] = 0.0
+    first, end = _first_visible(pos0, window), pos0 + rows // group
+    for j in range(first, end):
+        vr = _key_row(table, j, bs, kvh, kh)
+        for row in range(rows):
+            pos = pos0 + row // group
+            lo = _first_visible(pos, window)
+            if j > pos or j < lo:
+                continue
+            w = sc[row, j - lo]
             for d in range(acc.shape[1]):
-                acc[r, d] += w * values[row0 + j * stride, d]
+                acc[row, d] += w * values[vr, d]
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def attend_chunk(q, keys, values, bs, kvh, table, h, i0, nq, pos0, scale, window, out, scratch) -> None:
-    """Queries i0 .. i0+nq-1 of head h (positions pos0 ..) against their visible keys.  keys/values
+def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, out, scratch) -> None:
+    """Queries i0 .. i0+nq-1 (positions pos0 ..) of every query head of KV head kh.  keys/values
     are the cache as (blocks * block_size * kv_heads, D) rows (plain 2-D indexing vectorises
-    reliably; 4-D indexing did not).  One loop over cache blocks; split further, the running
-    state would go through memory."""
-    qc, sc, acc, m, total = scratch
-    kh = h // (q.shape[1] // kvh)
-    for r in range(nq):
-        m[r], total[r] = _NEG_BIG, f32(0.0)
+    reliably; 4-D indexing did not)."""
+    qc, sc, acc, total = scratch
+    group = q.shape[1] // kvh
+    rows = nq * group
+    for row in range(rows):
+        h = kh * group + row % group
         for d in range(q.shape[2]):
-            qc[r, d] = q[i0 + r, h, d] * scale
-            acc[r, d] = 0.0
-    first = max(0, pos0 - window + 1) if window > 0 else 0
-    end = pos0 + nq  # one past the last query's position
-    # Whole blocks only, the rest masked: how a query's sums are grouped must not depend on which
-    # chunk it shares (chunked prefill, batching), or batched and lone runs would differ in the last
-    # bits. Masked slots add exact zeros; unwritten cache slots hold zeros or older finite values.
-    p = first - first % bs
-    while p < end:
-        row0 = table[p // bs] * bs * kvh + kh
-        _block_scores(qc, nq, keys, row0, kvh, bs, sc)
-        for r in range(nq):
-            lo = max(0, pos0 + r - window + 1) if window > 0 else 0
-            _softmax_update(sc, r, bs, p, lo, pos0 + r + 1, m, total, acc)
-        _add_values(sc, nq, values, row0, kvh, bs, acc)
-        p += bs
-    for r in range(nq):
-        inv = f32(1.0) / total[r] if total[r] > f32(0.0) else f32(0.0)
+            qc[row, d] = q[i0 + row // group, h, d] * scale
+    _scores(qc, rows, group, keys, table, bs, kvh, kh, pos0, window, sc)
+    _softmax_rows(sc, rows, group, pos0, window, total)
+    _weighted_values(sc, rows, group, values, table, bs, kvh, kh, pos0, window, acc)
+    for row in range(rows):
+        h = kh * group + row % group
+        inv = f32(1.0) / total[row]
         for d in range(q.shape[2]):
-            out[i0 + r, h, d] = acc[r, d] * inv
+            out[i0 + row // group, h, d] = acc[row, d] * inv
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -124,27 +135,30 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, ou
     """Items first, first + step, ... of `items` (see work_items)."""
     D, bs, kvh = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     keys, values = k_cache.reshape(-1, D), v_cache.reshape(-1, D)
+    rows = queries_per_item(q.shape[1], kvh) * (q.shape[1] // kvh)
+    width = max(1, ctx.max() if ctx.size else 1)
+    if window > 0:
+        width = min(width, window)
     scratch = (
-        np.empty((QUERY_CHUNK, D), np.float32),
-        np.empty((QUERY_CHUNK, bs), np.float32),
-        np.empty((QUERY_CHUNK, D), np.float32),
-        np.empty(QUERY_CHUNK, np.float32),
-        np.empty(QUERY_CHUNK, np.float32),
+        np.empty((rows, D), np.float32),
+        np.empty((rows, width), np.float32),
+        np.empty((rows, D), np.float32),
+        np.empty(rows, np.float32),
     )
     for it in range(first, items.shape[0], step):
-        s, h, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
+        s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
         pos0 = ctx[s] - (qsl[s + 1] - qsl[s]) + (i0 - qsl[s])  # position of query i0
-        attend_chunk(q, keys, values, bs, kvh, tables[s], h, i0, nq, pos0, f32(scale), window, out, scratch)
+        attend_item(q, keys, values, bs, kvh, tables[s], kh, i0, nq, pos0, f32(scale), window, out, scratch)
 
 
 @njit(cache=True, parallel=True)
 def paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, out, nth) -> None:
-    items = work_items(qsl, ctx, q.shape[1])
+    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     for c in prange(nth):
         attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, c, nth)
 
 
 @njit(cache=True)
 def paged_attention_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, out) -> None:
-    items = work_items(qsl, ctx, q.shape[1])
+    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, 0, 1)
