@@ -76,8 +76,8 @@ PARALLEL_MIN_WORK = 96 * 1024
 FLOAT_ROWS = 32
 
 # argv slots shared by all range kernels
-A_BUF, A_NBYTES, A_N, A_K, A_T, A_X, A_Y, A_X8, A_DX, A_SX, A_HS, A_IDS, A_GEMM, A_LDY = range(14)
-ARGV_LEN = 14  # A_Y points at column 0 of this weight's output; A_LDY is y's row length
+A_BUF, A_NBYTES, A_N, A_K, A_T, A_X, A_Y, A_X8, A_DX, A_SX, A_HS, A_IDS, A_GEMM, A_LDY, A_X8P = range(15)
+ARGV_LEN = 15  # A_Y points at column 0 of this weight's output; A_LDY is y's row length
 
 
 # ---- field views ------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
     def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
-        mi.tile_nibbles(qs[t], qh3, xq[0], xq[1], xq[2], dsc, msc, acc, s16, pairs)
+        mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[1], xq[2], dsc, msc, acc, s16, pairs)
 
     return nibbles
 
@@ -286,6 +286,7 @@ def int_range(kind, argv, lo, hi) -> None:
     dx = carray(ptr_f32(argv[A_DX]), (T, k // 32))
     sx = carray(ptr_f32(argv[A_SX]), (T, k // 32))
     hs = carray(ptr_i32(argv[A_HS]), (T, k // 16))
+    x8p = carray(ptr_i8(argv[A_X8P]), (T, k))
     y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
     acc = np.empty((T, R), np.float32)
     s16 = np.empty((4, min(T, mi.ROW_CHUNK), k // 32, R), np.int16)
@@ -295,7 +296,7 @@ def int_range(kind, argv, lo, hi) -> None:
     msc = np.empty((k // 32, R), np.float32)
     for t in range(lo, hi):
         acc[:] = 0.0
-        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs), acc, s16, s32, dsc, msc, pairs)
+        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs, x8p), acc, s16, s32, dsc, msc, pairs)
         _store(acc, y, t, n)
 
 
@@ -370,9 +371,9 @@ def _argv(buf_addr, nbytes, n, k, x, y, xq, gemm):
     argv = np.zeros(ARGV_LEN, np.int64)
     argv[A_BUF], argv[A_NBYTES], argv[A_N], argv[A_K] = buf_addr, nbytes, n, k
     argv[A_T], argv[A_X], argv[A_Y] = x.shape[0], x.ctypes.data, y.ctypes.data
-    x8, dx, sx, hs = xq
+    x8, dx, sx, hs, x8p = xq
     argv[A_X8], argv[A_DX] = x8.ctypes.data, dx.ctypes.data
-    argv[A_SX], argv[A_HS] = sx.ctypes.data, hs.ctypes.data
+    argv[A_SX], argv[A_HS], argv[A_X8P] = sx.ctypes.data, hs.ctypes.data, x8p.ctypes.data
     argv[A_GEMM], argv[A_LDY] = gemm, y.shape[1]
     return argv
 
@@ -387,7 +388,7 @@ def _alive(argv, xq):
     """A use of argv and the quantized activations after the kernels ran.  The kernels only see raw
     pointers, and Numba frees an array right after its last visible use: without this, the
     buffers could be freed (and reused) while the kernels still read them."""
-    return argv[0] + xq[0].size
+    return argv[0] + xq[0].size + xq[4].size
 
 
 @njit(cache=True, parallel=True)

@@ -41,7 +41,8 @@ ROW_CHUNK = 16
 def nibble_sums(q3, xr, slo, shi) -> None:
     """For every block b and lane r, two int16 partial sums with slo + shi = the block's
     sum_j lo(q[b, j, r]) * x[32b + j] + hi(q[b, j, r]) * x[32b + 16 + j].
-    q3 (nb, 16, R) uint8, xr (K,) int8, slo/shi (nb, R) int16.  (Numba only: AVX2 IR kernel where
+    q3 (nb, 16, R) uint8, xr (K,) int8 interleaved per block (quantize_act's x8p: x[32b + j] at
+    32b + 2j, x[32b + 16 + j] at 32b + 2j + 1), slo/shi (nb, R) int16.  (Numba only: AVX2 IR kernel where
     the CPU has it, else `nibble_sums_portable`.)"""
     raise NotImplementedError
 
@@ -75,7 +76,7 @@ def _nibble_sums_split_impl(q3, xr, slo, shi):
                 q4_block_sums_split_avx2(q + b * 16 * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
 
         return avx2
-    return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi)
+    return lambda q3, xr, slo, shi: nibble_sums_split_portable(q3, xr, slo, shi)
 
 
 def nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs) -> None:
@@ -110,7 +111,24 @@ def _nibble_sums_rows_impl(q3, x8, t0, t1, slo, shi, pairs):
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def nibble_sums_portable(q3, xr, slo, shi) -> None:
-    """nibble_sums in plain Numba: slo sums the low nibbles' products, shi the high ones'."""
+    """nibble_sums in plain Numba (xr interleaved): slo sums the low nibbles' products, shi the
+    high ones'."""
+    for b in range(q3.shape[0]):
+        xo = b * 32
+        for r in range(R):
+            lo = i16(0)
+            hi = i16(0)
+            for j in range(16):
+                q = i16(q3[b, j, r])
+                lo = add16(lo, mul16(i16(q & 15), i16(xr[xo + 2 * j])))
+                hi = add16(hi, mul16(i16(q >> 4), i16(xr[xo + 2 * j + 1])))
+            slo[b, r] = lo
+            shi[b, r] = hi
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def nibble_sums_split_portable(q3, xr, slo, shi) -> None:
+    """nibble_sums_split in plain Numba (xr not interleaved)."""
     for b in range(q3.shape[0]):
         xo = b * 32
         for r in range(R):
@@ -192,7 +210,7 @@ def q8_sums_portable(q4, xr, s32) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_nibbles(q3, qh3, x8, dx, sx, dsc, msc, acc, s16, pairs) -> None:
+def tile_nibbles(q3, qh3, x8, x8p, dx, sx, dsc, msc, acc, s16, pairs) -> None:
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
     sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.
@@ -204,9 +222,9 @@ def tile_nibbles(q3, qh3, x8, dx, sx, dsc, msc, acc, s16, pairs) -> None:
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
         t1 = min(x8.shape[0], t0 + ROW_CHUNK)
         if t1 - t0 == 1:
-            nibble_sums(q3, x8[t0], slo[0], shi[0])
+            nibble_sums(q3, x8p[t0], slo[0], shi[0])
         else:
-            nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs)
+            nibble_sums_rows(q3, x8p, t0, t1, slo, shi, pairs)
         for ti in range(t0, t1):
             if five:
                 high_bit_sums(qh3, x8[ti], sh)

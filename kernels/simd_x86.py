@@ -73,6 +73,15 @@ def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int) -> None:
     _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ptr, _const(i32, 0), _const(i32, 3), _const(i32, 1)])
 
 
+def _ipair_broadcast(builder: ir.IRBuilder, xp: ir.Value, j: int) -> ir.Value:
+    """Pair j of an interleaved block (quantize_act's x8p: x[j], x[16 + j]), over 32 bytes."""
+    ptr = builder.bitcast(builder.gep(xp, [_const(_i32, 2 * j)]), _i16.as_pointer())
+    pair = builder.load(ptr, align=1)
+    v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), pair, _const(_i32, 0))
+    v = builder.shuffle_vector(v, v, _const(ir.VectorType(_i32, 16), [0] * 16))
+    return builder.bitcast(v, _V32I8)
+
+
 def _nibbles(builder: ir.IRBuilder, qp: ir.Value, j: int, h: int) -> tuple[ir.Value, ir.Value]:
     """Low and high nibbles of byte j for the 32 rows of half h."""
     ptr = builder.bitcast(builder.gep(qp, [_const(_i32, j * TILE_ROWS + h * 32)]), _V32I8.as_pointer())
@@ -121,14 +130,15 @@ _SIG = types.void(types.int64, types.int64, types.int64, types.int64)
 def q4_block_sums_avx2(typingctx, q_addr, x_addr, s0_addr, s1_addr):
     """For one 32-block of a 64-row tile: s0[r] = sum over j < 8, s1[r] = over 8 <= j < 16, of
     lo(q[j, r]) * x[j] + hi(q[j, r]) * x[16 + j]  (int16; each <= 8 * 2 * 15 * 127 = 30480).
-    Addresses: q 16 x 64 uint8, x 32 int8, s0/s1 64 int16."""
+    Addresses: q 16 x 64 uint8, x 32 int8 interleaved (x[j], x[16 + j] at bytes 2j, 2j + 1, as
+    quantize_act's x8p), s0/s1 64 int16."""
 
     def codegen(context, builder, signature, args):
         qp, xp, s0, s1 = _pointers(builder, args)
         acc: dict = {}
         for j in range(16):
             _prefetch(builder, qp, PREFETCH_AHEAD + j * 64)
-            xv = _pair_broadcast(builder, xp, j, 16 + j)
+            xv = _ipair_broadcast(builder, xp, j)
             for h in range(2):
                 low, high = _nibbles(builder, qp, j, h)
                 _accumulate(builder, acc, (j // 8, h), _pair_products(builder, low, high, xv))
@@ -240,13 +250,14 @@ def q4_unpack_pairs_avx2(typingctx, q_addr, p_addr):
 
 @intrinsic
 def q4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
-    """q4_block_sums_avx2 from unpacked pairs (q4_unpack_pairs_avx2): the same integer sums."""
+    """q4_block_sums_avx2 from unpacked pairs (q4_unpack_pairs_avx2): the same integer sums
+    (x interleaved likewise)."""
 
     def codegen(context, builder, signature, args):
         pp, xp, s0, s1 = _pointers(builder, args)
         acc: dict = {}
         for j in range(16):
-            xv = _pair_broadcast(builder, xp, j, 16 + j)
+            xv = _ipair_broadcast(builder, xp, j)
             for h in range(2):
                 products = {}
                 for part in ("lo", "hi"):

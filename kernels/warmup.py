@@ -12,13 +12,18 @@ from typing import Any
 import numpy as np
 
 from . import attention, layers, matmul
-from .packing import TILE_ROWS
+from .packing import Q8_0, TILE_ROWS
 
 
-def warm_backend(backend: Any) -> None:
-    _warm_matmul(backend)
+def warm_backend(backend: Any, layer_ops: bool = True) -> None:
+    """layer_ops=False: only what a step uses around a fused layer stack (embedding, final norm, output
+    projection); the stack itself is one kernel, loaded at its first call.  Each kernel loaded from
+    Numba's cache costs ~20 ms of start-up, so a fused model skips the op-by-op layer kernels."""
+    _warm_matmul(backend, layer_ops)
     x = np.ones((2, 64), np.float32)
     layers.rms_norm_rows(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))
+    if not layer_ops:
+        return
     layers.swiglu_rows(x, x, np.empty_like(x))
     layers.geglu_rows(x, x, np.empty_like(x))
     backend.rope(x.reshape(2, 2, 32), np.arange(2), 32, 10000.0, False)
@@ -28,7 +33,7 @@ def warm_backend(backend: Any) -> None:
     _warm_attention(backend)
 
 
-def _warm_matmul(backend: Any) -> None:
+def _warm_matmul(backend: Any, grouped: bool) -> None:
     """The launchers, on both paths, with any prepared weight: their code does not depend on the
     weight's type (the per-type kernels are compiled by prepare_weight) or on T."""
     w = next(iter(backend._prepared.values()), None)
@@ -41,7 +46,11 @@ def _warm_matmul(backend: Any) -> None:
         matmul.launch_linear_serial(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y)
         matmul.launch_linear(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
     matmul.embedding(w, np.zeros(1, np.int64))
-    matmul.linear_group(x, matmul.WeightGroup.of((w, w)), backend.threads)
+    q8 = [v for v in backend._prepared.values() if v.kind == Q8_0]
+    if q8:  # the int16-activation path of linear_precise
+        matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], backend.threads)
+    if grouped:
+        matmul.linear_group(x, matmul.WeightGroup.of((w, w)), backend.threads)
 
 
 def _warm_attention(backend: Any) -> None:

@@ -168,7 +168,9 @@ def test_quantize_rows_matches_numpy_twin() -> None:
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 96)).astype(np.float32) * 5
     x[1, 32:64] = 0.0  # an all-zero block
-    x8, dx, sx, hs = quantize_rows(x)
+    x8, dx, sx, hs, x8p = quantize_rows(x)
+    pairs = np.stack([x8.reshape(3, -1, 2, 16)[:, :, 0], x8.reshape(3, -1, 2, 16)[:, :, 1]], axis=-1)
+    np.testing.assert_array_equal(x8p, pairs.reshape(3, 96))  # (x[j], x[16 + j]) side by side
     back = (x8.astype(np.float32).reshape(3, -1, 32) * dx[..., None]).reshape(3, 96)
     np.testing.assert_allclose(back, dequantized_activations(x), rtol=1e-6, atol=1e-7)
     assert np.abs(x8).max() <= 127
@@ -186,9 +188,14 @@ def test_avx2_block_sums_equal_portable_ones() -> None:
     q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
     q4 = rng.integers(-128, 128, (nb, 8, TILE_ROWS, 4), dtype=np.int8)
     xr = rng.integers(-127, 128, nb * 32, dtype=np.int8)
+    xp = interleaved(xr)
     sums = [np.zeros((nb, TILE_ROWS), np.int16) for _ in range(6)]
-    mi.nibble_sums_portable(q3, xr, sums[0], sums[1])
-    run_overloaded(q3, xr, sums[2], sums[3], sums[4], sums[5])
+    mi.nibble_sums_portable(q3, xp, sums[0], sums[1])
+    run_overloaded(q3, xp, xr, sums[2], sums[3], sums[4], sums[5])
+    low, high = q3 & 15, q3 >> 4  # (nb, 16, R)
+    xb = xr.reshape(nb, 2, 16).astype(np.int32)
+    exact = np.einsum("bjr,bj->br", low, xb[:, 0]) + np.einsum("bjr,bj->br", high, xb[:, 1])
+    np.testing.assert_array_equal(sums[0].astype(np.int32) + sums[1], exact)
     expected = sums[0].astype(np.int32) + sums[1]
     np.testing.assert_array_equal(sums[2].astype(np.int32) + sums[3], expected)
     np.testing.assert_array_equal(sums[4], sums[0])  # split: exactly the low / high nibbles
@@ -216,6 +223,7 @@ def test_unpacked_pair_sums_equal_direct_ones() -> None:
     q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
     x8 = rng.integers(-127, 128, (rows, nb * 32), dtype=np.int8)
     many = np.zeros((2, rows, nb, TILE_ROWS), np.int16)
+    x8 = np.stack([interleaved(row) for row in x8])
     run_rows(q3, x8, many[0], many[1], np.empty(PAIRS_BYTES, np.uint8))
     for t in range(rows):
         lo, hi = np.zeros((nb, TILE_ROWS), np.int16), np.zeros((nb, TILE_ROWS), np.int16)
@@ -253,9 +261,14 @@ def test_a_row_does_not_depend_on_its_batch(backend: NumbaBackend, name: str) ->
             np.testing.assert_array_equal(op(x[t : t + 1], w)[0], together[t])
 
 
+def interleaved(xr: np.ndarray) -> np.ndarray:
+    """quantize_rows' x8p layout of a row: each 32-block's x[j], x[16 + j] side by side."""
+    return np.ascontiguousarray(xr.reshape(-1, 2, 16).transpose(0, 2, 1).reshape(-1))
+
+
 @njit
-def run_overloaded(q3, xr, a, b, c, d):
-    mi.nibble_sums(q3, xr, a, b)
+def run_overloaded(q3, xp, xr, a, b, c, d):
+    mi.nibble_sums(q3, xp, a, b)
     mi.nibble_sums_split(q3, xr, c, d)
 
 

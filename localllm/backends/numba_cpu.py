@@ -101,7 +101,7 @@ class NumbaBackend:
         same path at every batch size, so a row's result never depends on its batch."""
         x2 = _f32(x).reshape(-1, weight.k)
         t = x2.shape[0]
-        x8, dx, _, _ = quantize_rows(x2)
+        x8, dx = quantize_rows(x2)[:2]
         rounded = (x8.astype(np.float32).reshape(t, -1, 32) * dx[:, :, None]).reshape(x2.shape)
         # Both passes as one launch of 2T rows: each weight tile is read once for both (rows are
         # computed independently, so this equals two separate calls bit for bit).
