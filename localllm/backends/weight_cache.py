@@ -1,0 +1,135 @@
+"""A disk cache of repacked weights, so a model is repacked once, not at every start.
+
+Repacking every matrix of a model into the kernels' lane layout (kernels/packing.py) costs about a
+second for a 135M model.  The first load writes all packed buffers to one file, keyed like the GGUF
+index cache (path, size, mtime) plus a hash of packing.py, whose layout the bytes follow; later loads
+memory-map that file, so the weights cost page-cache memory only, as the GGUF file itself does.
+
+File: MAGIC, u64 index length, u32 CRC of the index, the JSON index, then each buffer page-aligned.
+Anything unexpected (another key, a bad CRC, a short file) makes the cache count as absent: the
+weights are repacked and the file rewritten.  Writes go to a temporary file renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localllm.kernels import packing
+from localllm.kernels.packing import PackedWeight, pack_weight
+
+FORMAT_VERSION = 1
+MAGIC = b"LLMPACK1"
+_HEADER = struct.Struct("<8sQI")  # magic, index length, index CRC32
+_ALIGN = 4096  # page-aligned buffers: at least the alignment the kernels get from np.empty
+
+Entry = tuple[int, int, tuple[int, ...]]  # (file offset, GGML type, raw shape): one tensor
+
+
+def packing_digest() -> str:
+    """A hash of packing.py: any change to it may change the layout of the cached bytes."""
+    return hashlib.sha256(Path(packing.__file__).read_bytes()).hexdigest()[:16]
+
+
+class WeightCache:
+    """Packs the matrices of one GGUF file, reusing the buffers a previous load wrote to disk."""
+
+    def __init__(self, gf: Any, cache_dir: Path):
+        self.gf = gf
+        path = Path(gf.path).resolve()
+        st = path.stat()
+        self.key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{FORMAT_VERSION}|{packing_digest()}"
+        # One file per model path: a newer key replaces the older file instead of piling up.
+        self._prefix = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(self.key.encode()).hexdigest()[:16]
+        self.path = cache_dir / f"{self._prefix}-{digest}.wpack"
+        self._cached = _read(self.path, self.key)
+        self._packed: dict[Entry, PackedWeight] = {}
+        self.misses = 0
+
+    def pack(self, raw: np.ndarray, ggml_type: int) -> PackedWeight:
+        """pack_weight(raw, ggml_type), from the cache file when it holds this tensor."""
+        offset = self.gf.offset_of(raw)
+        entry = (offset, int(ggml_type), tuple(raw.shape)) if offset is not None else None
+        w = self._cached.get(entry) if entry is not None else None
+        if w is None or w.n != raw.shape[0]:
+            w = pack_weight(raw, ggml_type)
+            self.misses += w.lane  # row kinds are views of the file: nothing to cache or save
+        if entry is not None and w.lane:
+            self._packed[entry] = w
+        return w
+
+    def save(self) -> None:
+        """Write the cache file if this load packed anything the file did not already hold."""
+        if not (self.misses and self._packed):
+            return
+        _write(self.path, self.key, self._packed)
+        with contextlib.suppress(OSError):
+            for old in self.path.parent.glob(f"{self._prefix}-*.wpack"):
+                if old != self.path:
+                    old.unlink()
+
+
+def _read(path: Path, key: str) -> dict[Entry, PackedWeight]:
+    """The cached weights, or {} when the file is missing, stale or damaged."""
+    try:
+        with open(path, "rb") as f:
+            magic, length, crc = _HEADER.unpack(f.read(_HEADER.size))
+            if magic != MAGIC or length > os.fstat(f.fileno()).st_size:
+                return {}
+            text = f.read(length)
+        if len(text) != length or zlib.crc32(text) != crc:
+            return {}
+        index = json.loads(text)
+        if index["key"] != key:
+            return {}
+        return _map(path, _aligned(_HEADER.size + length), index["weights"])
+    except Exception:  # a damaged cache is rebuilt, never trusted (as the GGUF index cache)
+        return {}
+
+
+def _map(path: Path, base: int, rows: list[list[Any]]) -> dict[Entry, PackedWeight]:
+    """Memory-map the buffers (read-only: the kernels never write to weights)."""
+    size = path.stat().st_size
+    if any(start < 0 or nbytes <= 0 or base + start + nbytes > size for *_, start, nbytes in rows):
+        return {}  # a short file: truncated since it was written
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for offset, ggml_type, shape, kind, n, k, start, nbytes in rows:
+        buf = mm[base + start : base + start + nbytes]
+        out[(offset, ggml_type, tuple(shape))] = PackedWeight(kind, ggml_type, n, k, buf)
+    return out
+
+
+def _write(path: Path, key: str, weights: dict[Entry, PackedWeight]) -> None:
+    """Header and index, then the buffers from the next page boundary ("start" counts from there)."""
+    rows, pos = [], 0
+    for (offset, ggml_type, shape), w in weights.items():
+        rows.append([offset, ggml_type, list(shape), w.kind, w.n, w.k, pos, w.nbytes])
+        pos = _aligned(pos + w.nbytes)
+    text = json.dumps({"key": key, "weights": rows}).encode()
+    base = _aligned(_HEADER.size + len(text))
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_HEADER.pack(MAGIC, len(text), zlib.crc32(text)) + text)
+            for row, w in zip(rows, weights.values(), strict=True):
+                f.seek(base + row[6])
+                f.write(memoryview(np.ascontiguousarray(w.buf)))
+        os.replace(tmp, path)
+    except OSError:  # a full disk or a read-only cache only costs speed
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _aligned(pos: int) -> int:
+    return -(-pos // _ALIGN) * _ALIGN

@@ -1,0 +1,145 @@
+"""Start-up: the disk cache of repacked weights (localllm/backends/weight_cache.py) on the tiny model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_model import write_tiny_model
+
+from localllm.backends import weight_cache
+from localllm.backends.numba_cpu import NumbaBackend
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine
+from localllm.gguf_file import GGUFFile
+from localllm.models import load_model
+from localllm.sampling_params import SamplingParams
+
+
+@pytest.fixture
+def model_path(tiny_model_path: Path, tmp_path: Path) -> Path:
+    """A private copy: these tests rewrite the model file and its cache."""
+    return Path(shutil.copy(tiny_model_path, tmp_path / "tiny.gguf"))
+
+
+def _load(path: Path, cache_dir: Path) -> tuple[object, weight_cache.WeightCache]:
+    backend = NumbaBackend(1)
+    gf = GGUFFile.open(path, cache_dir)
+    with backend.weight_cache(gf, cache_dir) as cache:
+        model = load_model(gf, backend)
+    return model, cache
+
+
+def _matrices(model) -> list:
+    out = [model.tok_embd]
+    for layer in model.layers:
+        a, f = layer.attn, layer.ffn
+        out += [a.wq, a.wk, a.wv, a.wo, f.gate, f.up, f.down]
+    return out
+
+
+def _same_weights(a, b) -> None:
+    for wa, wb in zip(_matrices(a), _matrices(b), strict=True):
+        assert (wa.kind, wa.ggml_type, wa.n, wa.k) == (wb.kind, wb.ggml_type, wb.n, wb.k)
+        assert np.array_equal(np.asarray(wa.buf), np.asarray(wb.buf))
+
+
+def _cache_files(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("*.wpack"))
+
+
+def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(raw, ggml_type):
+        raise AssertionError("repacked a weight the cache holds")
+
+    monkeypatch.setattr(weight_cache, "pack_weight", refuse)
+
+
+def test_second_load_reads_the_cache(model_path: Path, tmp_path: Path, monkeypatch) -> None:
+    first, cache = _load(model_path, tmp_path)
+    assert cache.misses == len(_matrices(first)) and len(_cache_files(tmp_path)) == 1
+    _no_packing(monkeypatch)
+    second, cache = _load(model_path, tmp_path)
+    assert cache.misses == 0
+    _same_weights(first, second)
+    # memory-mapped from the cache file, not copied into the process
+    assert all(isinstance(w.buf.base, np.memmap) or isinstance(w.buf, np.memmap) for w in _matrices(second))
+    rng, b = np.random.default_rng(0), NumbaBackend(1)
+    for wa, wb in zip(_matrices(first), _matrices(second), strict=True):
+        x = rng.standard_normal((3, wa.k)).astype(np.float32)
+        assert np.array_equal(b.linear(x, wa), b.linear(x, wb))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header", "index", "garbage", "empty"])
+def test_a_damaged_cache_is_repacked(model_path: Path, tmp_path: Path, damage: str) -> None:
+    fresh, _ = _load(model_path, tmp_path)
+    (path,) = _cache_files(tmp_path)
+    data = path.read_bytes()
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "header":
+        data = b"NOTMAGIC" + data[8:]
+    elif damage == "index":  # inside the JSON index: its CRC no longer matches
+        data = data[:40] + bytes([data[40] ^ 0xFF]) + data[41:]
+    elif damage == "garbage":
+        data = os.urandom(len(data))
+    else:
+        data = b""
+    path.write_bytes(data)
+    again, cache = _load(model_path, tmp_path)
+    assert cache.misses == len(_matrices(again))  # nothing trusted from the damaged file
+    _same_weights(fresh, again)
+    _, cache = _load(model_path, tmp_path)  # ... and the file was rewritten whole
+    assert cache.misses == 0
+
+
+def test_a_changed_model_file_invalidates_the_cache(model_path: Path, tmp_path: Path) -> None:
+    _load(model_path, tmp_path)
+    old = _cache_files(tmp_path)
+    write_tiny_model(model_path, seed=1)  # same path, new weights (and a new mtime)
+    os.utime(model_path, ns=(1, 1))  # even were the clock too coarse to notice the rewrite
+    changed, cache = _load(model_path, tmp_path)
+    assert cache.misses == len(_matrices(changed))
+    expected, _ = _load(model_path, tmp_path / "elsewhere")
+    _same_weights(changed, expected)
+    new = _cache_files(tmp_path)
+    assert len(new) == 1 and new != old  # the stale file was replaced, not kept beside the new one
+
+
+def test_a_changed_packing_layout_invalidates_the_cache(model_path: Path, tmp_path: Path, monkeypatch):
+    _load(model_path, tmp_path)
+    monkeypatch.setattr(weight_cache, "packing_digest", lambda: "another-layout")
+    _, cache = _load(model_path, tmp_path)
+    assert cache.misses > 0
+
+
+def test_an_unwritable_cache_dir_only_costs_speed(model_path: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    model, cache = _load(model_path, blocker)  # the index and packed-weight writes both fail quietly
+    assert cache.misses == len(_matrices(model))
+
+
+def test_arrays_from_elsewhere_are_packed_not_cached(model_path: Path, tmp_path: Path) -> None:
+    backend = NumbaBackend(1)
+    gf = GGUFFile.open(model_path, tmp_path)
+    raw = np.array(gf.raw("blk.0.attn_q.weight"))  # a copy: not a view of the file
+    assert gf.offset_of(raw) is None
+    with backend.weight_cache(gf, tmp_path) as cache:
+        w = backend.prepare_weight(raw, gf.tensors["blk.0.attn_q.weight"].ggml_type)
+    assert w.n == 64 and cache.misses == 1 and not _cache_files(tmp_path)
+
+
+def test_engine_generates_the_same_tokens_from_the_cache(model_path: Path, tmp_path: Path) -> None:
+    def generate() -> list[int]:
+        config = EngineConfig(model=str(model_path), index_dir=tmp_path, threads=1, max_num_seqs=1)
+        engine = LLMEngine(config)
+        out = engine.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=6))
+        return out[0].token_ids
+
+    first = generate()
+    assert len(_cache_files(tmp_path)) == 1
+    assert generate() == first
