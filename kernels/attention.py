@@ -151,14 +151,14 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, ou
         attend_item(q, keys, values, bs, kvh, tables[s], kh, i0, nq, pos0, f32(scale), window, out, scratch)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, out, nth) -> None:
     items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     for c in prange(nth):
         attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, c, nth)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def paged_attention_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, out) -> None:
     items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, 0, 1)

@@ -9,6 +9,8 @@ projection -> residual -> RMSNorm -> gate/up -> SwiGLU -> down -> residual (llam
 
 Per layer the weights come as launch tables (see matmul.launch_many): qkv (3, 6), o (1, 6),
 gate/up (2, 6), down (1, 6), stacked over layers.
+Like the other entry points called from Python it releases the GIL (nogil), so a server's HTTP
+thread keeps streaming while a step computes.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _buffers(T, d, nq, nkv, hd, ffn):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def decoder_stack(x, attn_w, ffn_w, shape, batch, kv, ffn_dim, nth):
     """Run every layer on x (T, d) in place.  attn_w = (qkv tables, o tables, gemm, quantize,
     attn_norm (L, d), (bq, bk, bv) (L, n) each, has_bias); ffn_w = (gate/up tables, down tables,

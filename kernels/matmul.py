@@ -391,7 +391,7 @@ def _alive(argv, xq):
     return argv[0] + xq[0].size + xq[4].size
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
     """Run range kernel `fn` over all tiles on nth threads (quantizing x first for the int path).
     The weight is passed by address: as an array argument, a read-only one (a memory-mapped F16
@@ -405,7 +405,7 @@ def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
     return _alive(argv, xq)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def launch_linear_serial(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y):
     xq = _quantized(x, quantize)
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
@@ -427,7 +427,7 @@ def _group_argvs(table, gemm, x, y, xq):
     return argvs, tiles
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def launch_many(table, gemm, quantize, x, y, nth):
     """Several weights sharing the input x in one parallel launch (e.g. q/k/v, or gate/up): their
     tiles form one range split over the threads, x is quantized once, and weight i writes columns
@@ -445,7 +445,7 @@ def launch_many(table, gemm, quantize, x, y, nth):
     return _alive(argvs, xq)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def launch_many_split(table, gemm, quantize, x, outs, nth):
     """launch_many, but weight i writes its own (T, n_i) array at address outs[i] (row length
     n_i) instead of a column range of one shared y: the results are C-contiguous, no copies."""
@@ -464,7 +464,7 @@ def launch_many_split(table, gemm, quantize, x, outs, nth):
     return _alive(argvs, xq)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
     """launch_linear for the int16-activation kernel (Q8_0 only; see linear_precise)."""
     x16, dx = quantize_rows16(x)
@@ -477,7 +477,7 @@ def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
     return argv[0] + x16.size + dx.size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
     xq = quantize_rows(y[:0])
     argv = _argv(buf_addr, nbytes, n, k, y, y, xq, 0)
