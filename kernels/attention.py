@@ -52,34 +52,39 @@ def _first_visible(pos, window):
     return max(0, pos - window + 1) if window > 0 else 0
 
 
-@njit(inline="always")
-def _key_row(table, j, bs, kvh, kh):
-    return (table[j // bs] * bs + j % bs) * kvh + kh
-
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def _scores(qc, rows, group, keys, table, bs, kvh, kh, pos0, window, sc) -> None:
-    """sc[row, j - first visible] = qc[row] . key j for every key j the row sees."""
-    first, end = _first_visible(pos0, window), pos0 + rows // group
-    for j in range(first, end):
-        kr = _key_row(table, j, bs, kvh, kh)
-        for row in range(rows):
-            pos = pos0 + row // group
-            lo = _first_visible(pos, window)
-            if j > pos or j < lo:
-                continue
-            s = f32(0.0)
-            for d in range(qc.shape[1]):
-                s += qc[row, d] * keys[kr, d]
-            sc[row, j - lo] = s
-
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def _softmax_rows(sc, rows, group, pos0, window, total) -> None:
-    """Each row's visible scores -> exp(s - max), and their sum in total[row]."""
+@njit(cache=True)
+def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
+    """Keys lo[row] <= j < hi[row] are visible to a row (divisions out of the inner loops: an
+    int64 division costs ~40 cycles, more than a row's dot product with one key)."""
     for row in range(rows):
         pos = pos0 + row // group
-        n = pos + 1 - _first_visible(pos, window)
+        lo[row] = _first_visible(pos, window)
+        hi[row] = pos + 1
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, sc) -> None:
+    """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees."""
+    first, end = lo[0], hi[rows - 1]
+    for b in range(first // bs, (end - 1) // bs + 1):
+        j0, j1 = max(first, b * bs), min(end, b * bs + bs)
+        kr0 = (table[b] * bs - b * bs) * kvh + kh  # cache row of key j: kr0 + j * kvh
+        for j in range(j0, j1):
+            kr = kr0 + j * kvh
+            for row in range(rows):
+                if j < lo[row] or j >= hi[row]:
+                    continue
+                s = f32(0.0)
+                for d in range(qc.shape[1]):
+                    s += qc[row, d] * keys[kr, d]
+                sc[row, j - lo[row]] = s
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _softmax_rows(sc, rows, lo, hi, total) -> None:
+    """Each row's visible scores -> exp(s - max), and their sum in total[row]."""
+    for row in range(rows):
+        n = hi[row] - lo[row]
         mx = sc[row, 0]
         for j in range(n):
             mx = max(mx, sc[row, j])
@@ -92,20 +97,21 @@ def _softmax_rows(sc, rows, group, pos0, window, total) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _weighted_values(sc, rows, group, values, table, bs, kvh, kh, pos0, window, acc) -> None:
+def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc) -> None:
     """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j] * value j."""
     acc[:rows] = 0.0
-    first, end = _first_visible(pos0, window), pos0 + rows // group
-    for j in range(first, end):
-        vr = _key_row(table, j, bs, kvh, kh)
-        for row in range(rows):
-            pos = pos0 + row // group
-            lo = _first_visible(pos, window)
-            if j > pos or j < lo:
-                continue
-            w = sc[row, j - lo]
-            for d in range(acc.shape[1]):
-                acc[row, d] += w * values[vr, d]
+    first, end = lo[0], hi[rows - 1]
+    for b in range(first // bs, (end - 1) // bs + 1):
+        j0, j1 = max(first, b * bs), min(end, b * bs + bs)
+        vr0 = (table[b] * bs - b * bs) * kvh + kh
+        for j in range(j0, j1):
+            vr = vr0 + j * kvh
+            for row in range(rows):
+                if j < lo[row] or j >= hi[row]:
+                    continue
+                w = sc[row, j - lo[row]]
+                for d in range(acc.shape[1]):
+                    acc[row, d] += w * values[vr, d]
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -113,16 +119,17 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
     """Queries i0 .. i0+nq-1 (positions pos0 ..) of every query head of KV head kh.  keys/values
     are the cache as (blocks * block_size * kv_heads, D) rows (plain 2-D indexing vectorises
     reliably; 4-D indexing did not)."""
-    qc, sc, acc, total = scratch
+    qc, sc, acc, total, lo, hi = scratch
     group = q.shape[1] // kvh
     rows = nq * group
+    _row_bounds(rows, group, pos0, window, lo, hi)
     for row in range(rows):
         h = kh * group + row % group
         for d in range(q.shape[2]):
             qc[row, d] = q[i0 + row // group, h, d] * scale
-    _scores(qc, rows, group, keys, table, bs, kvh, kh, pos0, window, sc)
-    _softmax_rows(sc, rows, group, pos0, window, total)
-    _weighted_values(sc, rows, group, values, table, bs, kvh, kh, pos0, window, acc)
+    _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, sc)
+    _softmax_rows(sc, rows, lo, hi, total)
+    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc)
     for row in range(rows):
         h = kh * group + row % group
         inv = f32(1.0) / total[row]
@@ -144,6 +151,8 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, ou
         np.empty((rows, width), np.float32),
         np.empty((rows, D), np.float32),
         np.empty(rows, np.float32),
+        np.empty(rows, np.int64),
+        np.empty(rows, np.int64),
     )
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
