@@ -489,10 +489,33 @@ def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
 # ---- Python entry points ----------------------------------------------------------------------
 
 
+class KernelAddresses:
+    """A weight's (int path, float path) range-kernel addresses (int is 0 for row kinds), each
+    compiled or loaded from Numba's cache on first use: loading one costs ~80 ms of start-up, and
+    with AVX2 a quantized matrix never takes the float path (only its embedding rows do)."""
+
+    __slots__ = ("kind", "lane")
+
+    def __init__(self, kind: int, lane: bool):
+        self.kind, self.lane = kind, lane
+
+    def __getitem__(self, i: int) -> int:
+        if i == 0:
+            return range_kernel(self.kind, "int").address if self.lane else 0
+        if i == 1:
+            return range_kernel(self.kind, "float").address
+        raise IndexError(i)
+
+    def __iter__(self):
+        return iter((self[0], self[1]))
+
+    def __len__(self) -> int:
+        return 2
+
+
 def kernel_addresses(kind: int, lane: bool) -> tuple[int, int]:
     """(int, float) range-kernel addresses for a kind (int is 0 for row kinds); compiles them."""
-    fi = range_kernel(kind, "int").address if lane else 0
-    return fi, range_kernel(kind, "float").address
+    return tuple(KernelAddresses(kind, lane))
 
 
 def prepare_weight(
@@ -501,7 +524,7 @@ def prepare_weight(
     """Repack a GGUF matrix for these kernels and compile (or load from cache) its kernels.
     pack: pack_weight or a stand-in with its signature (the backend's disk cache of packed weights)."""
     w = pack(raw, ggml_type)
-    kernels = kernel_addresses(w.kind, w.lane)
+    kernels = KernelAddresses(w.kind, w.lane)
     return dataclasses.replace(w, kernels=kernels, gemm=gemm_kernel().address, addr=w.buf.ctypes.data)
 
 
@@ -509,9 +532,8 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
     """x (T, K) float32 C-contiguous -> (T, N) float32, on nth threads."""
     t = x.shape[0]
     y = np.empty((t, w.n), np.float32) if out is None else out
-    fi, ff = w.kernels
-    use_int = fi != 0 and t <= INT_PATH_MAX_T
-    fn = fi if use_int else ff
+    use_int = w.lane and t <= INT_PATH_MAX_T
+    fn = w.kernels[0] if use_int else w.kernels[1]
     if nth <= 1 or (use_int and w.nbytes * t < PARALLEL_MIN_WORK):
         launch_linear_serial(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
     else:
@@ -536,7 +558,6 @@ class WeightGroup:
     weights: tuple[PackedWeight, ...]
     offsets: tuple[int, ...]  # first output column of each weight
     n_total: int
-    tables: tuple[np.ndarray, np.ndarray]  # (integer path allowed, float path) launch tables
     any_int: bool
 
     @classmethod
@@ -544,14 +565,21 @@ class WeightGroup:
         if len({w.k for w in weights}) != 1:
             raise ValueError("grouped weights must share the input size")
         offsets = tuple(int(o) for o in np.cumsum([0] + [w.n for w in weights[:-1]]))
-        tables = tuple(_group_table(weights, offsets, use_int) for use_int in (True, False))
-        return cls(weights, offsets, sum(w.n for w in weights), tables, any(w.kernels[0] for w in weights))
+        return cls(weights, offsets, sum(w.n for w in weights), any(w.lane for w in weights))
+
+    _tables: dict = dataclasses.field(default_factory=dict)
+
+    def table(self, use_int: bool) -> np.ndarray:
+        """The launch table of one path (integer where allowed, or float), built on first use."""
+        if use_int not in self._tables:
+            self._tables[use_int] = _group_table(self.weights, self.offsets, use_int)
+        return self._tables[use_int]
 
 
 def _group_table(weights: tuple[PackedWeight, ...], offsets: tuple[int, ...], use_int: bool) -> np.ndarray:
     rows = []
     for w, off in zip(weights, offsets, strict=True):
-        fn = w.kernels[0] if (use_int and w.kernels[0]) else w.kernels[1]
+        fn = w.kernels[0] if (use_int and w.lane) else w.kernels[1]
         rows.append((fn, w.addr, w.nbytes, w.n, w.k, off))
     return np.array(rows, np.int64)
 
@@ -561,7 +589,7 @@ def linear_group(x: np.ndarray, group: WeightGroup, nth: int) -> list[np.ndarray
     t = x.shape[0]
     y = np.empty((t, group.n_total), np.float32)
     use_int = group.any_int and t <= INT_PATH_MAX_T
-    launch_many(group.tables[0 if use_int else 1], group.weights[0].gemm, use_int, x, y, max(1, nth))
+    launch_many(group.table(use_int), group.weights[0].gemm, use_int, x, y, max(1, nth))
     return [y[:, o : o + w.n] for w, o in zip(group.weights, group.offsets, strict=True)]
 
 

@@ -34,23 +34,29 @@ def warm_backend(backend: Any, layer_ops: bool = True) -> None:
 
 
 def _warm_matmul(backend: Any, grouped: bool) -> None:
-    """The launchers, on both paths, with any prepared weight: their code does not depend on the
-    weight's type (the per-type kernels are compiled by prepare_weight) or on T."""
-    w = next(iter(backend._prepared.values()), None)
-    if w is None:
-        w = matmul.prepare_weight(np.zeros((TILE_ROWS, 32), np.float32), 0)  # F32: float path only
-    x = np.zeros((2, w.k), np.float32)
-    y = np.empty((2, w.n), np.float32)
-    fi, ff = w.kernels
-    for fn, quantize in ((fi or ff, bool(fi)), (ff, False)):
-        matmul.launch_linear_serial(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y)
-        matmul.launch_linear(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
-    matmul.embedding(w, np.zeros(1, np.int64))
-    q8 = [v for v in backend._prepared.values() if v.kind == Q8_0]
+    """The launchers, on both paths: their code does not depend on the weight's type or on T.  Each
+    path runs with a weight that needs that path's per-type kernel anyway (loading another costs
+    ~80 ms of start-up): the first prepared one (the token embedding) on the float path, which does
+    its row lookups, and the last quantized one (a layer matrix) on the integer path."""
+    weights = list(backend._prepared.values())
+    if not weights:
+        weights = [matmul.prepare_weight(np.zeros((TILE_ROWS, 32), np.float32), 0)]  # F32: float only
+    wf = weights[0]
+    wi = next((w for w in reversed(weights) if w.lane), None)
+    for w, use_int in ((wf, False), (wi, True)):
+        if w is None:
+            continue
+        x, y = np.zeros((2, w.k), np.float32), np.empty((2, w.n), np.float32)
+        fn = w.kernels[0] if use_int else w.kernels[1]
+        matmul.launch_linear_serial(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
+        matmul.launch_linear(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
+    matmul.embedding(wf, np.zeros(1, np.int64))
+    q8 = [v for v in weights if v.kind == Q8_0]
     if q8:  # the int16-activation path of linear_precise
         matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], backend.threads)
     if grouped:
-        matmul.linear_group(x, matmul.WeightGroup.of((w, w)), backend.threads)
+        w = wi or wf
+        matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), backend.threads)
 
 
 def _warm_attention(backend: Any) -> None:

@@ -63,6 +63,22 @@ def leave(child) -> str:
     return transcript
 
 
+# The prompt hands a line over (bracketed paste off), then, past any escape sequences, the first
+# character of the reply appears.
+REPLY_STARTED = r"\x1b\[\?2004l(?:\x1b\[[0-9;?]*[A-Za-z]|[\r\n])*[^\x1b\r\n]"
+
+
+def interrupt_a_reply(child) -> None:
+    """Ask for a long reply and press Ctrl-C once it is streaming.  (A fixed sleep was not enough
+    on a loaded machine: the key landed before the first token and there was nothing to stop.)"""
+    say(child, "/set temperature 0", "temperature = 0")  # greedy: no end-of-text sampled by chance
+    child.sendline("Tell me a very long story.")
+    child.expect(REPLY_STARTED)
+    time.sleep(0.3)
+    child.sendintr()
+    child.expect_exact("interrupted")
+
+
 def test_chat_session_in_a_terminal(tiny_model_path, tmp_path):
     home = tmp_path / "home"
     saved = tmp_path / "conversation.json"
@@ -86,10 +102,7 @@ def test_chat_session_in_a_terminal(tiny_model_path, tmp_path):
     say(child, "/regen", "tok/s")
     # a long reply, stopped with Ctrl-C while it is being written: the chat goes on
     say(child, "/set max_tokens -1", "max_tokens = none")
-    child.sendline("Tell me a very long story.")
-    time.sleep(1.0)
-    child.sendintr()
-    child.expect_exact("interrupted")
+    interrupt_a_reply(child)
     child.expect(PROMPT)
     child.sendintr()  # Ctrl-C at the prompt only clears the line
     child.expect(PROMPT)

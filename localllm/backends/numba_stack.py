@@ -7,6 +7,7 @@ as the model's operation-by-operation path, so the same bits (tests/test_kernels
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +38,11 @@ def can_fuse(model: Any) -> bool:
     return all(x.attn.q_norm is None and x.attn.k_norm is None for x in model.layers)
 
 
-@dataclass
+@dataclass(eq=False)
 class DecoderPlan:
     attn: tuple  # see decoder.decoder_stack
     ffn: tuple
-    tables_float: tuple[np.ndarray, ...]
+    groups: tuple  # the weights behind the launch tables, for the float tables when first needed
     any_int: bool
     shape: tuple
     ffn_dim: int
@@ -54,7 +55,7 @@ class DecoderPlan:
         gu = [(x.ffn.gate, x.ffn.up) for x in L]
         down = [(x.ffn.down,) for x in L]
         gemm = int(L[0].attn.wq.gemm)
-        any_int = any(w.kernels[0] for grp in qkv + o + gu + down for w in grp)
+        any_int = any(w.lane for grp in qkv + o + gu + down for w in grp)
         norms = _stack([x.attn_norm for x in L], a.dim), _stack([x.ffn_norm for x in L], a.dim)
         nq, nkv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         biases = (
@@ -64,21 +65,25 @@ class DecoderPlan:
         )
         has_bias = any(x.attn.bq is not None or x.attn.bk is not None or x.attn.bv is not None for x in L)
         ints = tuple(_tables(g, True) for g in (qkv, o, gu, down))
-        floats = tuple(_tables(g, False) for g in (qkv, o, gu, down))
         shape = (
             a.n_heads, a.n_kv_heads, a.head_dim, a.rope_dim, float(a.rope_base), bool(a.rope_neox),
             float(a.norm_eps), float(a.attn_scale),
         )  # fmt: skip
         attn = (ints[0], ints[1], gemm, any_int, norms[0], biases, has_bias)
         ffn = (ints[2], ints[3], gemm, any_int, norms[1])
-        return cls(attn, ffn, floats, any_int, shape, int(L[0].ffn.gate.n))
+        return cls(attn, ffn, (qkv, o, gu, down), any_int, shape, int(L[0].ffn.gate.n))
+
+    @functools.cache  # noqa: B019 (one plan per model, kept as long as the model)
+    def _float_tables(self) -> tuple[np.ndarray, ...]:
+        """Float-path tables (without AVX2, long prompts): their kernels load only if needed."""
+        return tuple(_tables(g, False) for g in self.groups)
 
     def run(self, backend: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray:
         """All layers on x (T, dim), in place; returns x."""
         use_int = self.any_int and x.shape[0] <= matmul.INT_PATH_MAX_T
         attn, ffn = self.attn, self.ffn
         if not use_int:
-            f = self.tables_float
+            f = self._float_tables()
             attn = (f[0], f[1], attn[2], False, *attn[4:])
             ffn = (f[2], f[3], ffn[2], False, ffn[4])
         i64 = backend.as_i64
