@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import carray, cfunc, errors, njit, prange, types
@@ -30,7 +30,7 @@ from numba.extending import overload
 from . import blockscales as bs
 from . import dequant as dq
 from . import matmul_int as mi
-from .gemm import GEMM_ARGV_LEN, call_gemm, gemm_kernel
+from .gemm import GEMM_ARGV_LEN, call_gemm
 from .packing import (
     BF16,
     F16,
@@ -525,7 +525,7 @@ def prepare_weight(
     pack: pack_weight or a stand-in with its signature (the backend's disk cache of packed weights)."""
     w = pack(raw, ggml_type)
     kernels = KernelAddresses(w.kind, w.lane)
-    return dataclasses.replace(w, kernels=kernels, gemm=gemm_kernel().address, addr=w.buf.ctypes.data)
+    return dataclasses.replace(w, kernels=kernels, addr=w.buf.ctypes.data)
 
 
 def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -534,10 +534,11 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
     y = np.empty((t, w.n), np.float32) if out is None else out
     use_int = w.lane and t <= INT_PATH_MAX_T
     fn = w.kernels[0] if use_int else w.kernels[1]
+    gemm = 0 if use_int else w.gemm  # the integer path never calls the GEMM
     if nth <= 1 or (use_int and w.nbytes * t < PARALLEL_MIN_WORK):
-        launch_linear_serial(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
+        launch_linear_serial(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
     else:
-        launch_linear(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, nth)
+        launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, nth)
     return y
 
 
@@ -584,12 +585,18 @@ def _group_table(weights: tuple[PackedWeight, ...], offsets: tuple[int, ...], us
     return np.array(rows, np.int64)
 
 
+def needs_gemm(weights: Sequence[PackedWeight], use_int: bool) -> bool:
+    """Whether a launch over these weights can reach the float GEMM (float path, or a row kind)."""
+    return not use_int or not all(w.lane for w in weights)
+
+
 def linear_group(x: np.ndarray, group: WeightGroup, nth: int) -> list[np.ndarray]:
     """[x @ W.T for W in group] from one launch; the results are column views of one array."""
     t = x.shape[0]
     y = np.empty((t, group.n_total), np.float32)
     use_int = group.any_int and t <= INT_PATH_MAX_T
-    launch_many(group.table(use_int), group.weights[0].gemm, use_int, x, y, max(1, nth))
+    gemm = group.weights[0].gemm if needs_gemm(group.weights, use_int) else 0
+    launch_many(group.table(use_int), gemm, use_int, x, y, max(1, nth))
     return [y[:, o : o + w.n] for w, o in zip(group.weights, group.offsets, strict=True)]
 
 

@@ -100,8 +100,15 @@ class PackedWeight:
     k: int
     buf: np.ndarray  # uint8, 1-D (a view of the file's bytes for row kinds)
     kernels: tuple[int, int] = (0, 0)  # range-kernel addresses (int path, float path), see matmul
-    gemm: int = 0  # address of the shared float GEMM kernel
     addr: int = 0  # address of buf's data
+
+    @property
+    def gemm(self) -> int:
+        """Address of the shared float GEMM kernel, loaded on first use: with AVX2 a quantized model
+        never takes the float path, and loading it costs ~0.1 s of start-up."""
+        from .gemm import gemm_kernel
+
+        return gemm_kernel().address
 
     @property
     def nbytes(self) -> int:

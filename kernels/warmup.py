@@ -43,13 +43,16 @@ def _warm_matmul(backend: Any, grouped: bool) -> None:
         weights = [matmul.prepare_weight(np.zeros((TILE_ROWS, 32), np.float32), 0)]  # F32: float only
     wf = weights[0]
     wi = next((w for w in reversed(weights) if w.lane), None)
-    for w, use_int in ((wf, False), (wi, True)):
+    # a quantized embedding never multiplies on the float path (with AVX2): no GEMM to load for it
+    float_weight = None if (wf.lane and matmul.INT_PATH_MAX_T > 1 << 20) else wf
+    for w, use_int in ((float_weight, False), (wi, True)):
         if w is None:
             continue
         x, y = np.zeros((2, w.k), np.float32), np.empty((2, w.n), np.float32)
         fn = w.kernels[0] if use_int else w.kernels[1]
-        matmul.launch_linear_serial(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
-        matmul.launch_linear(fn, w.gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
+        gemm = 0 if use_int else w.gemm
+        matmul.launch_linear_serial(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
+        matmul.launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
     matmul.embedding(wf, np.zeros(1, np.int64))
     q8 = [v for v in weights if v.kind == Q8_0]
     if q8:  # the int16-activation path of linear_precise

@@ -54,8 +54,9 @@ class DecoderPlan:
         o = [(x.attn.wo,) for x in L]
         gu = [(x.ffn.gate, x.ffn.up) for x in L]
         down = [(x.ffn.down,) for x in L]
-        gemm = int(L[0].attn.wq.gemm)
-        any_int = any(w.lane for grp in qkv + o + gu + down for w in grp)
+        everything = [w for grp in qkv + o + gu + down for w in grp]
+        any_int = any(w.lane for w in everything)
+        gemm = int(everything[0].gemm) if matmul.needs_gemm(everything, True) else 0
         norms = _stack([x.attn_norm for x in L], a.dim), _stack([x.ffn_norm for x in L], a.dim)
         nq, nkv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         biases = (
@@ -84,8 +85,9 @@ class DecoderPlan:
         attn, ffn = self.attn, self.ffn
         if not use_int:
             f = self._float_tables()
-            attn = (f[0], f[1], attn[2], False, *attn[4:])
-            ffn = (f[2], f[3], ffn[2], False, ffn[4])
+            gemm = int(self.groups[0][0][0].gemm)  # the float path needs the GEMM
+            attn = (f[0], f[1], gemm, False, *attn[4:])
+            ffn = (f[2], f[3], gemm, False, ffn[4])
         i64 = backend.as_i64
         pos = i64(batch.positions)
         rope_table = backend._rope_table(pos, self.shape[3], self.shape[4])
