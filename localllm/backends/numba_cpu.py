@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numba
@@ -261,3 +262,18 @@ class NumbaBackend:
 
         fused = model is not None and self.fuse_layers and can_fuse(model)
         warm_backend(self, layer_ops=not fused)
+        if fused:
+            self._warm_stack(model)
+
+    def _warm_stack(self, model: object) -> None:
+        """One token through the fused stack, on a private one-block KV cache: loads it from
+        Numba's cache (needed by the first step anyway), or on a machine's first run compiles it
+        here instead of inside the first request (~40 s there)."""
+        from localllm.models.base import ForwardBatch
+
+        a = model.args
+        k, v = self.allocate_kv(a.n_layers, 1, 16, a.n_kv_heads, a.head_dim)
+        one = np.zeros(1, np.int64)
+        batch = ForwardBatch(one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one)
+        x = np.zeros((1, a.dim), np.float32)
+        self.decoder_stack(model, x, batch, SimpleNamespace(k=k, v=v))
