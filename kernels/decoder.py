@@ -7,8 +7,8 @@ results are bit-identical to the operation-by-operation path (tests compare them
 Covers RMSNorm -> q/k/v (+ optional biases) -> RoPE + KV store -> paged attention -> output
 projection -> residual -> RMSNorm -> gate/up -> SwiGLU -> down -> residual (llama, qwen2).
 
-Per layer the weights come as launch tables (see matmul.launch_many): qkv (3, 6), o (1, 6),
-gate/up (2, 6), down (1, 6), stacked over layers.
+Per layer the weights come as launch tables (see matmul.launch_many): qkv (3, 5), o (1, 5),
+gate/up (2, 5), down (1, 5), stacked over layers.
 Like the other entry points called from Python it releases the GIL (nogil), so a server's HTTP
 thread keeps streaming while a step computes.
 """
@@ -26,8 +26,11 @@ ATTN_PARALLEL_MIN = 1 << 15
 
 @njit(cache=True)
 def _project(table, gemm, quantize, x, outs, nth):
-    """x @ W.T for each weight of `table` into the arrays whose addresses are in `outs`."""
-    matmul.launch_many_split(table, gemm, quantize, x, outs, nth)
+    """x @ W.T for each weight of `table` into the C-contiguous arrays of the tuple `outs`."""
+    dest = np.empty((len(outs), 2), np.int64)
+    for i in range(len(outs)):
+        dest[i, 0], dest[i, 1] = outs[i].ctypes.data, outs[i].size // outs[i].shape[0]
+    matmul.launch_many(table, gemm, quantize, x, dest, nth)
 
 
 @njit(cache=True)
@@ -62,8 +65,7 @@ def _attention_block(il, x, w, shape, batch, kv, bufs, nth):
     pos, slots, qsl, ctx, block_tables, rope_table = batch
     h, q, k, v, att, o, _, _, _, _ = bufs
     layers.rms_norm_rows(x, attn_norm[il], eps, h)
-    outs = np.array([q.ctypes.data, k.ctypes.data, v.ctypes.data], np.int64)
-    _project(t_qkv[il], gemm, quantize, h, outs, nth)
+    _project(t_qkv[il], gemm, quantize, h, (q, k, v), nth)
     if has_bias:
         _add_bias(q.reshape(q.shape[0], -1), biases[0][il])
         _add_bias(k.reshape(k.shape[0], -1), biases[1][il])
@@ -71,7 +73,7 @@ def _attention_block(il, x, w, shape, batch, kv, bufs, nth):
     k_cache, v_cache = kv[0][il], kv[1][il]
     layers.rope_store_kv(q, k, v, pos, rope_dim, rope_base, neox, rope_table, k_cache, v_cache, slots, q, k)
     _attend(q, k_cache, v_cache, qsl, ctx, block_tables, scale, att, nth)
-    _project(t_o[il], gemm, quantize, att.reshape(att.shape[0], -1), np.array([o.ctypes.data], np.int64), nth)
+    _project(t_o[il], gemm, quantize, att.reshape(att.shape[0], -1), (o,), nth)
     _add_rows(x, o)
 
 
@@ -81,9 +83,9 @@ def _ffn_block(il, x, w, eps, bufs, nth):
     t_gu, t_down, gemm, quantize, ffn_norm = w
     h, _, _, _, _, o, gate, up, act, down = bufs
     layers.rms_norm_rows(x, ffn_norm[il], eps, h)
-    _project(t_gu[il], gemm, quantize, h, np.array([gate.ctypes.data, up.ctypes.data], np.int64), nth)
+    _project(t_gu[il], gemm, quantize, h, (gate, up), nth)
     layers.swiglu_rows(gate, up, act)
-    _project(t_down[il], gemm, quantize, act, np.array([down.ctypes.data], np.int64), nth)
+    _project(t_down[il], gemm, quantize, act, (down,), nth)
     _add_rows(x, down)
 
 

@@ -312,7 +312,7 @@ def int16_range(kind, argv, lo, hi) -> None:
     d, q8 = _q8_fields(buf, n, k)
     for t in range(lo, hi):
         acc[:] = 0.0
-        mi.tile_q8_0_x16(d[t], q8[t], x16, dx, acc, s32)
+        mi.tile_q8_0(d[t], q8[t], x16, dx, acc, s32)
         _store(acc, y, t, n)
 
 
@@ -414,45 +414,27 @@ def launch_linear_serial(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y):
 
 
 @njit(cache=True)
-def _group_argvs(table, gemm, x, y, xq):
-    """One argv per weight of a group (table rows: fn, buf address, nbytes, n, k, column offset),
-    and the first global tile of each weight (tiles[-1] = total)."""
+def _group_argvs(table, gemm, x, outs, xq):
+    """One argv per weight of a group (table rows: fn, buf address, nbytes, n, k; outs rows: output
+    address, output row length), and the first global tile of each weight (tiles[-1] = total)."""
     W = table.shape[0]
     argvs = np.zeros((W, ARGV_LEN), np.int64)
     tiles = np.zeros(W + 1, np.int64)
     for i in range(W):
-        argvs[i] = _argv(table[i, 1], table[i, 2], table[i, 3], table[i, 4], x, y, xq, gemm)
-        argvs[i, A_Y] += 4 * table[i, 5]  # this weight's first output column
+        argvs[i] = _argv(table[i, 1], table[i, 2], table[i, 3], table[i, 4], x, x, xq, gemm)
+        argvs[i, A_Y], argvs[i, A_LDY] = outs[i, 0], outs[i, 1]
         tiles[i + 1] = tiles[i] + (table[i, 3] + R - 1) // R
     return argvs, tiles
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def launch_many(table, gemm, quantize, x, y, nth):
+def launch_many(table, gemm, quantize, x, outs, nth):
     """Several weights sharing the input x in one parallel launch (e.g. q/k/v, or gate/up): their
-    tiles form one range split over the threads, x is quantized once, and weight i writes columns
-    table[i, 5] .. + n_i of y.  Each weight runs its own range kernel table[i, 0]."""
+    tiles form one range split over the threads, and x is quantized once.  Weight i runs its own
+    range kernel table[i, 0] and writes its (T, n_i) result at address outs[i, 0], rows outs[i, 1]
+    floats apart: its own C-contiguous array, or a column range of a shared one."""
     xq = _quantized(x, quantize)
-    argvs, tiles = _group_argvs(table, gemm, x, y, xq)
-    total = tiles[-1]
-    nth = max(1, min(nth, total))
-    for c in prange(nth):
-        lo, hi = c * total // nth, (c + 1) * total // nth
-        for i in range(table.shape[0]):
-            a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
-            if a < b:
-                call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
-    return _alive(argvs, xq)
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def launch_many_split(table, gemm, quantize, x, outs, nth):
-    """launch_many, but weight i writes its own (T, n_i) array at address outs[i] (row length
-    n_i) instead of a column range of one shared y: the results are C-contiguous, no copies."""
-    xq = _quantized(x, quantize)
-    argvs, tiles = _group_argvs(table, gemm, x, x, xq)
-    for i in range(table.shape[0]):
-        argvs[i, A_Y], argvs[i, A_LDY] = outs[i], table[i, 3]
+    argvs, tiles = _group_argvs(table, gemm, x, outs, xq)
     total = tiles[-1]
     nth = max(1, min(nth, total))
     for c in prange(nth):
@@ -573,15 +555,16 @@ class WeightGroup:
     def table(self, use_int: bool) -> np.ndarray:
         """The launch table of one path (integer where allowed, or float), built on first use."""
         if use_int not in self._tables:
-            self._tables[use_int] = _group_table(self.weights, self.offsets, use_int)
+            self._tables[use_int] = group_table(self.weights, use_int)
         return self._tables[use_int]
 
 
-def _group_table(weights: tuple[PackedWeight, ...], offsets: tuple[int, ...], use_int: bool) -> np.ndarray:
+def group_table(weights: Sequence[PackedWeight], use_int: bool) -> np.ndarray:
+    """launch_many's table: (range kernel, buffer address, bytes, n, k) per weight."""
     rows = []
-    for w, off in zip(weights, offsets, strict=True):
+    for w in weights:
         fn = w.kernels[0] if (use_int and w.lane) else w.kernels[1]
-        rows.append((fn, w.addr, w.nbytes, w.n, w.k, off))
+        rows.append((fn, w.addr, w.nbytes, w.n, w.k))
     return np.array(rows, np.int64)
 
 
@@ -596,7 +579,8 @@ def linear_group(x: np.ndarray, group: WeightGroup, nth: int) -> list[np.ndarray
     y = np.empty((t, group.n_total), np.float32)
     use_int = group.any_int and t <= INT_PATH_MAX_T
     gemm = group.weights[0].gemm if needs_gemm(group.weights, use_int) else 0
-    launch_many(group.table(use_int), gemm, use_int, x, y, max(1, nth))
+    outs = np.array([(y.ctypes.data + 4 * o, group.n_total) for o in group.offsets], np.int64)
+    launch_many(group.table(use_int), gemm, use_int, x, outs, max(1, nth))
     return [y[:, o : o + w.n] for w, o in zip(group.weights, group.offsets, strict=True)]
 
 

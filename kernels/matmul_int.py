@@ -18,7 +18,7 @@ fastmath is safe: integer math is exact; it only reorders the float scale step.
 
 from __future__ import annotations
 
-from numba import njit
+from numba import njit, types
 from numba.extending import overload
 
 from .packing import TILE_ROWS as R
@@ -57,7 +57,7 @@ def _nibble_sums_impl(q3, xr, slo, shi):
                 q4_block_sums_avx2(q + b * 16 * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
 
         return avx2
-    return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi)
+    return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi, True)
 
 
 def nibble_sums_split(q3, xr, slo, shi) -> None:
@@ -76,7 +76,7 @@ def _nibble_sums_split_impl(q3, xr, slo, shi):
                 q4_block_sums_split_avx2(q + b * 16 * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
 
         return avx2
-    return lambda q3, xr, slo, shi: nibble_sums_split_portable(q3, xr, slo, shi)
+    return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi, False)
 
 
 def nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs) -> None:
@@ -110,9 +110,9 @@ def _nibble_sums_rows_impl(q3, x8, t0, t1, slo, shi, pairs):
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def nibble_sums_portable(q3, xr, slo, shi) -> None:
-    """nibble_sums in plain Numba (xr interleaved): slo sums the low nibbles' products, shi the
-    high ones'."""
+def nibble_sums_portable(q3, xr, slo, shi, interleaved) -> None:
+    """nibble_sums (interleaved x) or nibble_sums_split (plain x) in plain Numba: slo sums the low
+    nibbles' products, shi the high ones'."""
     for b in range(q3.shape[0]):
         xo = b * 32
         for r in range(R):
@@ -120,24 +120,10 @@ def nibble_sums_portable(q3, xr, slo, shi) -> None:
             hi = i16(0)
             for j in range(16):
                 q = i16(q3[b, j, r])
-                lo = add16(lo, mul16(i16(q & 15), i16(xr[xo + 2 * j])))
-                hi = add16(hi, mul16(i16(q >> 4), i16(xr[xo + 2 * j + 1])))
-            slo[b, r] = lo
-            shi[b, r] = hi
-
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def nibble_sums_split_portable(q3, xr, slo, shi) -> None:
-    """nibble_sums_split in plain Numba (xr not interleaved)."""
-    for b in range(q3.shape[0]):
-        xo = b * 32
-        for r in range(R):
-            lo = i16(0)
-            hi = i16(0)
-            for j in range(16):
-                q = i16(q3[b, j, r])
-                lo = add16(lo, mul16(i16(q & 15), i16(xr[xo + j])))
-                hi = add16(hi, mul16(i16(q >> 4), i16(xr[xo + 16 + j])))
+                il, ih = (xo + 2 * j, xo + 2 * j + 1) if interleaved else (xo + j, xo + 16 + j)
+                xl, xh = xr[il], xr[ih]
+                lo = add16(lo, mul16(i16(q & 15), i16(xl)))
+                hi = add16(hi, mul16(i16(q >> 4), i16(xh)))
             slo[b, r] = lo
             shi[b, r] = hi
 
@@ -178,7 +164,8 @@ def crumb_sums(qh2, xr, slo, shi) -> None:
 
 
 def q8_sums(q4, xr, s32) -> None:
-    """s32[b, r] = sum_e q[b, r, e] * x[32b + e] for Q8_0's quad layout q4 (nb, 8, R, 4) int8.
+    """s32[b, r] = sum_e q[b, r, e] * x[32b + e] for Q8_0's quad layout q4 (nb, 8, R, 4) int8 and
+    int8 activations, or int16 ones (quantize_rows16, for linear_precise).
     (Numba only: AVX2 IR kernel where the CPU has it, else `q8_sums_portable`.)"""
     raise NotImplementedError
 
@@ -186,11 +173,14 @@ def q8_sums(q4, xr, s32) -> None:
 @overload(q8_sums, jit_options={"cache": True})
 def _q8_sums_impl(q4, xr, s32):
     if HAVE_AVX2:
+        wide = xr.dtype == types.int16
+        block = q8_block_sums16_avx2 if wide else q8_block_sums_avx2
+        x_bytes = 64 if wide else 32  # one 32-block of activations
 
         def avx2(q4, xr, s32):
             q, x, s = q4.ctypes.data, xr.ctypes.data, s32.ctypes.data
             for b in range(q4.shape[0]):
-                q8_block_sums_avx2(q + b * 32 * R, x + b * 32, s + b * 4 * R, 0)
+                block(q + b * 32 * R, x + b * x_bytes, s + b * 4 * R, 0)
 
         return avx2
     return lambda q4, xr, s32: q8_sums_portable(q4, xr, s32)
@@ -198,14 +188,14 @@ def _q8_sums_impl(q4, xr, s32):
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def q8_sums_portable(q4, xr, s32) -> None:
-    """q8_sums in plain Numba: products fit int16 (127 * 127), the sums need int32."""
+    """q8_sums in plain Numba, int32 products (|sum| <= 32 * 128 * 32767 even for int16 x)."""
     for b in range(q4.shape[0]):
         xo = b * 32
         for r in range(R):
             s = i32(0)
             for g in range(8):
                 for e in range(4):
-                    s = add32(s, i32(mul16(i16(q4[b, g, r, e]), i16(xr[xo + 4 * g + e]))))
+                    s = add32(s, mul32(i32(q4[b, g, r, e]), i32(xr[xo + 4 * g + e])))
             s32[b, r] = s
 
 
@@ -242,52 +232,9 @@ def _scale_nibbles(slo, shi, sh, five, dx, sx, dsc, msc, acc) -> None:
             acc[r] += dsc[b, r] * dxb * f32(s) + msc[b, r] * sxb
 
 
-def q8_sums16(q4, xr, s32) -> None:
-    """q8_sums for int16 activations xr (K,): s32[b, r] = sum_e q[b, r, e] * x[32b + e].
-    (Numba only: AVX2 IR kernel where the CPU has it, else `q8_sums16_portable`.)"""
-    raise NotImplementedError
-
-
-@overload(q8_sums16, jit_options={"cache": True})
-def _q8_sums16_impl(q4, xr, s32):
-    if HAVE_AVX2:
-
-        def avx2(q4, xr, s32):
-            q, x, s = q4.ctypes.data, xr.ctypes.data, s32.ctypes.data
-            for b in range(q4.shape[0]):
-                q8_block_sums16_avx2(q + b * 32 * R, x + b * 64, s + b * 4 * R, 0)
-
-        return avx2
-    return lambda q4, xr, s32: q8_sums16_portable(q4, xr, s32)
-
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def q8_sums16_portable(q4, xr, s32) -> None:
-    """q8_sums16 in plain Numba (|sum| <= 32 * 128 * 32767 fits int32)."""
-    for b in range(q4.shape[0]):
-        xo = b * 32
-        for r in range(R):
-            s = i32(0)
-            for g in range(8):
-                for e in range(4):
-                    s = add32(s, mul32(i32(q4[b, g, r, e]), i32(xr[xo + 4 * g + e])))
-            s32[b, r] = s
-
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def tile_q8_0_x16(d, q3, x16, dx, acc, s32) -> None:
-    """tile_q8_0 for int16 activations (quantize_act.quantize_rows16)."""
-    for ti in range(x16.shape[0]):
-        q8_sums16(q3, x16[ti], s32)
-        for b in range(q3.shape[0]):
-            dxb = dx[ti, b]
-            for r in range(R):
-                acc[ti, r] += f16_to_f32(d[b, r]) * dxb * f32(s32[b, r])
-
-
 @njit(cache=True, fastmath=True, error_model="numpy")
 def tile_q8_0(d, q3, x8, dx, acc, s32) -> None:
-    """w = d * q.  d (nb, R) fp16 bits, q3 (nb, 8, R, 4) int8 quads."""
+    """w = d * q.  d (nb, R) fp16 bits, q3 (nb, 8, R, 4) int8 quads; x8 int8 or int16 rows."""
     for ti in range(x8.shape[0]):
         q8_sums(q3, x8[ti], s32)
         for b in range(q3.shape[0]):

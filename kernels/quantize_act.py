@@ -19,16 +19,22 @@ from numba import njit
 from .simd import f32, i32
 
 
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _block_scale(x, o, qmax):
+    """(d, 1/d) for the 32-block at x[o]: d = max|x| / qmax, and 1/d = 0 for an all-zero block."""
+    amax = f32(0.0)
+    for j in range(32):
+        amax = max(amax, abs(x[o + j]))
+    d = amax / qmax
+    return d, (f32(1.0) / d if d > f32(0.0) else f32(0.0))
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def quantize_row(x, x8, dx, sx, hs, x8p) -> None:
     """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32."""
     for b in range(x.shape[0] // 32):
         o = b * 32
-        amax = f32(0.0)
-        for j in range(32):
-            amax = max(amax, abs(x[o + j]))
-        d = amax / f32(127.0)
-        inv = f32(1.0) / d if d > f32(0.0) else f32(0.0)
+        d, inv = _block_scale(x, o, f32(127.0))
         for j in range(32):
             x8[o + j] = np.int8(np.rint(x[o + j] * inv))
         s0 = i32(0)
@@ -64,11 +70,7 @@ def quantize_row16(x, x16, dx) -> None:
     1/65534 of the block's largest value: for projections that need nearly float accuracy)."""
     for b in range(x.shape[0] // 32):
         o = b * 32
-        amax = f32(0.0)
-        for j in range(32):
-            amax = max(amax, abs(x[o + j]))
-        d = amax / f32(32767.0)
-        inv = f32(1.0) / d if d > f32(0.0) else f32(0.0)
+        d, inv = _block_scale(x, o, f32(32767.0))
         for j in range(32):
             x16[o + j] = np.int16(np.rint(x[o + j] * inv))
         dx[b] = d

@@ -190,7 +190,7 @@ def test_avx2_block_sums_equal_portable_ones() -> None:
     xr = rng.integers(-127, 128, nb * 32, dtype=np.int8)
     xp = interleaved(xr)
     sums = [np.zeros((nb, TILE_ROWS), np.int16) for _ in range(6)]
-    mi.nibble_sums_portable(q3, xp, sums[0], sums[1])
+    mi.nibble_sums_portable(q3, xp, sums[0], sums[1], True)
     run_overloaded(q3, xp, xr, sums[2], sums[3], sums[4], sums[5])
     low, high = q3 & 15, q3 >> 4  # (nb, 16, R)
     xb = xr.reshape(nb, 2, 16).astype(np.int32)
@@ -207,8 +207,8 @@ def test_avx2_block_sums_equal_portable_ones() -> None:
     exact = np.einsum("bgre,bge->br", q4.astype(np.int32), xr.reshape(nb, 8, 4).astype(np.int32))
     np.testing.assert_array_equal(s_port, exact)
     x16 = rng.integers(-32767, 32768, nb * 32, dtype=np.int16)  # the precise path's activations
-    mi.q8_sums16_portable(q4, x16, s_port)
-    run_q8_16(q4, x16, s_avx)
+    mi.q8_sums_portable(q4, x16, s_port)
+    run_q8(q4, x16, s_avx)
     np.testing.assert_array_equal(s_avx, s_port)
     exact = np.einsum("bgre,bge->br", q4.astype(np.int64), x16.reshape(nb, 8, 4).astype(np.int64))
     np.testing.assert_array_equal(s_port, exact)
@@ -240,11 +240,6 @@ def run_rows(q3, x8, lo, hi, pairs):
 @njit
 def run_one(q3, xr, lo, hi):
     mi.nibble_sums(q3, xr, lo, hi)
-
-
-@njit
-def run_q8_16(q4, xr, s):
-    mi.q8_sums16(q4, xr, s)
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q4_K", "Q8_0", "Q6_K"])

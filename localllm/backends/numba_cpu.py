@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from localllm.backends.numba_stack import DecoderPlan, can_fuse
 from localllm.kernels import attention, layers, matmul
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.kernels.quantize_act import quantize_rows
@@ -96,8 +97,6 @@ class NumbaBackend:
         """Run all of `model`'s layers on x in one kernel call (see kernels/decoder.py); None when the
         model's layer is not the plain llama one (the caller then runs its layers op by op).
         Optional: not part of the Backend protocol."""
-        from localllm.backends.numba_stack import DecoderPlan, can_fuse
-
         if not self.fuse_layers:
             return None
         plan = self._plans.get(id(model))
@@ -257,7 +256,6 @@ class NumbaBackend:
         tiny inputs, so no compilation ever happens inside a decode loop.  The per-type matmul
         kernels were already compiled by `prepare_weight`; this covers the launchers and layers
         (not the op-by-op layer kernels when `model` will run as a fused stack, see decoder_stack)."""
-        from localllm.backends.numba_stack import can_fuse
         from localllm.kernels.warmup import warm_backend
 
         fused = model is not None and self.fuse_layers and can_fuse(model)

@@ -17,8 +17,8 @@ from localllm.kernels import decoder, matmul
 
 
 def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
-    """(layers, weights per group, 6) launch tables (see matmul.launch_many)."""
-    rows = [matmul._group_table(ws, (0,) * len(ws), use_int) for ws in groups]
+    """(layers, weights per group, 5) launch tables (see matmul.launch_many)."""
+    rows = [matmul.group_table(ws, use_int) for ws in groups]
     return np.ascontiguousarray(np.stack(rows), np.int64)
 
 
