@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -88,6 +90,10 @@ def resolve(model: str | None) -> tuple[Path, dict[str, Any]]:
 
     home = model_home()
     default_numba_cache(home)
+    cache = Path(os.environ["NUMBA_CACHE_DIR"])
+    if not cache.is_dir() or not any(cache.iterdir()):  # else minutes of silence on a first run
+        note = "first run of this localllm version: compiling its kernels for this CPU (~1-2 min)"
+        print(note, file=sys.stderr)
     registry = load_registry(default_user_registry())
     resolved = resolve_model(model or registry.default_model, home, registry)
     defaults = resolved.entry.defaults.as_dict() if resolved.entry is not None else {}
