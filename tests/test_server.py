@@ -67,7 +67,8 @@ class Running:
         kw.setdefault("api_key", "unused")
         return openai.OpenAI(base_url=f"{self.url}/v1", max_retries=0, timeout=60, **kw)
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Loading a real model on a machine whose kernel cache is cold compiles for a minute or more."""
         deadline = time.monotonic() + timeout
         while httpx.get(f"{self.url}/health").status_code != 200:
             assert time.monotonic() < deadline, "the server did not become ready"

@@ -92,10 +92,10 @@ def chat(
     if interactive:
         from rich.console import Console
 
-        with Console(stderr=True).status(f"loading {path.name} ..."), c.loading():
+        with Console(stderr=True).status(f"loading {path.name} ..."), c.loading(backend):
             engine = LLMEngine(config)
     else:
-        with c.loading():
+        with c.loading(backend):
             engine = LLMEngine(config)
     template = load_template(engine.gguf.metadata, path.name, template_override)
     session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))

@@ -55,11 +55,22 @@ def engine_config(model_path: Path, backend: str, threads: int, ctx_size: int, *
     )
 
 
+def first_run_notice(backend: str) -> None:
+    """On a terminal, say that the first run compiles the kernels: else a minute or two of silence."""
+    cache = Path(os.environ.get("NUMBA_CACHE_DIR", "."))
+    if backend == "numba" and sys.stderr.isatty() and (not cache.is_dir() or not any(cache.iterdir())):
+        print(
+            "first run of this localllm version: compiling its kernels for this CPU (~1-2 min)",
+            file=sys.stderr,
+        )
+
+
 @contextlib.contextmanager
-def loading() -> Iterator[None]:
+def loading(backend: str) -> Iterator[None]:
     """Around a command's one engine load: no garbage collection while it creates ~1M objects that live
     until exit (Numba's compiler state, the vocabulary, the model), then a freeze so no later collection
     rescans them.  Collections during the load cost ~0.1 s of start-up."""
+    first_run_notice(backend)
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -90,10 +101,6 @@ def resolve(model: str | None) -> tuple[Path, dict[str, Any]]:
 
     home = model_home()
     default_numba_cache(home)
-    cache = Path(os.environ["NUMBA_CACHE_DIR"])
-    if not cache.is_dir() or not any(cache.iterdir()):  # else minutes of silence on a first run
-        note = "first run of this localllm version: compiling its kernels for this CPU (~1-2 min)"
-        print(note, file=sys.stderr)
     registry = load_registry(default_user_registry())
     resolved = resolve_model(model or registry.default_model, home, registry)
     defaults = resolved.entry.defaults.as_dict() if resolved.entry is not None else {}

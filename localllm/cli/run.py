@@ -66,7 +66,7 @@ def run(
         stop=stop or None,
     )
     config = c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1)
-    with c.loading():
+    with c.loading(backend):
         engine = LLMEngine(config)
     prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), defaults)
     outputs = []

@@ -89,6 +89,7 @@ def serve(
         host=host,
         port=port,
     )
+    c.first_run_notice(backend)
     run_server(lambda: LLMEngine(engine_config), config, log_level)
 
 
