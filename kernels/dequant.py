@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from numba import njit
 
+from ..quant.types import QUANT_BY_NAME
 from .simd import bf16_to_f32, f16_to_f32, f32, i32
+
+# Bytes per super-block, from quant's type table (Numba freezes these globals as constants).
+_Q2_K_BYTES = QUANT_BY_NAME["Q2_K"].type_size
+_Q3_K_BYTES = QUANT_BY_NAME["Q3_K"].type_size
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -81,8 +86,8 @@ def deq_rows_q2_k(raw, n0, n1, out) -> None:
     """Block (84 B): scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.  Element
     128h + 32j + 16p + l is crumb j of qs[32h + 16p + l], with scale/min index 8h + 2j + p."""
     for n in range(n0, n1):
-        for sb in range(raw.shape[1] // 84):
-            o = sb * 84
+        for sb in range(raw.shape[1] // _Q2_K_BYTES):
+            o = sb * _Q2_K_BYTES
             d = f16_to_f32(i32(raw[n, o + 80]) | (i32(raw[n, o + 81]) << 8))
             dmin = f16_to_f32(i32(raw[n, o + 82]) | (i32(raw[n, o + 83]) << 8))
             for e16 in range(16):  # e16 = 8h + 2j + p
@@ -108,8 +113,8 @@ def deq_rows_q3_k(raw, n0, n1, out) -> None:
     """Block (110 B): hmask[32], qs[64], scales[12], d.  Element 128h + 32j + 16p + l: crumb j of
     qs[32h + 16p + l], minus 4 unless bit 4h + j of hmask[16p + l] is set; scale 8h + 2j + p."""
     for n in range(n0, n1):
-        for sb in range(raw.shape[1] // 110):
-            o = sb * 110
+        for sb in range(raw.shape[1] // _Q3_K_BYTES):
+            o = sb * _Q3_K_BYTES
             d = f16_to_f32(i32(raw[n, o + 108]) | (i32(raw[n, o + 109]) << 8))
             for e16 in range(16):
                 h, j, p = e16 >> 3, (e16 >> 1) & 3, e16 & 1

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from ..quant.types import QUANT_TYPES
+
 TILE_ROWS = 64  # rows per tile = lanes per weight block; 64 measured 25% faster than 32 (fewer
 # per-block broadcasts of the activations per row), at the cost of padding small matrices to 64 rows
 
@@ -46,8 +48,11 @@ KIND_OF_GGML = {
     13: Q5_K,
     14: Q6_K,
 }
-# Bytes per block and elements per block of the row kinds, as stored in the file.
-_ROW_BLOCK = {F32: (4, 1), F16: (2, 1), BF16: (2, 1), Q2_K: (84, 256), Q3_K: (110, 256)}
+# Bytes per block and elements per block of each kind, as stored in the file (from quant's type table).
+_FILE_BLOCK = {
+    kind: (QUANT_TYPES[t].type_size, QUANT_TYPES[t].block_size) for t, kind in KIND_OF_GGML.items()
+}
+_ROW_BLOCK = {kind: size for kind, size in _FILE_BLOCK.items() if kind not in LANE_KINDS}
 
 
 @njit(cache=True)
@@ -184,12 +189,12 @@ def _bits_u16(h: np.ndarray) -> np.ndarray:
 
 
 def _q4_0(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 18)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q4_0])
     return [_tiles(_fp16_field(b, 0), n), _tiles(b[..., 2:18], n)]
 
 
 def _q4_1(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 20)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q4_1])
     dm = np.stack([_fp16_field(b, 0), _fp16_field(b, 2)], axis=-1)
     return [_tiles(dm, n), _tiles(b[..., 4:20], n)]
 
@@ -200,12 +205,12 @@ def _qh32(b: np.ndarray, start: int) -> np.ndarray:
 
 
 def _q5_0(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 22)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q5_0])
     return [_tiles(_fp16_field(b, 0), n), _tiles(_qh32(b, 2), n), _tiles(b[..., 6:22], n)]
 
 
 def _q5_1(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 24)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q5_1])
     dm = np.stack([_fp16_field(b, 0), _fp16_field(b, 2)], axis=-1)
     return [_tiles(dm, n), _tiles(_qh32(b, 4), n), _tiles(b[..., 8:24], n)]
 
@@ -213,7 +218,7 @@ def _q5_1(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
 def _q8_0(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
     """Q8_0 keeps each row's elements in groups of four ("quads", (nt, nb, 8, R, 4)): one 32-byte
     load is 8 rows x 4 elements, what vpmaddubsw + vpmaddwd reduce to one int32 per row."""
-    b = _blocks(raw, 34)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q8_0])
     quads = _tiles(b[..., 2:34].reshape(n, -1, 8, 4), n)  # (nt, nb, 8, 4, R)
     return [_tiles(_fp16_field(b, 0), n), np.swapaxes(quads, -1, -2)]
 
@@ -240,14 +245,14 @@ def _k_scales_fields(b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q4_k(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 144)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q4_K])
     dd, sm = _k_scales_fields(b, n)
     q = _k4_nibbles(b[..., 16:144]).reshape(n, -1, 32)
     return [dd, sm, _tiles(_nibble_pack(q), n)]
 
 
 def _q5_k(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 176)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q5_K])
     dd, sm = _k_scales_fields(b, n)
     # bit i of qh[l] is the fifth bit of element 32 * i + l
     h = (b[..., 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # (n, ns, 32 l, 8 i)
@@ -266,7 +271,7 @@ def _q6_k_values(b: np.ndarray) -> np.ndarray:
 
 
 def _q6_k(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
-    b = _blocks(raw, 210)
+    b = _blocks(raw, _LANE_BLOCK_BYTES[Q6_K])
     q = _q6_k_values(b).reshape(n, -1, 32)
     c = (q >> 4).reshape(n, -1, 4, 8)  # crumb of element 8 * i + j
     qh2 = c[..., 0, :] | (c[..., 1, :] << 2) | (c[..., 2, :] << 4) | (c[..., 3, :] << 6)
@@ -289,8 +294,9 @@ _LANE_PACKERS = {
     Q5_K: _q5_k,
     Q6_K: _q6_k,
 }
-_LANE_BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_K: 144, Q5_K: 176, Q6_K: 210}
+_LANE_BLOCK_BYTES = {kind: _FILE_BLOCK[kind][0] for kind in LANE_KINDS}
 _LANE_ELEMS = {
-    kind: (lambda row_bytes, bb=bb, kind=kind: row_bytes // bb * (256 if kind >= Q4_K else 32))
-    for kind, bb in _LANE_BLOCK_BYTES.items()
+    kind: (lambda row_bytes, bb=bb, per=per: row_bytes // bb * per)
+    for kind, (bb, per) in _FILE_BLOCK.items()
+    if kind in LANE_KINDS
 }

@@ -1,4 +1,4 @@
-"""GGML tensor types: sizes, names, and NumPy dequantization to float32.
+"""GGML tensor types: sizes (the table in types.py), names, and NumPy dequantization to float32.
 
 ``dequantize(data, ggml_type)`` takes a tensor exactly as ``gguf.GGUFReader`` exposes it (raw block
 bytes for quantized types, float arrays for F32/F16) and returns float32 with the logical row length.
@@ -7,14 +7,14 @@ Results are bit-for-bit identical to ``gguf.quants.dequantize`` (and to ggml's r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..errors import ModelFormatError
-from .ggml import BLOCK_KERNELS, QK_K, dequant_bf16
+from .ggml import BLOCK_KERNELS, dequant_bf16
+from .types import QUANT_BY_NAME, QUANT_TYPES, QuantType
 
 __all__ = [
+    "QUANT_BY_NAME",
     "QUANT_TYPES",
     "QuantType",
     "dequantize",
@@ -24,33 +24,6 @@ __all__ = [
     "unsupported_message",
 ]
 
-
-@dataclass(frozen=True, slots=True)
-class QuantType:
-    name: str
-    ggml_type: int  # id as in gguf.GGMLQuantizationType
-    block_size: int  # elements per block
-    type_size: int  # bytes per block
-
-
-QUANT_TYPES: dict[int, QuantType] = {
-    qt.ggml_type: qt
-    for qt in (
-        QuantType("F32", 0, 1, 4),
-        QuantType("F16", 1, 1, 2),
-        QuantType("Q4_0", 2, 32, 18),
-        QuantType("Q4_1", 3, 32, 20),
-        QuantType("Q5_0", 6, 32, 22),
-        QuantType("Q5_1", 7, 32, 24),
-        QuantType("Q8_0", 8, 32, 34),
-        QuantType("Q2_K", 10, QK_K, 84),
-        QuantType("Q3_K", 11, QK_K, 110),
-        QuantType("Q4_K", 12, QK_K, 144),
-        QuantType("Q5_K", 13, QK_K, 176),
-        QuantType("Q6_K", 14, QK_K, 210),
-        QuantType("BF16", 30, 1, 2),
-    )
-}
 
 # Rows are dequantized in chunks of about this many output elements, so temporaries stay
 # cache-sized instead of being several times the size of a whole (possibly huge) tensor.
@@ -88,10 +61,7 @@ def _lookup(ggml_type: int) -> QuantType:
 
 def row_bytes(ggml_type: int, n_per_row: int) -> int:
     """Bytes in one row of ``n_per_row`` elements; the row must be a whole number of blocks."""
-    qt = _lookup(ggml_type)
-    if n_per_row % qt.block_size:
-        raise ValueError(f"{qt.name} rows must be a multiple of {qt.block_size} elements, got {n_per_row}")
-    return n_per_row // qt.block_size * qt.type_size
+    return _lookup(ggml_type).row_bytes(n_per_row)
 
 
 def _reinterpret(data: np.ndarray, dtype: np.dtype | str) -> np.ndarray:

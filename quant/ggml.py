@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-QK_K = 256  # elements per super-block of the k-quants
+from .types import QK_K, QUANT_BY_NAME
+
 K_SCALE_SIZE = 12  # bytes of packed 6-bit scales/mins in Q4_K and Q5_K
 
 # Block layouts, field for field as in ggml-common.h.  "<f2" is ggml_half; all little-endian.
@@ -169,18 +170,23 @@ def dequant_q6_k(blocks: np.ndarray) -> np.ndarray:
 
 Dequantizer = Callable[[np.ndarray], np.ndarray]
 
-# Type name -> (block layout, elements per block, dequantizer).  The layout's itemsize is the type size.
+_LAYOUTS: dict[str, tuple[np.dtype, Dequantizer]] = {
+    "Q4_0": (BLOCK_Q4_0, dequant_q4_0),
+    "Q4_1": (BLOCK_Q4_1, dequant_q4_1),
+    "Q5_0": (BLOCK_Q5_0, dequant_q5_0),
+    "Q5_1": (BLOCK_Q5_1, dequant_q5_1),
+    "Q8_0": (BLOCK_Q8_0, dequant_q8_0),
+    "Q2_K": (BLOCK_Q2_K, dequant_q2_k),
+    "Q3_K": (BLOCK_Q3_K, dequant_q3_k),
+    "Q4_K": (BLOCK_Q4_K, dequant_q4_k),
+    "Q5_K": (BLOCK_Q5_K, dequant_q5_k),
+    "Q6_K": (BLOCK_Q6_K, dequant_q6_k),
+}
+
+# Type name -> (block layout, elements per block, dequantizer).  Elements per block come from the
+# type table (types.py); each layout's itemsize is the table's type size (tests check both).
 BLOCK_KERNELS: dict[str, tuple[np.dtype, int, Dequantizer]] = {
-    "Q4_0": (BLOCK_Q4_0, 32, dequant_q4_0),
-    "Q4_1": (BLOCK_Q4_1, 32, dequant_q4_1),
-    "Q5_0": (BLOCK_Q5_0, 32, dequant_q5_0),
-    "Q5_1": (BLOCK_Q5_1, 32, dequant_q5_1),
-    "Q8_0": (BLOCK_Q8_0, 32, dequant_q8_0),
-    "Q2_K": (BLOCK_Q2_K, QK_K, dequant_q2_k),
-    "Q3_K": (BLOCK_Q3_K, QK_K, dequant_q3_k),
-    "Q4_K": (BLOCK_Q4_K, QK_K, dequant_q4_k),
-    "Q5_K": (BLOCK_Q5_K, QK_K, dequant_q5_k),
-    "Q6_K": (BLOCK_Q6_K, QK_K, dequant_q6_k),
+    name: (layout, QUANT_BY_NAME[name].block_size, kernel) for name, (layout, kernel) in _LAYOUTS.items()
 }
 
 

@@ -11,7 +11,15 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from localllm.errors import ModelFormatError
-from localllm.quant import QUANT_TYPES, QuantType, dequantize, is_supported, row_bytes, type_name
+from localllm.quant import (
+    QUANT_BY_NAME,
+    QUANT_TYPES,
+    QuantType,
+    dequantize,
+    is_supported,
+    row_bytes,
+    type_name,
+)
 from localllm.quant.ggml import BLOCK_KERNELS
 
 T = gguf.GGMLQuantizationType
@@ -50,6 +58,28 @@ def test_type_table_matches_gguf() -> None:
         assert gguf.GGML_QUANT_SIZES[T[qt.name]] == (qt.block_size, qt.type_size)
     for name, (layout, block_size, _) in BLOCK_KERNELS.items():
         assert gguf.GGML_QUANT_SIZES[T[name]] == (block_size, layout.itemsize)
+    assert set(BLOCK_KERNELS) == {qt.name for qt in QUANT_TYPES.values() if qt.block_size > 1}
+    assert {name: qt.ggml_type for name, qt in QUANT_BY_NAME.items()} == {
+        qt.name: t for t, qt in QUANT_TYPES.items()
+    }
+
+
+def test_kernels_read_the_type_table() -> None:
+    """The repacker's per-kind block sizes and its integer-kernel kinds come from the one table."""
+    from localllm.kernels import packing
+
+    assert set(packing.KIND_OF_GGML) == set(QUANT_TYPES)
+    for ggml_type, kind in packing.KIND_OF_GGML.items():
+        qt = QUANT_TYPES[ggml_type]
+        assert packing._FILE_BLOCK[kind] == gguf.GGML_QUANT_SIZES[T(ggml_type)][::-1]
+        assert (kind in packing.LANE_KINDS) == qt.int_kernel, qt.name
+
+
+def test_quant_type_row_bytes() -> None:
+    q4_k = QUANT_BY_NAME["Q4_K"]
+    assert q4_k.row_bytes(512) == 288 == row_bytes(T.Q4_K, 512)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        q4_k.row_bytes(300)
 
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
