@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from localllm.errors import ModelFormatError
-from localllm.tokenizer import Tokenizer
+from localllm.tokenizer.base import Tokenizer
 from localllm.tokenizer.pretokenizers import get_pretokenizer
 
 _SHORT_WORD = 12  # symbols; below this a plain scan beats the heap (measured)

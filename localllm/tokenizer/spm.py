@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from localllm.errors import ModelFormatError
-from localllm.tokenizer import Tokenizer
+from localllm.tokenizer.base import Tokenizer
 
 __all__ = ["SPMTokenizer"]
 
