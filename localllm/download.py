@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from localllm import __version__
 from localllm.errors import ChecksumError, DownloadError, ModelNotFoundError
-from localllm.registry import ModelEntry, Source
+from localllm.model_entry import ModelEntry, Source
 
 # Every start resolves its model through here, mostly to find it already cached: the HTTP, zip and
 # Rich stacks (~0.1 s of imports) load only in the functions that transfer or display something.
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 CHUNK = 1 << 20
 PIP_BATCH = 8  # parts per `pip download` call
 TIMEOUT_S = 30.0  # per socket operation; a stalled server becomes a resumable interruption
-USER_AGENT = f"localllm/{__version__}"
 
 
 class _Reader(Protocol):
@@ -355,7 +353,7 @@ def _open(url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
     from urllib.error import HTTPError, URLError
     from urllib.request import Request, urlopen
 
-    request = Request(url, headers={"User-Agent": USER_AGENT, **headers})
+    request = Request(url, headers={"User-Agent": _user_agent(), **headers})
     try:
         return urlopen(request, timeout=TIMEOUT_S)  # noqa: S310 (only http/https specs reach here)
     except HTTPError:
@@ -363,6 +361,17 @@ def _open(url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
     except (URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
         raise DownloadError(f"cannot reach {url}: {reason}.") from None
+
+
+def _user_agent() -> str:
+    # From the installed metadata, not `localllm.__version__`: the package's __init__ lazily imports the
+    # API, which reaches the registry and this module, so importing it back here would close a cycle.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"localllm/{version('localllm')}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "localllm"
 
 
 def _copy_network(resp: _Reader, out: BinaryIO, bar: Progress, task: TaskID) -> int:

