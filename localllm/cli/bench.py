@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from typing import Annotated, Any
@@ -10,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from localllm.cli import bench_modes
 from localllm.cli import common as c
 from localllm.cli.app import app
 
@@ -25,6 +25,8 @@ class _ModelFirstGroup(TyperGroup):
 
 bench_app = typer.Typer(cls=_ModelFirstGroup, invoke_without_command=True, no_args_is_help=False)
 app.add_typer(bench_app, name="bench", help="Benchmarks: offline rates, serving load, batching comparison.")
+bench_app.command("serve")(bench_modes.serve)
+bench_app.command("batching")(bench_modes.batching)
 
 
 def _int_list(text: str) -> list[int]:
@@ -109,10 +111,3 @@ def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -
         rows += [bench.text_generation(n, b) for n in n_gen for b in batches if b > 1]
         print(f"threads={threads}: done", file=sys.stderr)
     return rows
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=str)
-
-
-from localllm.cli import bench_modes  # noqa: E402,F401

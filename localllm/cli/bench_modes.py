@@ -1,5 +1,8 @@
 """`localllm bench serve` (load generator against an OpenAI-compatible server) and `localllm bench batching`
-(continuous vs static batching, paged vs contiguous KV, in-process). Registered on the `bench` group."""
+(continuous vs static batching, paged vs contiguous KV, in-process).
+
+bench.py registers these commands on its `bench` group; this module does not import bench.py back.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from typing import Annotated, Any
 import typer
 
 from localllm.cli import common as c
-from localllm.cli.bench import bench_app
 
 ModelArg = Annotated[
     str | None, typer.Argument(help="A .gguf path or registry name. [default: the default model]")
@@ -54,7 +56,6 @@ def _write_json(path: Path | None, obj: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ serve
 
 
-@bench_app.command("serve")
 def serve(
     model: ModelArg = None,
     url: Url = None,
@@ -205,7 +206,6 @@ def _cores() -> int:
 # ------------------------------------------------------------------------------------------------ batching
 
 
-@bench_app.command("batching")
 def batching(
     model: ModelArg = None,
     num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests in the workload.")] = 32,

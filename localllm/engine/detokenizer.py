@@ -48,21 +48,18 @@ class StopChecker:
 
 
 class Detokenizer:
+    """A request's tokens to printable text deltas, with its stop strings applied."""
+
     def __init__(self, tokenizer: Any, stop: list[str], skip_special: bool = True):
         from localllm.tokenizer.stream import IncrementalDecoder
 
         self.decoder = IncrementalDecoder(tokenizer, skip_special=skip_special)
         self.stop = StopChecker(stop)
-        self.text = ""
 
     def add(self, token_id: int) -> tuple[str, str | None]:
-        out, matched = self.stop.feed(self.decoder.add(token_id))
-        self.text += out
-        return out, matched
+        return self.stop.feed(self.decoder.add(token_id))
 
     def finish(self) -> str:
         """Whatever is held back, at the end of a request that did not stop on a string."""
         out, matched = self.stop.feed(self.decoder.flush())
-        out += "" if matched else self.stop.flush()
-        self.text += out
-        return out
+        return out if matched else out + self.stop.flush()

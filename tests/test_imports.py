@@ -1,0 +1,137 @@
+"""No import cycles among localllm's modules.
+
+Every `import` and `from ... import` in the source tree is read with `ast` (function-level imports
+included, since they still tie two modules together), giving a module graph; any strongly connected
+group of modules is a cycle. Imports under `if TYPE_CHECKING:` never run, so they do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Source folder -> the package name it installs under (see [tool.setuptools] package-dir).
+PACKAGES = {"localllm": "localllm", "kernels": "localllm.kernels", "quant": "localllm.quant"}
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the installed packages."""
+    modules: dict[str, Path] = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((package, *parts))] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement under `node`, at any depth, except those inside `if TYPE_CHECKING:`."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            yield from (n for c in child.orelse for n in _import_nodes_of(c))
+            continue
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        yield from _import_nodes(child)
+
+
+def _import_nodes_of(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+    yield from _import_nodes(node)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from` import names, with relative imports resolved against `module`."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The localllm modules that `module` imports (a `from pkg import sub` counts as pkg.sub)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+            continue
+        target = _absolute(node, module, path.name == "__init__.py")
+        subs = {f"{target}.{alias.name}" for alias in node.names} & known
+        found.update(subs or {target})
+        if len(subs) < len(node.names):  # some names are attributes of `target` itself
+            found.add(target)
+    return {name for name in found if name in known and name != module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {module: imports_of(module, path, known) for module, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_scan_sees_imports_of_every_kind():
+    graph = import_graph()
+    assert "localllm.kernels.packing" in graph and "localllm.quant" in graph
+    # a function-level import (the registry fetches through download only when asked to)
+    assert "localllm.download" in graph["localllm.registry"]
+    # `from localllm.cli import common` is an edge to the submodule
+    assert "localllm.cli.common" in graph["localllm.cli.bench"]
+
+
+def test_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
