@@ -1,15 +1,23 @@
 """GGUF files, memory-mapped: metadata and tensors kept in their quantized form.
 
-The first open goes through the `gguf` package's reader. Its parse of a large vocabulary costs seconds
-(one numpy view per string), so the parsed index (metadata + tensor offsets) is cached, keyed by the
-file's path, size and mtime; later opens read the index and memory-map the file directly.
+The header (metadata and tensor table) is read by a small parser of our own that checks every count
+and string length against the bytes left in the file before it allocates anything, so a damaged or
+hostile file ends in one `ModelFormatError` rather than a hang or a huge allocation; the result is then
+validated (`localllm.gguf_check`) before any tensor is handed out. The `gguf` package stays the
+reference for the format and is what the tests write files with.
+
+Parsing a large vocabulary still costs a fraction of a second, so the index (metadata + tensor table)
+is cached, keyed by the file's path, size and mtime. A cached index is trusted only if a hash of the
+file's header bytes still matches and it passes the same validation, so a tampered file is re-read.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import pickle
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +26,28 @@ import numpy as np
 
 from localllm.errors import ModelFormatError
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 GGML_F32, GGML_F16 = 0, 1  # GGMLQuantizationType values, without importing gguf (~30 ms) to name them
+DEFAULT_ALIGNMENT = 32
+MAX_ALIGNMENT = 1 << 16
+GGUF_STRING, GGUF_ARRAY = 8, 9
+# GGUFValueType -> struct format of a scalar (also a numpy dtype string for arrays of it)
+SCALAR_FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+SMALL_ARRAY = 64  # numeric arrays up to this length become lists, longer ones stay numpy arrays
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dimension, type, offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,21 +63,41 @@ class TensorInfo:
         return self.shape[-1]
 
 
+@dataclass(frozen=True, slots=True)
+class GGUFIndex:
+    """What the header says, plus what it takes to trust a cached copy of it."""
+
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    data_offset: int  # where the tensor data section starts
+    alignment: int
+    header_digest: str  # sha256 of the bytes before data_offset
+
+
 class GGUFFile:
     """A GGUF model file: `metadata` (key -> python value) and `tensors` (name -> TensorInfo)."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo]):
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        tensors: dict[str, TensorInfo],
+        data_offset: int = 0,
+        alignment: int = DEFAULT_ALIGNMENT,
+    ):
         self.path = path
         self.metadata = metadata
         self.tensors = tensors
+        self.data_offset = data_offset
+        self.alignment = alignment
         self._mm = np.memmap(path, dtype=np.uint8, mode="r")
 
     @classmethod
     def open(cls, path: str | os.PathLike, index_dir: Path | None = None) -> GGUFFile:
         path = Path(path)
         _check_header(path)
-        metadata, tensors = _load_index(path, index_dir)
-        return cls(path, metadata, tensors)
+        index = _load_index(path, index_dir)
+        return cls(path, index.metadata, index.tensors, index.data_offset, index.alignment)
 
     @property
     def architecture(self) -> str:
@@ -101,24 +149,45 @@ def _check_header(path: Path) -> None:
         raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the 'GGUF' magic)")
 
 
+# ---------------------------------------------------------------- the cached index
+
+
 def _index_path(path: Path, index_dir: Path) -> Path:
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{INDEX_VERSION}"
     return index_dir / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".pkl")
 
 
-def _load_index(path: Path, index_dir: Path | None) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+def _load_index(path: Path, index_dir: Path | None) -> GGUFIndex:
     cached = _index_path(path, index_dir) if index_dir is not None else None
     if cached is not None and cached.exists():
-        try:
-            with open(cached, "rb") as f:
-                return pickle.load(f)
-        except Exception:  # a stale or damaged cache is rebuilt, never trusted
-            pass
-    index = _read_with_gguf(path)
+        index = _read_cached(cached, path)
+        if index is not None:
+            return index
+    index = read_index(path)
     if cached is not None:
         _write_atomic(cached, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
     return index
+
+
+def _read_cached(cached: Path, path: Path) -> GGUFIndex | None:
+    """The cached index if it still describes the file and passes validation; else None (re-read)."""
+    try:
+        with open(cached, "rb") as f:
+            index = pickle.load(f)
+        if not isinstance(index, GGUFIndex):
+            return None
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if _digest(mm, index.data_offset) != index.header_digest:
+                return None
+            _validate(index, len(mm))
+        return index
+    except Exception:  # a stale, damaged or tampered cache is rebuilt, never trusted
+        return None
+
+
+def _digest(buf: Any, end: int) -> str:
+    return hashlib.sha256(memoryview(buf)[:end]).hexdigest()
 
 
 def _write_atomic(dest: Path, data: bytes) -> None:
@@ -131,38 +200,173 @@ def _write_atomic(dest: Path, data: bytes) -> None:
         pass
 
 
-def _read_with_gguf(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    from gguf import GGUFReader
+def _validate(index: GGUFIndex, file_size: int) -> None:
+    from localllm.gguf_check import check_metadata, check_tensor_ranges
 
-    size = path.stat().st_size
+    check_metadata(index.metadata)
+    check_tensor_ranges(index.tensors.values(), index.data_offset, index.alignment, file_size)
+
+
+# ---------------------------------------------------------------- the bounded parser
+
+
+def read_index(path: Path) -> GGUFIndex:
+    """Parse and validate a GGUF header; every problem is one ModelFormatError naming the file."""
     try:
-        reader = GGUFReader(path, "r")
-    except Exception as e:  # the reader raises many kinds of errors on damaged files
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelFormatError(
-            f"cannot read {path.name}: the GGUF file is truncated or corrupt ({reason})"
-        ) from None
-    metadata = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    tensors = {}
-    for t in reader.tensors:
-        info = TensorInfo(
-            name=t.name,
-            ggml_type=int(t.tensor_type),
-            shape=tuple(int(x) for x in reversed(t.shape.tolist())),
-            offset=int(t.data_offset),
-            nbytes=int(t.n_bytes),
-        )
-        if info.offset + info.nbytes > size:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            index = _parse(_Cursor(mm))
+            _validate(index, len(mm))
+            return index
+    except ModelFormatError as e:
+        raise ModelFormatError(f"{path.name}: {e}") from None
+    except (OSError, ValueError) as e:  # e.g. an empty file cannot be mapped
+        raise ModelFormatError(f"cannot read {path.name}: {e}") from None
+
+
+class _Cursor:
+    """Little-endian reads from a buffer; a read past its end is a ModelFormatError, never a crash."""
+
+    def __init__(self, buf: Any):
+        self.buf = buf
+        self.pos = 0
+        self.end = len(buf)
+
+    def take(self, n: int, what: str) -> int:
+        """Advance past n bytes; returns where they start."""
+        if n > self.end - self.pos:
             raise ModelFormatError(
-                f"{path.name} is truncated: tensor '{t.name}' ends at byte {info.offset + info.nbytes:,} "
-                f"but the file has {size:,} bytes"
+                f"the file is truncated or corrupt: {what} needs {n:,} bytes at byte {self.pos:,} "
+                f"but only {self.end - self.pos:,} remain"
             )
-        tensors[t.name] = info
-    return metadata, tensors
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        size = struct.calcsize(fmt)
+        return struct.unpack_from(fmt, self.buf, self.take(size, what))[0]
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"the length of {what}")
+        start = self.take(n, what)
+        return str(self.buf[start : start + n], "utf-8", "replace")
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        """A count read from the file, refused when its items could not fit in the bytes left."""
+        n = self.u64(what)
+        if n * min_item_bytes > self.end - self.pos:
+            raise ModelFormatError(
+                f"{what} is {n:,}, more than the {self.end - self.pos:,} bytes left in the file can hold"
+            )
+        return n
 
 
-def _field_value(field: Any) -> Any:
-    value = field.contents()
-    if isinstance(value, list) and value and isinstance(value[0], (int, float)) and len(value) > 64:
-        return np.asarray(value)  # token types / scores: compact and fast to pickle
+def _parse(cur: _Cursor) -> GGUFIndex:
+    cur.take(4, "the magic")
+    version = cur.u32("the version")
+    if version not in (2, 3):
+        hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
+        raise ModelFormatError(f"GGUF version {version} is not supported{hint}; expected 2 or 3")
+    n_tensors = cur.u64("the tensor count")
+    n_kv = cur.count("the metadata key count", MIN_KV_BYTES)
+    metadata = _read_metadata(cur, n_kv)
+    if n_tensors * MIN_TENSOR_INFO_BYTES > cur.end - cur.pos:
+        raise ModelFormatError(f"the tensor count {n_tensors:,} is more than the file can hold")
+    alignment = _alignment(metadata)
+    infos = [_read_tensor_info(cur, i) for i in range(n_tensors)]
+    data_offset = -(-cur.pos // alignment) * alignment
+    if infos and data_offset > cur.end:
+        raise ModelFormatError("the file is truncated: it ends before its tensor data section")
+    tensors = _tensor_table(infos, data_offset)
+    return GGUFIndex(metadata, tensors, data_offset, alignment, _digest(cur.buf, min(data_offset, cur.end)))
+
+
+def _read_metadata(cur: _Cursor, n_kv: int) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key {i}")
+        value = _read_value(cur, cur.u32(f"the type of '{key}'"), f"'{key}'")
+        if key in metadata:
+            raise ModelFormatError(f"metadata key '{key}' appears twice")
+        metadata[key] = value
+    return metadata
+
+
+def _read_value(cur: _Cursor, vtype: int, what: str) -> Any:
+    if vtype == GGUF_STRING:
+        return cur.string(f"the value of {what}")
+    if vtype == GGUF_ARRAY:
+        return _read_array(cur, what)
+    fmt = SCALAR_FORMATS.get(vtype)
+    if fmt is None:
+        raise ModelFormatError(f"metadata {what} has unknown value type {vtype}")
+    return cur.scalar(fmt, f"the value of {what}")
+
+
+def _read_array(cur: _Cursor, what: str) -> Any:
+    item_type = cur.u32(f"the item type of {what}")
+    if item_type == GGUF_STRING:
+        return _read_strings(cur, cur.count(f"the length of {what}", 8), what)
+    fmt = SCALAR_FORMATS.get(item_type)
+    if fmt is None:  # nested arrays included: no model uses them and llama.cpp rejects them too
+        raise ModelFormatError(f"metadata {what} is an array of unsupported item type {item_type}")
+    dtype = np.dtype(fmt)
+    n = cur.count(f"the length of {what}", dtype.itemsize)
+    values = np.frombuffer(cur.buf, dtype, n, cur.take(n * dtype.itemsize, what)).copy()
+    return values.tolist() if n <= SMALL_ARRAY or dtype.kind == "b" else values
+
+
+def _read_strings(cur: _Cursor, n: int, what: str) -> list[str]:
+    # the hot loop of a vocabulary (up to ~262k strings), so the cursor's checks are inlined
+    buf, pos, end, out = cur.buf, cur.pos, cur.end, []
+    unpack = struct.Struct("<Q").unpack_from
+    for i in range(n):
+        if end - pos < 8 or unpack(buf, pos)[0] > end - pos - 8:
+            raise ModelFormatError(
+                f"the file is truncated or corrupt: string {i} of {what} runs past its end"
+            )
+        length = unpack(buf, pos)[0]
+        out.append(str(buf[pos + 8 : pos + 8 + length], "utf-8", "replace"))
+        pos += 8 + length
+    cur.pos = pos
+    return out
+
+
+def _alignment(metadata: dict[str, Any]) -> int:
+    value = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ALIGNMENT
+    if not ok or value & (value - 1):
+        raise ModelFormatError(f"metadata key 'general.alignment' is {value!r}; expected a power of two")
     return value
+
+
+def _read_tensor_info(cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], int, int]:
+    from localllm.gguf_check import MAX_DIMS
+
+    name = cur.string(f"the name of tensor {i}")
+    n_dims = cur.u32(f"the dimension count of tensor '{name}'")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise ModelFormatError(f"tensor '{name}' has {n_dims} dimensions; expected 1 to {MAX_DIMS}")
+    dims = tuple(cur.u64(f"a dimension of tensor '{name}'") for _ in range(n_dims))
+    ggml_type = cur.u32(f"the type of tensor '{name}'")
+    offset = cur.u64(f"the offset of tensor '{name}'")
+    return name, tuple(reversed(dims)), ggml_type, offset  # GGUF lists ne[0] (the row length) first
+
+
+def _tensor_table(
+    infos: list[tuple[str, tuple[int, ...], int, int]], data_offset: int
+) -> dict[str, TensorInfo]:
+    from localllm.gguf_check import tensor_nbytes
+
+    tensors: dict[str, TensorInfo] = {}
+    for name, shape, ggml_type, offset in infos:
+        if name in tensors:
+            raise ModelFormatError(f"tensor '{name}' appears twice")
+        nbytes = tensor_nbytes(name, ggml_type, shape)
+        tensors[name] = TensorInfo(name, ggml_type, shape, data_offset + offset, nbytes)
+    return tensors
