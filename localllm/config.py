@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from localllm.errors import ConfigError
 
@@ -55,6 +57,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     index_dir: Path | None = None  # where parsed GGUF indexes and repacked weights are cached
     max_default_ctx: int = 4096
+    # The model's models.toml defaults (only the sampling keys are read): what a request that leaves a
+    # sampling value unset gets, before the built-in default (see sampling_params.resolve_sampling).
+    sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.backend not in ("numba", "numpy", "torch"):

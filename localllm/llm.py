@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +15,21 @@ from localllm.sampling_params import SamplingParams
 
 def resolve_model_path(model: str, home: Path | None = None, progress: bool = True) -> Path:
     """A .gguf path as is; a registry name or URL is pulled into the cache on first use."""
+    return resolve_with_defaults(model, home, progress)[0]
+
+
+def resolve_with_defaults(
+    model: str | None, home: Path | None = None, progress: bool = True
+) -> tuple[Path, dict[str, Any]]:
+    """The model file (pulled on first use; None = the registry's default model) and its models.toml
+    defaults ({} for a plain path or URL)."""
     from localllm.registry import default_home, default_user_registry, load_registry, resolve_model
 
-    home = home or default_home()
-    return resolve_model(model, home, load_registry(default_user_registry()), progress=progress).path
+    registry = load_registry(default_user_registry())
+    resolved = resolve_model(
+        model or registry.default_model, home or default_home(), registry, progress=progress
+    )
+    return resolved.path, resolved.entry.defaults.as_dict() if resolved.entry is not None else {}
 
 
 def default_numba_cache(home: Path) -> None:
@@ -36,43 +49,60 @@ def default_numba_cache(home: Path) -> None:
     os.environ.setdefault("NUMBA_CACHE_DIR", str(home / "numba_cache" / digest.hexdigest()[:16]))
 
 
+# A SamplingParams is used as given; a mapping (or None) sets only some values, and the rest come from
+# the model's defaults (models.toml, then the GGUF), then the built-ins, as in the CLI and the server.
+Params = SamplingParams | Mapping[str, Any] | None
+
+
 class LLM:
     """Load a model once and generate from it.
 
     >>> llm = LLM("smollm2-135m-instruct")
-    >>> out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
+    >>> out = llm.generate(["The capital of France is"], {"temperature": 0, "max_tokens": 8})
     >>> out[0].text
+
+    `chat_template` (a name like "chatml", Jinja text or a file) overrides the model's template.
     """
 
-    def __init__(self, model: str | os.PathLike, **engine_options: Any):
+    def __init__(self, model: str | os.PathLike, chat_template: str | None = None, **engine_options: Any):
         from localllm.engine.engine import LLMEngine
         from localllm.registry import default_home
+        from localllm.tokenizer.chat_template import chat_template_source
 
         home = default_home()
         default_numba_cache(home)
-        path = resolve_model_path(str(model), home)
+        path, defaults = resolve_with_defaults(str(model), home)
+        source = chat_template_source(chat_template, defaults.get("chat_template"))  # a bad file: fail now
         engine_options.setdefault("index_dir", home / "index")
+        engine_options.setdefault("sampling_defaults", defaults)
         self.engine = LLMEngine(EngineConfig(model=str(path), **engine_options))
         self.tokenizer = self.engine.tokenizer
+        self.name = path.name
+        self._template_source = source
+
+    def sampling_params(self, **given: Any) -> SamplingParams:
+        """`given` completed by the model's defaults, then the built-ins: what `generate` uses for a dict."""
+        return self.engine.sampling_params(given)
 
     def generate(
-        self,
-        prompts: str | list[str] | list[list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
+        self, prompts: str | list[str] | list[list[int]], params: Params | list[SamplingParams] = None
     ) -> list[RequestOutput]:
         if isinstance(prompts, str):
             prompts = [prompts]
         return self.engine.generate(list(prompts), params)
 
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> RequestOutput:
-        """One assistant reply to `messages`, through the model's chat template."""
+    def chat(self, messages: list[dict[str, str]], params: Params = None) -> RequestOutput:
+        """One assistant reply to `messages`, through the chat template."""
         return self.engine.generate([self.apply_chat_template(messages)], params)[0]
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        from localllm.errors import LocalLLMError
-        from localllm.tokenizer.chat_template import ChatTemplate, apply_chat_template
+    @functools.cached_property
+    def chat_template(self) -> Any:
+        """The ChatTemplate `chat` renders with (resolve_chat_template's rule); raises if there is none."""
+        from localllm.tokenizer.chat_template import require_chat_template
 
-        template = ChatTemplate.from_metadata(self.engine.gguf.metadata)
-        if template is None:
-            raise LocalLLMError("this model has no chat template; use a raw prompt instead")
-        return apply_chat_template(self.tokenizer, template, messages)
+        return require_chat_template(self.engine.gguf.metadata, self.name, configured=self._template_source)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        from localllm.tokenizer.chat_template import apply_chat_template
+
+        return apply_chat_template(self.tokenizer, self.chat_template, messages)

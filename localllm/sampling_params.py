@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from localllm.errors import LocalLLMError
+
+# The keys a model may set defaults for (models.toml `[models.NAME.defaults]`, GGUF general.sampling.*).
+MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens")
+# Built-in defaults of `run` and the Python API where neither the caller nor the model sets a value
+# (llama.cpp's sampling).  `chat` differs only in max_tokens (a reply runs to the end of its turn).
+BUILTIN_DEFAULTS: Mapping[str, Any] = {
+    "temperature": 0.8,
+    "top_p": 0.95,
+    "top_k": 40,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+    "max_tokens": 256,
+}
+CHAT_DEFAULTS: Mapping[str, Any] = {**BUILTIN_DEFAULTS, "max_tokens": None}
+# The server's built-ins are OpenAI's: clients expect temperature 1, top_p 1 and no length limit.
+OPENAI_DEFAULTS: Mapping[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repeat_penalty": 1.0,
+    "max_tokens": None,
+}
+UNTIL_CONTEXT = -1  # max_tokens = -1: generate until the context is full (the CLI's `-n -1`)
+# GGUF metadata keys (written by recent converters from generation_config.json) -> our fields.
+GGUF_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repeat_penalty",
+}
 
 
 @dataclass(slots=True)
@@ -50,3 +85,50 @@ class SamplingParams:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise LocalLLMError(message)
+
+
+def model_sampling_defaults(
+    configured: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A model's own sampling defaults: its models.toml entry's keys over the GGUF's general.sampling.*
+    ones.  Other keys of `configured` (context, chat_template, ...) are ignored here."""
+    values = _gguf_sampling(metadata or {})
+    values.update({k: v for k, v in (configured or {}).items() if k in MODEL_DEFAULT_KEYS and v is not None})
+    return values
+
+
+def _gguf_sampling(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The GGUF's sampling keys that make sense; a bad value in a file must not fail every request."""
+    values: dict[str, Any] = {}
+    for key, name in GGUF_SAMPLING_KEYS.items():
+        raw = metadata.get(key)
+        try:
+            value = int(raw) if name == "top_k" else float(raw)
+            if math.isfinite(value):
+                SamplingParams(**{name: value})  # validates the range
+                values[name] = value
+        except (TypeError, ValueError, LocalLLMError):
+            continue
+    return values
+
+
+def resolve_sampling(
+    given: Mapping[str, Any],
+    model_defaults: Mapping[str, Any] | None = None,
+    builtin: Mapping[str, Any] = BUILTIN_DEFAULTS,
+) -> SamplingParams:
+    """The one rule every front end applies: a value the caller gives (a flag, a request field, a
+    keyword; None = not given) > the model's default (models.toml, then the GGUF) > `builtin`.
+
+    `given` may hold any SamplingParams field; max_tokens = -1 means "until the context is full".
+    """
+    names = {f.name for f in fields(SamplingParams)}
+    unknown = set(given) - names
+    if unknown:
+        raise LocalLLMError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
+    values = dict(builtin)
+    values.update({k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULT_KEYS})
+    values.update({k: v for k, v in given.items() if v is not None})
+    if values.get("max_tokens") == UNTIL_CONTEXT:
+        values["max_tokens"] = None
+    return SamplingParams(**values)

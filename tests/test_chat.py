@@ -13,11 +13,12 @@ import pytest
 from rich.console import Console
 
 from localllm.chat.repl import ChatRepl, format_stats, looks_like_markdown, printable, read_message
-from localllm.chat.session import ChatSession, chat_template_text, load_template
+from localllm.chat.session import ChatSession
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
 from localllm.errors import ContextLengthExceededError, LocalLLMError
 from localllm.sampling_params import SamplingParams
+from localllm.tokenizer.chat_template import require_chat_template, template_text
 
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -31,7 +32,7 @@ def engine(tiny_model_path, index_dir):
 
 
 def new_session(engine, system=None, max_model_len=None) -> ChatSession:
-    template = load_template(engine.gguf.metadata, "tiny")
+    template = require_chat_template(engine.gguf.metadata, "tiny")
     return ChatSession(engine.tokenizer, template, max_model_len or engine.max_model_len, system)
 
 
@@ -99,7 +100,7 @@ def test_a_message_too_long_for_the_context_is_refused_and_forgotten(engine):
     session = new_session(engine, system="sys", max_model_len=64)
     reply(session, engine, "hi", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     before = [dict(m) for m in session.messages]
-    with pytest.raises(ContextLengthExceededError, match="context holds 64"):
+    with pytest.raises(ContextLengthExceededError, match="maximum context length is 64 tokens"):
         session.prepare("word " * 200)
     assert session.messages == before
 
@@ -247,8 +248,8 @@ def test_model_without_template_is_refused_unless_one_is_given(tmp_path, monkeyp
     )
     assert ok.returncode == 0, ok.stderr
     with pytest.raises(LocalLLMError, match="cannot read the chat template file"):
-        chat_template_text(str(tmp_path / "nope.jinja"))
-    assert "<|im_start|>" in chat_template_text("chatml") and chat_template_text("{{ x }}") == "{{ x }}"
+        template_text(str(tmp_path / "nope.jinja"))
+    assert "<|im_start|>" in template_text("chatml") and template_text("{{ x }}") == "{{ x }}"
 
 
 def test_live_reply_ends_as_markdown_on_a_terminal():

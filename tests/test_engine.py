@@ -7,9 +7,9 @@ import pytest
 from engine_scenarios import alone, run_with_arrivals
 
 from localllm.config import EngineConfig
-from localllm.engine.engine import LLMEngine, score_tokens
+from localllm.engine.engine import LLMEngine, check_context_length, score_tokens
 from localllm.errors import ContextLengthExceededError, LocalLLMError
-from localllm.sampling_params import SamplingParams
+from localllm.sampling_params import BUILTIN_DEFAULTS, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -87,8 +87,51 @@ def test_context_limit_ends_with_length(tiny_model_path, index_dir):
 
 def test_long_prompt_rejected_not_truncated(tiny_model_path, index_dir):
     small = make_engine(tiny_model_path, index_dir, ctx_size=32)
-    with pytest.raises(ContextLengthExceededError, match="40 tokens"):
-        small.add_request(list(range(3, 43)))
+    with pytest.raises(ContextLengthExceededError, match="resulted in 40 tokens"):
+        small.add_request(list(range(3, 43)), {"max_tokens": -1})  # -1: until the context is full
+
+
+def test_prompt_plus_max_tokens_check(tiny_model_path, index_dir):
+    """The one rule in OpenAI's words: with max_tokens (as the server asks), prompt + max_tokens must fit."""
+    small = make_engine(tiny_model_path, index_dir, ctx_size=32)
+    with pytest.raises(ContextLengthExceededError) as e:
+        small.check_prompt(20, 13)
+    assert str(e.value) == (
+        "This model's maximum context length is 32 tokens. However, you requested 33 tokens "
+        "(20 in the prompt, 13 in the completion). Please reduce the length of the prompt or completion."
+    )
+    assert e.value.code == "context_length_exceeded"
+    small.check_prompt(20, 12)
+    with pytest.raises(ContextLengthExceededError, match="your prompt resulted in 32 tokens"):
+        small.add_request(list(range(3, 35)), SamplingParams(max_tokens=1))
+
+
+def test_check_context_length_wording():
+    with pytest.raises(ContextLengthExceededError, match=r"\(90 in the messages, 20 in the completion\)"):
+        check_context_length(100, 90, 20, "messages")
+    with pytest.raises(ContextLengthExceededError, match="your messages resulted in 100 tokens"):
+        check_context_length(100, 100, None, "messages")
+    with pytest.raises(LocalLLMError, match="the messages are empty"):
+        check_context_length(100, 0, None, "messages")
+    check_context_length(100, 80, 20)
+    check_context_length(100, 99, None)
+
+
+def test_sampling_defaults_rule(tiny_model_path, index_dir):
+    """A value given > the model's models.toml default > the built-in; SamplingParams are used as given."""
+    toml = {"temperature": 0.3, "top_k": 5, "max_tokens": 7, "context": 99, "system": "x"}
+    eng = make_engine(tiny_model_path, index_dir, sampling_defaults=toml)
+    assert eng.sampling_defaults == {"temperature": 0.3, "top_k": 5, "max_tokens": 7}
+    params = eng.sampling_params({"top_k": 9, "min_p": None})
+    assert (params.temperature, params.top_k, params.max_tokens) == (0.3, 9, 7)
+    assert (params.top_p, params.min_p) == (BUILTIN_DEFAULTS["top_p"], BUILTIN_DEFAULTS["min_p"])
+    rid = eng.add_request([5, 6, 7], {"seed": 1})
+    assert eng.requests[rid].seq.params.max_tokens == 7 and eng.requests[rid].seq.params.seed == 1
+    explicit = SamplingParams(temperature=0.9)
+    rid = eng.add_request([5, 6, 7], explicit)
+    assert eng.requests[rid].seq.params is explicit
+    for request_id in list(eng.requests):
+        eng.abort(request_id)
 
 
 def test_empty_prompt_rejected(engine):

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localllm.engine.engine import check_context_length
 from localllm.engine.output import StepOutput
-from localllm.errors import ContextLengthExceededError, LocalLLMError
+from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
 
 ROLES = ("system", "user", "assistant")
@@ -173,12 +174,7 @@ class ChatSession:
                 break
             turns, messages = turns + 1, messages + removed
             text, ids = self.encode(self.messages)
-        if len(ids) >= self.max_model_len:
-            what = "your message" if self.system is None else "your message with the system prompt"
-            raise ContextLengthExceededError(
-                f"{what} takes {len(ids)} tokens but the context holds {self.max_model_len} "
-                "(raise --ctx-size or shorten it)."
-            )
+        check_context_length(self.max_model_len, len(ids), None, "messages")  # the engine's rule
         prompt = Prompt(ids, text, turns, messages, first_len - len(ids), undo)
         self._remember(text, ids)
         self.last_prompt = prompt
@@ -295,47 +291,6 @@ class ChatSession:
         if self.system is None and system:
             self.set_system(system)
         return len(messages)
-
-
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-NAMED_TEMPLATES = {"chatml": CHATML}
-
-
-def chat_template_text(value: str) -> str:
-    """--chat-template's value as template text: a built-in name ("chatml"), Jinja text, or a file."""
-    from localllm.registry import is_template_text
-
-    if value.lower() in NAMED_TEMPLATES:
-        return NAMED_TEMPLATES[value.lower()]
-    if is_template_text(value):
-        return value
-    path = Path(value).expanduser()
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise LocalLLMError(
-            f"cannot read the chat template file {path}: {e.strerror} (pass a file, Jinja text or 'chatml')."
-        ) from None
-
-
-def load_template(metadata: Any, model_name: str, override: str | None = None) -> Any:
-    """The ChatTemplate to chat with: `override` (text, file or name), else the model's own.
-    A model with neither is refused in one sentence."""
-    from localllm.tokenizer.chat_template import ChatTemplate
-
-    template = ChatTemplate.from_metadata(
-        metadata, override=chat_template_text(override) if override else None
-    )
-    if template is None:
-        raise LocalLLMError(
-            f"{model_name} has no chat template (is it a base model?); pass --chat-template with a Jinja "
-            "template, a template file or 'chatml', or use `localllm run --raw` for plain completion."
-        )
-    return template
 
 
 def parse_messages(data: Any, origin: str) -> list[dict[str, Any]]:

@@ -10,6 +10,11 @@ import typer
 from localllm.cli import common as c
 from localllm.cli.app import app
 
+HINT = (
+    "pass --chat-template with a Jinja template, a template file or 'chatml', or use "
+    "`localllm run --raw` for plain completion"
+)
+
 
 @app.command()
 def chat(
@@ -20,13 +25,7 @@ def chat(
         ),
     ] = None,
     system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
-    chat_template: Annotated[
-        str | None,
-        typer.Option(
-            "--chat-template",
-            help="Jinja template text, a file holding one, or 'chatml' (for models without one).",
-        ),
-    ] = None,
+    chat_template: c.ChatTemplateOption = None,
     temperature: c.Temperature = None,
     top_p: c.TopP = None,
     top_k: c.TopK = None,
@@ -62,20 +61,19 @@ def chat(
 
       localllm chat base-model.gguf --chat-template chatml
     """
-    from localllm.chat.session import ChatSession, load_template
+    from localllm.chat.session import ChatSession
     from localllm.engine.async_engine import AsyncEngine
     from localllm.engine.engine import LLMEngine
     from localllm.gguf_file import GGUFFile
+    from localllm.sampling_params import CHAT_DEFAULTS
+    from localllm.tokenizer.chat_template import require_chat_template
 
     interactive = sys.stdin.isatty()
     path, defaults = c.resolve(model)
-    template_override = chat_template or defaults.get("chat_template")
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
-    load_template(metadata, path.name, template_override)  # refuse a model without a template now
-    if max_tokens is None and "max_tokens" not in defaults:
-        max_tokens = -1  # a chat reply runs until the model ends its turn (or the context is full)
-    params = c.sampling_params(
-        defaults,
+    # Refuse a model without a template now, before the load.
+    template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
+    flags = dict(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -87,8 +85,9 @@ def chat(
         max_tokens=max_tokens,
         stop=stop or None,
     )
+    c.check_sampling_flags(flags)
     ctx = ctx_size or int(defaults.get("context") or 0)
-    config = c.engine_config(path, backend, threads, ctx, max_num_seqs=1)
+    config = c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1)
     if interactive:
         from rich.console import Console
 
@@ -97,7 +96,7 @@ def chat(
     else:
         with c.loading(backend):
             engine = LLMEngine(config)
-    template = load_template(engine.gguf.metadata, path.name, template_override)
+    params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # a reply runs to the end of its turn
     session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
     runner = AsyncEngine(engine)
     counter = iter(range(1 << 62))

@@ -6,7 +6,7 @@ import contextlib
 import gc
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,8 +32,13 @@ MaxTokens = Annotated[
     typer.Option("--max-tokens", "-n", help="Tokens to generate (default 256; -1 = until context)."),
 ]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")]
-
-SAMPLING_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
+ChatTemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template",
+        help="Jinja template text, a file holding one, or 'chatml' (for models without one).",
+    ),
+]
 
 
 def model_home() -> Path:
@@ -42,7 +47,15 @@ def model_home() -> Path:
     return default_home()
 
 
-def engine_config(model_path: Path, backend: str, threads: int, ctx_size: int, **extra: Any) -> Any:
+def engine_config(
+    model_path: Path,
+    backend: str,
+    threads: int,
+    ctx_size: int,
+    defaults: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> Any:
+    """The engine's configuration; `defaults` (the models.toml entry's) give its sampling defaults."""
     from localllm.config import EngineConfig
 
     return EngineConfig(
@@ -51,6 +64,7 @@ def engine_config(model_path: Path, backend: str, threads: int, ctx_size: int, *
         threads=threads,
         ctx_size=ctx_size,
         index_dir=model_home() / "index",
+        sampling_defaults=dict(defaults or {}),
         **extra,
     )
 
@@ -81,27 +95,25 @@ def loading(backend: str) -> Iterator[None]:
             gc.enable()
 
 
-def sampling_params(model_defaults: dict[str, Any], **flags: Any) -> Any:
-    """Flags given on the command line win over the model's defaults, which win over ours."""
-    from localllm.sampling_params import SamplingParams
+def check_sampling_flags(flags: Mapping[str, Any]) -> None:
+    """Refuse a bad flag value (--top-p 2) before the model loads, not after."""
+    from localllm.sampling_params import resolve_sampling
 
-    values = dict(SAMPLING_DEFAULTS)
-    values.update({k: v for k, v in model_defaults.items() if k in SamplingParams.__dataclass_fields__})
-    values.update({k: v for k, v in flags.items() if v is not None})
-    if values.get("max_tokens") == -1:
-        values["max_tokens"] = None
-    values.setdefault("max_tokens", 256)
-    return SamplingParams(**values)
+    resolve_sampling(flags)
+
+
+def sampling_params(engine: Any, flags: Mapping[str, Any], builtin: Mapping[str, Any] | None = None) -> Any:
+    """Flags given on the command line > the model's defaults (models.toml, then the GGUF) > `builtin`:
+    resolve_sampling's rule, the same the Python API and the server apply."""
+    from localllm.sampling_params import BUILTIN_DEFAULTS
+
+    return engine.sampling_params(flags, BUILTIN_DEFAULTS if builtin is None else builtin)
 
 
 def resolve(model: str | None) -> tuple[Path, dict[str, Any]]:
     """The model file (pulled on first use) and its registry defaults."""
-    from localllm.llm import default_numba_cache
-    from localllm.registry import default_user_registry, load_registry, resolve_model
+    from localllm.llm import default_numba_cache, resolve_with_defaults
 
     home = model_home()
     default_numba_cache(home)
-    registry = load_registry(default_user_registry())
-    resolved = resolve_model(model or registry.default_model, home, registry)
-    defaults = resolved.entry.defaults.as_dict() if resolved.entry is not None else {}
-    return resolved.path, defaults
+    return resolve_with_defaults(model, home)

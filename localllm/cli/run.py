@@ -19,6 +19,7 @@ def run(
     ],
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = True,
     system: Annotated[str | None, typer.Option("--system", help="System prompt (chat mode).")] = None,
+    chat_template: c.ChatTemplateOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming.")
     ] = False,
@@ -44,16 +45,16 @@ def run(
 
       localllm run smollm2-135m-instruct "Write a haiku" --temperature 0 -n 64
 
-      localllm run model.gguf "The capital of France is" --raw --json
+      localllm run base-model.gguf "Write a haiku" --chat-template chatml
     """
     from localllm.engine.engine import LLMEngine
+    from localllm.tokenizer.chat_template import chat_template_source
 
     if len(args) > 2:
         raise typer.BadParameter("expected [MODEL] PROMPT (quote a prompt that has spaces)")
     model, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
     path, defaults = c.resolve(model)
-    params = c.sampling_params(
-        defaults,
+    flags = dict(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -65,10 +66,14 @@ def run(
         max_tokens=max_tokens,
         stop=stop or None,
     )
-    config = c.engine_config(path, backend, threads, ctx_size or defaults.get("context", 0), max_num_seqs=1)
+    c.check_sampling_flags(flags)
+    template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
+    ctx = ctx_size or defaults.get("context", 0)
+    config = c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1)
     with c.loading(backend):
         engine = LLMEngine(config)
-    prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), defaults)
+    params = c.sampling_params(engine, flags)
+    prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), template)
     outputs = []
     for out in engine.stream(prompt_ids, params):
         outputs.append(out)
@@ -78,11 +83,12 @@ def run(
     _report(outputs, prompt_ids, as_json)
 
 
-def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, defaults: dict) -> list[int]:
-    from localllm.tokenizer.chat_template import ChatTemplate, apply_chat_template
+def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, source: str | None) -> list[int]:
+    """The chat-templated prompt; the raw prompt with --raw or for a model with no template at all."""
+    from localllm.tokenizer.chat_template import apply_chat_template, resolve_chat_template
 
-    template = ChatTemplate.from_metadata(engine.gguf.metadata, override=defaults.get("chat_template"))
-    if not chat or template is None:
+    template = resolve_chat_template(engine.gguf.metadata, configured=source) if chat else None
+    if template is None:
         return engine.tokenize_prompt(prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,16 @@ from localllm.engine.scheduler import Scheduler
 from localllm.engine.sequence import Sequence
 from localllm.errors import ContextLengthExceededError, LocalLLMError
 from localllm.sampler import make_generator
-from localllm.sampling_params import SamplingParams
+from localllm.sampling_params import (
+    BUILTIN_DEFAULTS,
+    SamplingParams,
+    model_sampling_defaults,
+    resolve_sampling,
+)
+
+# What add_request takes as params: complete SamplingParams (used as given), or the values to set
+# (a mapping, or None for none), completed by the model's defaults and then the built-ins.
+Params = SamplingParams | Mapping[str, Any] | None
 
 
 @dataclass(slots=True)
@@ -44,6 +53,7 @@ class LLMEngine:
         self.backend = make_backend(config.backend, config.num_threads)
         self.model = self._load_model(load_model)
         self.args = self.model.args
+        self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
         self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
         num_blocks = self._num_blocks()
         self.kv_cache = KVCache(
@@ -59,15 +69,13 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
-        if hasattr(self.backend, "warmup"):
-            self.backend.warmup(self.model)
+        self.backend.warmup(self.model)
 
     def _load_model(self, load_model: Any) -> Any:
         """The model, its packed weights read from the backend's disk cache when it has one."""
-        cache = getattr(self.backend, "weight_cache", None)
-        if cache is None or self.config.index_dir is None:
+        if self.config.index_dir is None:
             return load_model(self.gguf, self.backend)
-        with cache(self.gguf, self.config.index_dir):
+        with self.backend.weight_cache(self.gguf, self.config.index_dir):
             return load_model(self.gguf, self.backend)
 
     def _num_blocks(self) -> int:
@@ -88,16 +96,20 @@ class LLMEngine:
     def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
 
+    def sampling_params(
+        self, given: Mapping[str, Any] | None = None, builtin: Mapping[str, Any] = BUILTIN_DEFAULTS
+    ) -> SamplingParams:
+        """`given` completed by this model's defaults, then `builtin` (resolve_sampling's one rule)."""
+        return resolve_sampling(given or {}, self.sampling_defaults, builtin)
+
     def add_request(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
+        self, prompt: str | list[int], params: Params = None, request_id: str | None = None
     ) -> str:
         """Queue a request; returns its id. Rejects prompts that cannot fit the context."""
-        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            params = self.sampling_params(params)
         ids = self.tokenize_prompt(prompt) if isinstance(prompt, str) else list(prompt)
-        self.check_prompt(len(ids))
+        self.check_prompt(len(ids))  # max_tokens is a cap here: generation also stops at the context
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise LocalLLMError(f"request id '{request_id}' is already in use")
@@ -110,14 +122,9 @@ class LLMEngine:
         self.scheduler.add(seq)
         return request_id
 
-    def check_prompt(self, num_tokens: int) -> None:
-        if num_tokens == 0:
-            raise LocalLLMError("the prompt is empty")
-        if num_tokens >= self.max_model_len:
-            raise ContextLengthExceededError(
-                f"the prompt has {num_tokens} tokens but the context holds {self.max_model_len} "
-                "(raise --ctx-size or shorten the prompt)"
-            )
+    def check_prompt(self, num_tokens: int, max_tokens: int | None = None, what: str = "prompt") -> None:
+        """Raises when `num_tokens` of prompt plus `max_tokens` cannot fit this engine's context."""
+        check_context_length(self.max_model_len, num_tokens, max_tokens, what)
 
     def abort(self, request_id: str) -> StepOutput | None:
         """Stop a request now and free its KV blocks."""
@@ -192,7 +199,7 @@ class LLMEngine:
             elapsed=now - seq.arrival_time,
         )
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StepOutput]:
+    def stream(self, prompt: str | list[int], params: Params = None) -> Iterator[StepOutput]:
         """Run one request to the end, yielding its outputs (other queued requests advance too)."""
         request_id = self.add_request(prompt, params)
         try:
@@ -209,10 +216,10 @@ class LLMEngine:
                         return
 
     def generate(
-        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+        self, prompts: list[str | list[int]], params: Params | list[SamplingParams] = None
     ) -> list[RequestOutput]:
         """Run every prompt to completion (continuously batched) and return results in prompt order."""
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
         prompt_ids = {i: self.requests[i].seq.prompt_token_ids for i in ids}
         collected: dict[str, list[StepOutput]] = {i: [] for i in ids}
@@ -224,6 +231,28 @@ class LLMEngine:
                     if out.finished:
                         pending.discard(out.request_id)
         return [collect_request_output(i, prompt_ids[i], collected[i]) for i in ids]
+
+
+def check_context_length(limit: int, num_prompt: int, max_tokens: int | None, what: str = "prompt") -> None:
+    """The one prompt-length rule, in OpenAI's words: the prompt (`what`: "prompt" or "messages") must
+    leave room for a token, and prompt plus `max_tokens`, when given, must fit the `limit`-token context.
+
+    The engine applies it to every request without max_tokens (there max_tokens is a cap and generation
+    also stops at the context, as in llama.cpp); the server passes the request's max_tokens, as OpenAI
+    holds a request to it, and the chat session checks its trimmed prompt with it."""
+    if num_prompt == 0:
+        raise LocalLLMError(f"the {what} {'are' if what.endswith('s') else 'is'} empty")
+    head = f"This model's maximum context length is {limit} tokens. However, "
+    if max_tokens is not None and num_prompt + max_tokens > limit:
+        raise ContextLengthExceededError(
+            f"{head}you requested {num_prompt + max_tokens} tokens ({num_prompt} in the {what}, "
+            f"{max_tokens} in the completion). Please reduce the length of the {what} or completion."
+        )
+    if num_prompt >= limit:
+        raise ContextLengthExceededError(
+            f"{head}your {what} resulted in {num_prompt} tokens, which leaves no room for the completion. "
+            f"Please reduce the length of the {what}."
+        )
 
 
 def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[StepOutput]) -> RequestOutput:

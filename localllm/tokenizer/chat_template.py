@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -140,3 +141,61 @@ def apply_chat_template(
     if tokenizer.add_eos and eos and text.endswith(eos):
         text = text[: -len(eos)]
     return tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+# ------------------------------------------------------------------ which template: the one rule
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+NAMED_TEMPLATES = {"chatml": CHATML}  # for models that have no template (base models)
+TEMPLATE_HINT = "give one (a Jinja template, a file holding one, or 'chatml') or use a raw prompt"
+
+
+def template_text(value: str) -> str:
+    """A user's template value as Jinja text: a known name ("chatml"), the text itself, or a file."""
+    from localllm.registry import is_template_text
+
+    if value.lower() in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[value.lower()]
+    if is_template_text(value):
+        return value
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TemplateError(
+            f"cannot read the chat template file {path}: {e.strerror} (pass a file, Jinja text or 'chatml')."
+        ) from None
+
+
+def chat_template_source(value: str | None, configured: str | None = None) -> str | None:
+    """The template text chosen for the model: the caller's `value` (a name, Jinja text or a file:
+    --chat-template, `LLM(chat_template=...)`) over `configured` (the models.toml entry's, already
+    text); None means the GGUF's own template."""
+    return template_text(value) if value else configured
+
+
+def resolve_chat_template(
+    metadata: Mapping[str, Any], value: str | None = None, configured: str | None = None
+) -> ChatTemplate | None:
+    """The template a conversation is rendered with, the same in run, chat, serve and the Python API:
+    the caller's `value` > the models.toml entry's `configured` > the GGUF's tokenizer.chat_template.
+    None when there is none of them."""
+    return ChatTemplate.from_metadata(metadata, override=chat_template_source(value, configured))
+
+
+def require_chat_template(
+    metadata: Mapping[str, Any],
+    model_name: str,
+    value: str | None = None,
+    configured: str | None = None,
+    hint: str = TEMPLATE_HINT,
+) -> ChatTemplate:
+    """resolve_chat_template, refusing a model with no template in one sentence."""
+    template = resolve_chat_template(metadata, value, configured)
+    if template is None:
+        raise TemplateError(f"{model_name} has no chat template (is it a base model?); {hint}.")
+    return template
