@@ -179,3 +179,32 @@ def test_smollm2_chat_prompt_matches_llama_cpp(smollm2_path: Path, index_dir: Pa
         == chatml["ids_add_special=1_parse_special=1"]
     )
     assert ids[0] == 1 and ids.count(1) == 3  # one <|im_start|> per turn, no extra BOS
+
+
+# ------------------------------------------------------------ which template: one rule for every front end
+
+
+def test_resolve_chat_template_precedence(tmp_path: Path) -> None:
+    """The caller's value (a name, Jinja text or a file) > models.toml's (text) > the GGUF's own."""
+    from localllm.tokenizer.chat_template import CHATML, resolve_chat_template
+
+    metadata = {"tokenizer.chat_template": "{{ 'gguf' }}"}
+    assert resolve_chat_template(metadata).source == "{{ 'gguf' }}"
+    assert resolve_chat_template(metadata, configured="{{ 'toml' }}").source == "{{ 'toml' }}"
+    assert resolve_chat_template(metadata, "chatml", "{{ 'toml' }}").source == CHATML
+    assert resolve_chat_template(metadata, "ChatML").source == CHATML
+    assert resolve_chat_template(metadata, "{{ 'text' }}").source == "{{ 'text' }}"
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ 'file' }}")
+    assert resolve_chat_template(metadata, str(path), "{{ 'toml' }}").source == "{{ 'file' }}"
+    assert resolve_chat_template({}) is None
+
+
+def test_require_chat_template_refuses_in_one_sentence(tmp_path: Path) -> None:
+    from localllm.tokenizer.chat_template import require_chat_template
+
+    with pytest.raises(TemplateError, match=r"^base\.gguf has no chat template .*'chatml'"):
+        require_chat_template({}, "base.gguf")
+    with pytest.raises(TemplateError, match="cannot read the chat template file"):
+        require_chat_template({}, "base.gguf", str(tmp_path / "missing.jinja"))
+    assert require_chat_template({}, "base.gguf", "chatml").render([{"role": "user", "content": "x"}])

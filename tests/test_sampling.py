@@ -98,3 +98,55 @@ def test_stop_string_partial_released_when_it_cannot_match():
     assert checker.feed("ST") == ("", None)
     assert checker.feed("AR") == ("STAR", None)
     assert checker.flush() == ""
+
+
+# ---------------------------------------------------------------- defaults: one rule for every front end
+
+
+def test_resolve_sampling_rule():
+    """A value given > the model's default > the built-in; None means "not given"."""
+    from localllm.sampling_params import BUILTIN_DEFAULTS, OPENAI_DEFAULTS, resolve_sampling
+
+    model = {"temperature": 0.2, "top_k": 64}
+    p = resolve_sampling({"temperature": None, "top_k": 3, "seed": 5}, model)
+    assert (p.temperature, p.top_k, p.seed) == (0.2, 3, 5)
+    assert (p.top_p, p.min_p, p.max_tokens) == (
+        BUILTIN_DEFAULTS["top_p"],
+        BUILTIN_DEFAULTS["min_p"],
+        BUILTIN_DEFAULTS["max_tokens"],
+    )
+    openai = resolve_sampling({}, model, OPENAI_DEFAULTS)
+    assert (openai.temperature, openai.top_p, openai.max_tokens) == (0.2, 1.0, None)
+    assert resolve_sampling({"max_tokens": -1}).max_tokens is None  # -1: until the context is full
+    with pytest.raises(LocalLLMError, match="unknown sampling parameter"):
+        resolve_sampling({"temprature": 1.0})
+    with pytest.raises(LocalLLMError, match="top_p"):
+        resolve_sampling({"top_p": 2.0})
+
+
+def test_model_defaults_come_from_models_toml_over_the_gguf():
+    from localllm.sampling_params import model_sampling_defaults
+
+    metadata = {
+        "general.sampling.temp": np.float32(0.6),
+        "general.sampling.top_k": np.uint32(20),
+        "general.sampling.top_p": 7.0,  # out of range: ignored, not an error on every request
+        "general.sampling.min_p": "x",
+    }
+    toml = {"top_k": 50, "context": 4096, "chat_template": "{{ x }}", "repeat_penalty": None}
+    assert model_sampling_defaults(toml, metadata) == {"temperature": pytest.approx(0.6), "top_k": 50}
+    assert model_sampling_defaults() == {}
+
+
+def test_server_requests_follow_the_same_rule():
+    """The server: request fields > the model's defaults > OpenAI's built-ins."""
+    from localllm.server.protocol import ChatCompletionRequest
+
+    messages = [{"role": "user", "content": "hi"}]
+    body = ChatCompletionRequest(messages=messages, top_p=0.5)
+    p = body.sampling_params(None, None, {"temperature": 0.3, "top_p": 0.9, "max_tokens": 12})
+    assert (p.temperature, p.top_p, p.max_tokens, p.top_k) == (0.3, 0.5, 12, 0)
+    plain = ChatCompletionRequest(messages=messages).sampling_params(None, None)
+    assert (plain.temperature, plain.top_p, plain.max_tokens) == (1.0, 1.0, None)
+    greedy = ChatCompletionRequest(messages=messages, temperature=0, top_k=-1).sampling_params(7, None)
+    assert (greedy.temperature, greedy.top_k, greedy.max_tokens) == (0.0, 0, 7)
