@@ -33,9 +33,6 @@ CorsOrigins = Annotated[
     list[str] | None,
     typer.Option("--cors-origins", help="Allowed browser origin (repeatable, or comma-separated)."),
 ]
-ChatTemplate = Annotated[
-    str | None, typer.Option("--chat-template", help="Jinja chat template: the text, or a file holding it.")
-]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 Model = Annotated[
     str | None, typer.Argument(help="A .gguf path or registry name. [default: the registry's default]")
@@ -55,7 +52,7 @@ def serve(
     api_key: ApiKey = None,
     max_queue: MaxQueue = 256,
     cors_origins: CorsOrigins = None,
-    chat_template: ChatTemplate = None,
+    chat_template: c.ChatTemplateOption = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says otherwise).
@@ -74,10 +71,11 @@ def serve(
     """
     from localllm.engine.engine import LLMEngine
     from localllm.server.app import ServerConfig
+    from localllm.tokenizer.chat_template import chat_template_source
 
     path, defaults = c.resolve(model)
     engine_config = c.engine_config(
-        path, backend, threads, ctx_size, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb
+        path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb
     )
     config = ServerConfig(
         model_id=served_id(model, path),
@@ -85,7 +83,7 @@ def serve(
         api_key=api_key or None,
         cors_origins=tuple(o.strip() for v in cors_origins or [] for o in v.split(",") if o.strip()),
         max_queue=max_queue,
-        chat_template=_template_text(chat_template) or defaults.get("chat_template"),
+        chat_template=chat_template_source(chat_template, defaults.get("chat_template")),
         host=host,
         port=port,
     )
@@ -100,18 +98,6 @@ def served_id(model: str | None, path: Path) -> str:
     registry = load_registry(default_user_registry())
     entry = registry.find(model or registry.default_model)
     return entry.name if entry is not None and entry.file_name == path.name else path.stem
-
-
-def _template_text(value: str | None) -> str | None:
-    from localllm.errors import ConfigError
-    from localllm.registry import is_template_text
-
-    if value is None or is_template_text(value):
-        return value
-    try:
-        return Path(value).expanduser().read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read the chat template file {value}: {e.strerror}.") from None
 
 
 def log_config(level: str) -> dict[str, Any]:

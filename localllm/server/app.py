@@ -109,12 +109,12 @@ class ServerState:
 
     def load(self, factory: Callable[[], LLMEngine]) -> None:
         """Runs on a background thread: build the engine, then start serving."""
-        from localllm.tokenizer.chat_template import ChatTemplate
+        from localllm.tokenizer.chat_template import resolve_chat_template
 
         try:
             started = time.perf_counter()
             llm = factory()
-            self.template = ChatTemplate.from_metadata(llm.gguf.metadata, override=self.config.chat_template)
+            self.template = resolve_chat_template(llm.gguf.metadata, configured=self.config.chat_template)
             engine = AsyncEngine(llm, self.config.max_queue)
         except BaseException as e:  # reported on /health and to the CLI, never lost
             self._load_failed(e)
@@ -293,32 +293,22 @@ def check_request(
 
 
 def check_context(llm: LLMEngine, num_prompt: int, max_tokens: int | None, param: str) -> None:
-    """Prompt plus max_tokens must fit the context (the engine stops at the context otherwise)."""
-    limit = llm.max_model_len
-    if num_prompt == 0:
-        raise APIError("the prompt is empty", param=param)
-    if max_tokens is None and num_prompt >= limit:
-        raise APIError(
-            f"This model's maximum context length is {limit} tokens. However, your prompt has {num_prompt} "
-            "tokens, leaving no room for the completion. Please shorten the prompt.",
-            param=param,
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None and num_prompt + max_tokens > limit:
-        raise APIError(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
-            "completion). Please reduce the length of the prompt or max_tokens.",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+    """The engine's one prompt-length rule, checked before the job so that a prompt that does not fit
+    is a 400 naming `param` ("messages" or "prompt"), not an error inside a 200 stream."""
+    try:
+        llm.check_prompt(num_prompt, max_tokens, param)
+    except LocalLLMError as e:
+        code = getattr(e, "code", None)
+        raise APIError(str(e), param=param, code=None if code == "invalid_request_error" else code) from None
 
 
 def build_params(
     llm: LLMEngine, body: SamplingRequest, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams:
     params = body.sampling_params(
-        max_tokens, None if logprobs is None else min(logprobs, llm.tokenizer.vocab_size)
+        max_tokens,
+        None if logprobs is None else min(logprobs, llm.tokenizer.vocab_size),
+        llm.sampling_defaults,
     )
     check_token_ids(list(params.logit_bias), llm.tokenizer.vocab_size, "logit_bias")
     return params
@@ -352,8 +342,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = _state(request)
     llm = check_request(state, body).engine
     prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages)
-    check_context(llm, len(prompt_ids), body.max_new_tokens(), "messages")
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
+    check_context(llm, len(prompt_ids), params.max_tokens, "messages")
     job = Job(state, prompt_ids, params, "chatcmpl")
     if body.stream:
         chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
@@ -370,8 +360,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
     llm = check_request(state, body).engine
     prompt_ids, prompt_text = await run_in_threadpool(completion_prompt, llm, body)
-    check_context(llm, len(prompt_ids), body.max_tokens, "prompt")
-    job = Job(state, prompt_ids, build_params(llm, body, body.max_tokens, body.logprobs), "cmpl")
+    params = build_params(llm, body, body.max_tokens, body.logprobs)
+    check_context(llm, len(prompt_ids), params.max_tokens, "prompt")
+    job = Job(state, prompt_ids, params, "cmpl")
     echo = prompt_text if body.echo else ""
     if body.stream:
         chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "text_completion")

@@ -9,12 +9,13 @@ thread in a form that can fail there.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from localllm.engine.output import StepOutput, TokenLogprob
-from localllm.sampling_params import SamplingParams
+from localllm.sampling_params import OPENAI_DEFAULTS, SamplingParams, resolve_sampling
 
 MIN_TEMPERATURE = 1e-5  # below this the softmax overflows; treated as greedy, as vLLM does
 MIN_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
@@ -120,25 +121,29 @@ class SamplingRequest(_Request):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """OpenAI's defaults where the client sent nothing: temperature 1, top_p 1, no length limit."""
-        temperature = 1.0 if self.temperature is None else self.temperature
+    def sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, model_defaults: Mapping[str, Any] | None = None
+    ) -> SamplingParams:
+        """What the client sent > the model's defaults (models.toml, the GGUF) > OpenAI's (temperature 1,
+        top_p 1, no length limit): resolve_sampling's rule, the same the CLI and the Python API apply."""
+        t = self.temperature
         repeat = self.repeat_penalty if self.repeat_penalty is not None else self.repetition_penalty
-        return SamplingParams(
-            temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
-            top_p=max(1.0 if self.top_p is None else self.top_p, 1e-9),  # top_p=0: keep only the top token
-            top_k=max(self.top_k or 0, 0),
-            min_p=self.min_p or 0.0,
-            repeat_penalty=1.0 if repeat is None else repeat,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            logit_bias=self.token_bias(),
-            seed=None if self.seed is None else self.seed % SEED_RANGE,
-            max_tokens=max_tokens,
-            stop=self.stop_strings(),
-            ignore_eos=bool(self.ignore_eos),
-            logprobs=logprobs,
-        )
+        given = {
+            "temperature": None if t is None else (0.0 if t < MIN_TEMPERATURE else t),
+            "top_p": None if self.top_p is None else max(self.top_p, 1e-9),  # 0: keep only the top token
+            "top_k": None if self.top_k is None else max(self.top_k, 0),
+            "min_p": self.min_p,
+            "repeat_penalty": repeat,
+            "max_tokens": max_tokens,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": self.token_bias(),
+            "seed": None if self.seed is None else self.seed % SEED_RANGE,
+            "stop": self.stop_strings(),
+            "ignore_eos": bool(self.ignore_eos),
+            "logprobs": logprobs,
+        }
+        return resolve_sampling(given, model_defaults, OPENAI_DEFAULTS)
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
