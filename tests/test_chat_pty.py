@@ -11,14 +11,17 @@ import io
 import json
 import os
 import sys
-import time
 
 import pytest
 
 pexpect = pytest.importorskip("pexpect")
 
 PROMPT = ">>>"  # prompt_toolkit draws ">>> " with a cursor move in place of the space
-TIMEOUT = 60
+TIMEOUT = 120  # per expected text: generous, so a loaded machine is slow rather than failing
+# A reply with no max_tokens runs until the context is full (the tiny model's greedy replies have no
+# end-of-text): 8k tokens took 3-6 s, time a busy machine could spend before the test sends Ctrl-C;
+# 128k tokens take many times longer, so the reply is still streaming when the key arrives.
+LONG_CONTEXT = "131072"
 
 
 def spawn(model, home, *args):
@@ -69,20 +72,21 @@ REPLY_STARTED = r"\x1b\[\?2004l(?:\x1b\[[0-9;?]*[A-Za-z]|[\r\n])*[^\x1b\r\n]"
 
 
 def interrupt_a_reply(child) -> None:
-    """Ask for a long reply and press Ctrl-C once it is streaming.  (A fixed sleep was not enough
-    on a loaded machine: the key landed before the first token and there was nothing to stop.)"""
+    """Ask for a reply that cannot end on its own for a long while, wait until its text is on the
+    screen (so the chat is inside the streaming loop, where Ctrl-C stops the reply), then press Ctrl-C.
+    Nothing here depends on timing: each step waits for what the terminal shows."""
     say(child, "/set temperature 0", "temperature = 0")  # greedy: no end-of-text sampled by chance
     child.sendline("Tell me a very long story.")
     child.expect(REPLY_STARTED)
-    time.sleep(0.3)
     child.sendintr()
-    child.expect_exact("interrupted")
+    ended = child.expect(["interrupted", r"stopped: the context is full", r"stopped at max_tokens"])
+    assert ended == 0, "the reply ended before Ctrl-C: " + child.logfile_read.getvalue()[-2000:]
 
 
 def test_chat_session_in_a_terminal(tiny_model_path, tmp_path):
     home = tmp_path / "home"
     saved = tmp_path / "conversation.json"
-    child = spawn(tiny_model_path, home, "-n", "16", "--ctx-size", "8192")
+    child = spawn(tiny_model_path, home, "-n", "16", "--ctx-size", LONG_CONTEXT)
     say(child, "Hello, who are you?", "tok/s", "context")
     say(child, "/help", "/regen", "Ctrl-C")
     say(child, "/set temperature 0.5", "temperature = 0.5")
