@@ -22,6 +22,7 @@ from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
 from localllm.sampling_params import SamplingParams
 from localllm.server.app import ServerConfig, ServerState, create_app
+from localllm.server.runner import make_server
 
 MODEL_ID = "tiny-llama"
 BAN_END = {"0": -100, "1": -100, "2": -100}  # the tiny model's special tokens: never end early
@@ -93,10 +94,9 @@ def running_server(factory: Callable[[], LLMEngine], wait: bool = True, **config
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    limits = config.pop("limits", None)
     app = create_app(factory, ServerConfig(model_id=config.pop("model_id", MODEL_ID), port=port, **config))
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2, lifespan="on")
-    )
+    server = make_server(app, "127.0.0.1", port, limits, log_level="warning")  # as `localllm serve` runs
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,7 +32,30 @@ CorsOrigins = Annotated[
     list[str] | None,
     typer.Option("--cors-origins", help="Allowed browser origin (repeatable, or comma-separated)."),
 ]
+AllowedHosts = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allowed-hosts",
+        help="Host header names accepted on a loopback bind besides localhost and IP addresses "
+        "(DNS-rebinding guard; repeatable or comma-separated; '*' turns the check off).",
+    ),
+]
+MaxConnections = Annotated[
+    int,
+    typer.Option(
+        "--max-connections",
+        help="Open connections allowed; at the limit the oldest idle one is closed, else a 503.",
+    ),
+]
+HeaderTimeout = Annotated[
+    float, typer.Option("--header-timeout", help="Seconds a client has to send a request's headers.")
+]
+BodyTimeout = Annotated[
+    float, typer.Option("--body-timeout", help="Seconds a client has to send a request's body.")
+]
+MaxBodyMb = Annotated[float, typer.Option("--max-body-mb", help="Largest request body in MiB (else 413).")]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+LOG_LEVELS = ("debug", "info", "warning", "error")
 Model = Annotated[
     str | None, typer.Argument(help="A .gguf path or registry name. [default: the registry's default]")
 ]
@@ -53,6 +75,11 @@ def serve(
     max_queue: MaxQueue = 256,
     cors_origins: CorsOrigins = None,
     chat_template: c.ChatTemplateOption = None,
+    allowed_hosts: AllowedHosts = None,
+    max_connections: MaxConnections = 4096,
+    header_timeout: HeaderTimeout = 10.0,
+    body_timeout: BodyTimeout = 60.0,
+    max_body_mb: MaxBodyMb = 4.0,
     log_level: LogLevel = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says otherwise).
@@ -71,8 +98,11 @@ def serve(
     """
     from localllm.engine.engine import LLMEngine
     from localllm.server.app import ServerConfig
+    from localllm.server.connections import ConnectionLimits
     from localllm.tokenizer.chat_template import chat_template_source
 
+    check_values(locals())
+    limits = ConnectionLimits(max_connections, header_timeout, body_timeout)
     path, defaults = c.resolve(model)
     engine_config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb
@@ -81,14 +111,50 @@ def serve(
         model_id=served_id(model, path),
         model_aliases=tuple({path.name, path.stem, *([model] if model else [])}),
         api_key=api_key or None,
-        cors_origins=tuple(o.strip() for v in cors_origins or [] for o in v.split(",") if o.strip()),
+        cors_origins=_split(cors_origins),
+        allowed_hosts=_split(allowed_hosts),
+        max_body_bytes=int(max_body_mb * 2**20),
         max_queue=max_queue,
         chat_template=chat_template_source(chat_template, defaults.get("chat_template")),
         host=host,
         port=port,
     )
     c.first_run_notice(backend)
-    run_server(lambda: LLMEngine(engine_config), config, log_level)
+    run_server(lambda: LLMEngine(engine_config), config, log_level, limits)
+
+
+# flag -> (lowest allowed, highest allowed or None, what the range means)
+RANGES: dict[str, tuple[float, float | None, str]] = {
+    "port": (1, 65535, "between 1 and 65535"),
+    "parallel": (1, None, "at least 1"),
+    "ctx_size": (0, None, "0 (the model's) or more"),
+    "kv_cache_mb": (0, None, "0 (automatic) or more"),
+    "threads": (0, None, "0 (physical cores) or more"),
+    "max_queue": (0, None, "0 (unbounded) or more"),
+    "max_connections": (1, None, "at least 1"),
+    "header_timeout": (0.1, None, "at least 0.1 s"),
+    "body_timeout": (0.1, None, "at least 0.1 s"),
+    "max_body_mb": (0.001, None, "at least 0.001"),
+}
+
+
+def check_values(values: dict[str, Any]) -> None:
+    """A value out of range is one line on stderr and exit status 2 (a usage error), no traceback."""
+    for name, (low, high, meaning) in RANGES.items():
+        value = values[name]
+        if value != value or value < low or (high is not None and value > high):  # value != value: NaN
+            _usage_error(f"--{name.replace('_', '-')} must be {meaning}, not {value}")
+    if values["log_level"].lower() not in LOG_LEVELS:
+        _usage_error(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {values['log_level']}")
+
+
+def _usage_error(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _split(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(v.strip() for value in values or [] for v in value.split(",") if v.strip())
 
 
 def served_id(model: str | None, path: Path) -> str:
@@ -100,44 +166,28 @@ def served_id(model: str | None, path: Path) -> str:
     return entry.name if entry is not None and entry.file_name == path.name else path.stem
 
 
-def log_config(level: str) -> dict[str, Any]:
-    """uvicorn's logging, with localllm's loggers printed the same way and no access log (the server
-    logs one line per finished request instead)."""
-    import uvicorn.config
-
-    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
-    config["loggers"]["localllm"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
-    return config
-
-
-def run_server(factory: Any, config: Any, log_level: str = "info") -> None:
-    """Run until SIGINT/SIGTERM (uvicorn's graceful shutdown, then the engine's); exits with an error
-    if the model fails to load."""
-    import uvicorn
-
+def run_server(factory: Any, config: Any, log_level: str = "info", limits: Any = None) -> None:
+    """Run until SIGINT/SIGTERM (open streams end with an error event, then the engine stops); exits
+    with an error if the model fails to load."""
     from localllm.errors import LocalLLMError
     from localllm.server.app import create_app
+    from localllm.server.connections import ConnectionLimits, raise_open_file_limit, usable_connections
+    from localllm.server.runner import log_config, make_server
 
     failures: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: Any = None
 
     def on_load_error(error: BaseException) -> None:
         failures.append(error)
         if server is not None:
             server.should_exit = True
 
+    limits = limits or ConnectionLimits()
+    # More descriptors than connections, so the limit (not EMFILE) is what a flood of sockets meets.
+    usable = usable_connections(limits.max_connections, raise_open_file_limit())
+    limits = dataclasses.replace(limits, max_connections=usable)
     app_ = create_app(factory, dataclasses.replace(config, on_load_error=on_load_error))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app_,
-            host=config.host,
-            port=config.port,
-            log_level=log_level.lower(),
-            log_config=log_config(log_level),
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
-    )
+    server = make_server(app_, config.host, config.port, limits, log_level, log_config(log_level))
     server.run()
     if failures:
         raise LocalLLMError(f"the model failed to load: {failures[0]}")

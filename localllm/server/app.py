@@ -32,6 +32,7 @@ from localllm.engine.engine import LLMEngine
 from localllm.engine.output import StepOutput
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
+from localllm.server.guards import BodyLimitMiddleware, BrowserGuard
 from localllm.server.metrics import RequestTracker, ServerMetrics
 from localllm.server.protocol import (
     APIError,
@@ -55,7 +56,7 @@ from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
 
 log = logging.getLogger("localllm.server")
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+OPEN_PATHS = frozenset({"/health"})  # with --api-key, everything else (docs and metrics too) needs the key
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request"},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key"},
@@ -67,6 +68,10 @@ NO_KEY_MESSAGE = (
 CLIENT_CLOSED = 499  # nginx's "client closed request": the response goes nowhere
 
 
+def shutting_down() -> APIError:
+    return APIError("the server is shutting down", 503, "server_error", code="server_shutdown")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything the server needs besides the engine, built at the CLI edge."""
@@ -75,6 +80,8 @@ class ServerConfig:
     model_aliases: tuple[str, ...] = ()  # other names accepted in `model` (e.g. the file name)
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted on a loopback bind besides localhost and IPs
+    max_body_bytes: int = 4 * 2**20
     max_queue: int = 0  # waiting requests allowed before 503; 0 = unbounded
     chat_template: str | None = None  # Jinja text overriding the model's template
     host: str = "127.0.0.1"  # for the banner only; uvicorn binds
@@ -101,6 +108,8 @@ class ServerState:
         self.load_error: str | None = None
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
+        self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
+        self.jobs: set[Job] = set()  # submitted and not yet closed: told when the server shuts down
         self._closing = False
 
     @property
@@ -115,6 +124,7 @@ class ServerState:
             started = time.perf_counter()
             llm = factory()
             self.template = resolve_chat_template(llm.gguf.metadata, configured=self.config.chat_template)
+            self.max_token_bytes = longest_token(llm)
             engine = AsyncEngine(llm, self.config.max_queue)
         except BaseException as e:  # reported on /health and to the CLI, never lost
             self._load_failed(e)
@@ -134,6 +144,8 @@ class ServerState:
             self.config.on_load_error(error)
 
     def ready(self) -> AsyncEngine:
+        if self._closing:
+            raise shutting_down()
         if self.engine is not None:
             return self.engine
         if self.load_error is not None:
@@ -148,10 +160,25 @@ class ServerState:
             headers={"Retry-After": "2"},
         )
 
+    def begin_shutdown(self) -> None:
+        """On the event loop when the server starts its shutdown: new requests get a 503, and each
+        open request ends now with an error (an SSE error event and [DONE] for a stream)."""
+        self._closing = True
+        if self.jobs:
+            log.info("shutting down: ending %d open request(s) with an error", len(self.jobs))
+        for job in list(self.jobs):
+            job.interrupt(shutting_down())
+
     def shutdown(self) -> None:
         self._closing = True
         if self.engine is not None:
             self.engine.shutdown()
+
+
+def longest_token(llm: LLMEngine) -> int:
+    """The most bytes one token of the vocabulary stands for (special tokens: their text)."""
+    tok = llm.tokenizer
+    return max((len(tok.token_bytes(i)) for i in range(tok.vocab_size)), default=1) or 1
 
 
 def banner(config: ServerConfig, llm: LLMEngine, load_s: float) -> str:
@@ -182,6 +209,7 @@ class Job:
         self._engine = state.ready()
         self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
         self._done = False
+        self._jobs = state.jobs
         loop = asyncio.get_running_loop()
 
         def sink(item: StepOutput | BaseException) -> None:
@@ -193,18 +221,27 @@ class Job:
         # Submitting here, not inside the stream, makes a full queue or an oversized prompt an HTTP
         # status instead of an error in the middle of a 200 stream.
         self._engine.submit(prompt_ids, params, sink, self.id)
+        self._jobs.add(self)
 
     async def outputs(self) -> AsyncIterator[StepOutput]:
-        while not self._done:
+        while True:
             item = await self._queue.get()
             if isinstance(item, BaseException):
-                self._done = True  # the engine already dropped the request
+                self._done = True  # the engine already dropped the request, or interrupt() aborted it
                 raise item
             self.tracker.observe(item)
-            self._done = item.finished
+            self._done = self._done or item.finished
             yield item
+            if item.finished:
+                return
+
+    def interrupt(self, error: BaseException) -> None:
+        """Abort the request and make its reader raise `error` (the server is shutting down)."""
+        self.close()
+        self._queue.put_nowait(error)
 
     def close(self) -> None:
+        self._jobs.discard(self)
         if not self._done:
             self._done = True
             self._engine.abort(self.id)
@@ -264,8 +301,9 @@ async def events(
         for chunk in chunks.usage_tail(job.tracker.last):
             yield chunk
     except Exception as e:  # after the 200 header an error can only travel inside the stream
-        log.warning("%s failed mid-stream: %s", job.id, e)
         code = getattr(e, "code", None)
+        if code != "server_shutdown":  # begin_shutdown logged those once
+            log.warning("%s failed mid-stream: %s", job.id, e)
         yield sse_error(
             str(e), "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error", code
         )
@@ -314,22 +352,51 @@ def build_params(
     return params
 
 
+def check_prompt_chars(state: ServerState, num_chars: int, max_tokens: int | None, param: str) -> None:
+    """Refuse, before tokenizing it, a text that cannot fit the context (a 10 MB prompt costs a
+    CPU-minute to tokenize). Sound for any tokenizer: a token stands for at most `max_token_bytes`
+    bytes of text and a character is at least one byte, so n characters are at least
+    ceil(n / max_token_bytes) tokens. Prompts the bound lets through get the exact check after."""
+    limit = state.llm.max_model_len
+    least = -(-num_chars // max(state.max_token_bytes, 1))
+    needed = least + (max_tokens or 0)
+    if needed < limit or (max_tokens is not None and needed == limit):
+        return
+    if max_tokens is None:
+        asked = f"{least} tokens in the prompt, leaving no room for the completion"
+    else:
+        asked = f"{needed} tokens (at least {least} in the prompt, {max_tokens} for the completion)"
+    raise APIError(
+        f"This model's maximum context length is {limit} tokens. However, you requested at least {asked}: "
+        f"{num_chars} characters cannot be fewer tokens, as no token of this model stands for more than "
+        f"{state.max_token_bytes} bytes. Please reduce the length of the prompt.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
 def chat_prompt_ids(
-    state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    max_tokens: int | None = None,
 ) -> list[int]:
     from localllm.tokenizer.chat_template import apply_chat_template
 
     if state.template is None:
         raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
-    return apply_chat_template(
-        state.llm.tokenizer, state.template, message_dicts(messages), add_generation_prompt
-    )
+    dicts = message_dicts(messages)
+    # The bound applies to the rendered text (a template may drop or add text); rendering is cheap.
+    rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt)
+    check_prompt_chars(state, len(rendered), max_tokens, "messages")
+    return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt)
 
 
-def completion_prompt(llm: LLMEngine, body: CompletionRequest) -> tuple[list[int], str]:
+def completion_prompt(state: ServerState, llm: LLMEngine, body: CompletionRequest) -> tuple[list[int], str]:
     """The prompt's token ids and its text (for echo)."""
     prompt = body.single_prompt()
     if isinstance(prompt, str):
+        check_prompt_chars(state, len(prompt), body.max_tokens, "prompt")
         return llm.tokenize_prompt(prompt), prompt
     check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
     return list(prompt), llm.tokenizer.decode(prompt)
@@ -341,7 +408,7 @@ def completion_prompt(llm: LLMEngine, body: CompletionRequest) -> tuple[list[int
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = _state(request)
     llm = check_request(state, body).engine
-    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages)
+    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, body.max_new_tokens())
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
     job = Job(state, prompt_ids, params, "chatcmpl")
@@ -359,7 +426,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
     llm = check_request(state, body).engine
-    prompt_ids, prompt_text = await run_in_threadpool(completion_prompt, llm, body)
+    prompt_ids, prompt_text = await run_in_threadpool(completion_prompt, state, llm, body)
     params = build_params(llm, body, body.max_tokens, body.logprobs)
     check_context(llm, len(prompt_ids), params.max_tokens, "prompt")
     job = Job(state, prompt_ids, params, "cmpl")
@@ -406,6 +473,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     if body.messages is not None:
         ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, body.add_generation_prompt)
     else:
+        assert body.prompt is not None
+        check_prompt_chars(state, len(body.prompt), None, "prompt")
         ids = await run_in_threadpool(llm.tokenizer.encode, body.prompt, body.add_special_tokens, True)
     result: dict[str, Any] = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}
     if body.return_token_strs:
@@ -443,7 +512,9 @@ def _error(
     request: Request | None = None,
 ) -> JSONResponse:
     if request is not None:  # uvicorn's access log is off, so refused requests are logged here
-        log.info("%s %s -> %d: %s", request.method, request.url.path, status, message)
+        # rate_key: a flood of refusals logs one line per kind per interval (server/logs.py)
+        extra = {"rate_key": f"{status}:{code}"}
+        log.info("%s %s -> %d: %s", request.method, request.url.path, status, message, extra=extra)
     return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
 
 
@@ -478,7 +549,8 @@ async def on_validation_error(request: Request, e: Exception) -> JSONResponse:
 async def on_http_error(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, StarletteHTTPException)
     kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-    return _error(e.status_code, str(e.detail), kind, None, None, dict(e.headers or {}), request)
+    code = getattr(e, "code", None)  # guards.BodyTooLarge has one
+    return _error(e.status_code, str(e.detail), kind, None, code, dict(e.headers or {}), request)
 
 
 async def on_unexpected(request: Request, e: Exception) -> JSONResponse:
@@ -590,11 +662,15 @@ def create_app(engine_factory: Callable[[], LLMEngine], config: ServerConfig) ->
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)
+    # The last added runs first: origin/Host guard, CORS (preflights, before auth), body limit, auth.
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
-    if config.cors_origins:  # added last, so it runs first and answers preflights before auth
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"], allow_headers=["*"]
         )
+    origins, hosts = config.cors_origins, config.allowed_hosts
+    app.add_middleware(BrowserGuard, cors_origins=origins, bind_host=config.host, allowed_hosts=hosts)
     return app
