@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -63,39 +64,18 @@ def chat(
     """
     from localllm.chat.session import ChatSession
     from localllm.engine.async_engine import AsyncEngine
-    from localllm.engine.engine import LLMEngine
     from localllm.gguf_file import GGUFFile
     from localllm.sampling_params import CHAT_DEFAULTS
     from localllm.tokenizer.chat_template import require_chat_template
 
+    flags = c.sampling_flags(locals())
     interactive = sys.stdin.isatty()
     path, defaults = c.resolve(model)
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
     template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
-    flags = dict(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop or None,
-    )
-    c.check_sampling_flags(flags)
     ctx = ctx_size or int(defaults.get("context") or 0)
-    config = c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1)
-    if interactive:
-        from rich.console import Console
-
-        with Console(stderr=True).status(f"loading {path.name} ..."), c.loading(backend):
-            engine = LLMEngine(config)
-    else:
-        with c.loading(backend):
-            engine = LLMEngine(config)
+    engine = _load(c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1), interactive)
     params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # a reply runs to the end of its turn
     session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
     runner = AsyncEngine(engine)
@@ -113,6 +93,19 @@ def chat(
             answer_once(session, stream, params, sys.stdin.read(), sys.stdout, sys.stderr)
     finally:
         runner.shutdown()
+
+
+def _load(config, interactive: bool):
+    """The engine, under a spinner on a terminal."""
+    from localllm.engine.engine import LLMEngine
+
+    if not interactive:
+        with c.loading(config.backend):
+            return LLMEngine(config)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"loading {Path(config.model).name} ..."), c.loading(config.backend):
+        return LLMEngine(config)
 
 
 def _interactive(session, stream, params, path, backend: str, ctx: int) -> None:

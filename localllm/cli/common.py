@@ -95,11 +95,29 @@ def loading(backend: str) -> Iterator[None]:
             gc.enable()
 
 
-def check_sampling_flags(flags: Mapping[str, Any]) -> None:
-    """Refuse a bad flag value (--top-p 2) before the model loads, not after."""
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "max_tokens",
+    "stop",
+)
+
+
+def sampling_flags(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling flags among a command's arguments (its `locals()`), checked now so that a bad value
+    (--top-p 2) is refused before the model loads, not after."""
     from localllm.sampling_params import resolve_sampling
 
+    flags = {name: arguments[name] for name in SAMPLING_FLAGS}
+    flags["stop"] = flags["stop"] or None
     resolve_sampling(flags)
+    return flags
 
 
 def sampling_params(engine: Any, flags: Mapping[str, Any], builtin: Mapping[str, Any] | None = None) -> Any:

@@ -50,23 +50,11 @@ def run(
     from localllm.engine.engine import LLMEngine
     from localllm.tokenizer.chat_template import chat_template_source
 
+    flags = c.sampling_flags(locals())
     if len(args) > 2:
         raise typer.BadParameter("expected [MODEL] PROMPT (quote a prompt that has spaces)")
     model, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
     path, defaults = c.resolve(model)
-    flags = dict(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop or None,
-    )
-    c.check_sampling_flags(flags)
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
     ctx = ctx_size or defaults.get("context", 0)
     config = c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1)
