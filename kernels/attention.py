@@ -63,8 +63,9 @@ def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, sc) -> None:
-    """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees."""
+def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc) -> None:
+    """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees (soft-capped when
+    softcap > 0: softcap * tanh(score / softcap), as gemma2 does)."""
     first, end = lo[0], hi[rows - 1]
     for b in range(first // bs, (end - 1) // bs + 1):
         j0, j1 = max(first, b * bs), min(end, b * bs + bs)
@@ -77,6 +78,8 @@ def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, sc) -> None:
                 s = f32(0.0)
                 for d in range(qc.shape[1]):
                     s += qc[row, d] * keys[kr, d]
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
                 sc[row, j - lo[row]] = s
 
 
@@ -115,7 +118,7 @@ def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, out, scratch) -> None:
+def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, softcap, out, scratch):
     """Queries i0 .. i0+nq-1 (positions pos0 ..) of every query head of KV head kh.  keys/values
     are the cache as (blocks * block_size * kv_heads, D) rows (plain 2-D indexing vectorises
     reliably; 4-D indexing did not)."""
@@ -127,7 +130,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
         h = kh * group + row % group
         for d in range(q.shape[2]):
             qc[row, d] = q[i0 + row // group, h, d] * scale
-    _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, sc)
+    _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc)
     _softmax_rows(sc, rows, lo, hi, total)
     _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc)
     for row in range(rows):
@@ -138,7 +141,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, first, step) -> None:
+def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, items, out, first, step):
     """Items first, first + step, ... of `items` (see work_items)."""
     D, bs, kvh = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     keys, values = k_cache.reshape(-1, D), v_cache.reshape(-1, D)
@@ -157,17 +160,20 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, ou
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
         pos0 = ctx[s] - (qsl[s + 1] - qsl[s]) + (i0 - qsl[s])  # position of query i0
-        attend_item(q, keys, values, bs, kvh, tables[s], kh, i0, nq, pos0, f32(scale), window, out, scratch)
+        cap = f32(softcap)
+        attend_item(
+            q, keys, values, bs, kvh, tables[s], kh, i0, nq, pos0, f32(scale), window, cap, out, scratch
+        )
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, out, nth) -> None:
+def paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, out, nth) -> None:
     items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     for c in prange(nth):
-        attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, c, nth)
+        attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, items, out, c, nth)
 
 
 @njit(cache=True, nogil=True)
-def paged_attention_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, out) -> None:
+def paged_attention_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, out) -> None:
     items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
-    attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, items, out, 0, 1)
+    attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, items, out, 0, 1)

@@ -1,27 +1,117 @@
-"""A whole stack of llama-style decoder layers in one compiled call.
+"""A model's whole stack of decoder layers in one compiled call, executing each layer's LayerSpec.
 
-The model code (localllm/models) runs a layer as ~12 backend operations, each a Python call into a
-kernel: at decode time (one token) that glue cost about as much as the matmuls.  `decoder_stack`
-runs the same kernels in the same order for every layer without returning to Python, so its
-results are bit-identical to the operation-by-operation path (tests compare them).
-Covers RMSNorm -> q/k/v (+ optional biases) -> RoPE + KV store -> paged attention -> output
-projection -> residual -> RMSNorm -> gate/up -> SwiGLU -> down -> residual (llama, qwen2).
+The model code (localllm/models/layers.py) runs a layer as ~12-20 backend operations, each a Python
+call into a kernel: at decode time (one token) that glue cost about as much as the matmuls.
+`decoder_stack` runs the same kernels in the same order for every layer without returning to Python.
+Per layer, as its spec says: RMSNorm -> q/k/v (+ biases) -> q/k RMSNorm -> RoPE (the layer's own
+base and scaling) + KV store -> paged attention (the layer's window and soft-cap) -> output
+projection -> post-norm -> residual -> RMSNorm -> gate/up -> SwiGLU or GeGLU -> down (8-bit, or
+near-float activations) -> post-norm -> residual.
 
-Per layer the weights come as launch tables (see matmul.launch_many): qkv (3, 5), o (1, 5),
-gate/up (2, 5), down (1, 5), stacked over layers.
-Like the other entry points called from Python it releases the GIL (nogil), so a server's HTTP
-thread keeps streaming while a step computes.
+Inputs are named tuples (StackWeights, Dims, Step) and an int64 (layers, N_FLAGS) array of per-layer
+switches whose columns are named below, so no caller indexes a positional tuple. Launch tables are
+(layers, weights, 5) rows of matmul.launch_many. Like the other entry points called from Python it
+releases the GIL (nogil), so a server's HTTP thread keeps streaming while a step computes.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from . import attention, layers, matmul
+from .quantize_act import quantize_rows
+from .simd import f32
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 ATTN_PARALLEL_MIN = 1 << 15
+
+# Columns of the per-layer flags array.
+F_WINDOW = 0  # sliding window (0: whole context)
+F_GELU = 1  # 1: GeGLU (tanh-GELU gate), 0: SwiGLU
+F_BIAS = 2  # q/k/v biases
+F_QK_NORM = 3  # RMSNorm over each head of q and k
+F_POST_ATTN = 4  # RMSNorm of the attention output before the residual add
+F_POST_FFN = 5  # the same for the feed-forward
+F_DOWN = 6  # DOWN_* below
+F_ROPE = 7  # index of the layer's rotation in Step.cos / Step.sin
+N_FLAGS = 8
+
+DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
+
+
+class StackWeights(NamedTuple):
+    qkv: np.ndarray  # (L, 3, 5) launch tables
+    o: np.ndarray  # (L, 1, 5)
+    gate_up: np.ndarray  # (L, 2, 5)
+    down: np.ndarray  # (L, 1, 5)
+    down16: np.ndarray  # (L, 5): int16-activation table of a Q8_0 down projection (DOWN_INT16)
+    attn_norm: np.ndarray  # (L, dim)
+    ffn_norm: np.ndarray  # (L, dim)
+    post_attn_norm: np.ndarray  # (L, dim), zeros where a layer has none
+    post_ffn_norm: np.ndarray  # (L, dim)
+    q_norm: np.ndarray  # (L, head_dim)
+    k_norm: np.ndarray  # (L, head_dim)
+    bq: np.ndarray  # (L, n_heads * head_dim)
+    bk: np.ndarray  # (L, n_kv_heads * head_dim)
+    bv: np.ndarray  # (L, n_kv_heads * head_dim)
+    flags: np.ndarray  # (L, N_FLAGS) int64
+    softcap: np.ndarray  # (L,) float32 attention soft-cap, 0 = off
+    gemm: int  # the float GEMM's address (float path), else 0
+    quantize: bool  # integer path: quantize activations to 8 bits
+
+
+class Dims(NamedTuple):
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    eps: float
+    attn_scale: float
+    two_pass: bool  # some layer's down projection takes two 8-bit passes (needs 2T-row buffers)
+
+
+class Step(NamedTuple):
+    positions: np.ndarray  # (T,) int64
+    slots: np.ndarray  # (T,) int64 slot_mapping
+    qsl: np.ndarray  # (S + 1,) query_start_loc
+    ctx: np.ndarray  # (S,) context_lens
+    block_tables: np.ndarray  # (S, max_blocks)
+    rope_dims: np.ndarray  # (R, 2) int64: rotated dims, neox
+    rope_freqs: np.ndarray  # (R, 2) float64: base, freq_scale
+
+
+class Buffers(NamedTuple):
+    h: np.ndarray  # (T, dim) normalised input
+    q: np.ndarray  # (T, n_heads, head_dim)
+    k: np.ndarray  # (T, n_kv_heads, head_dim)
+    v: np.ndarray
+    kn: np.ndarray  # normalised k before rotation
+    att: np.ndarray  # (T, n_heads, head_dim)
+    o: np.ndarray  # (T, dim)
+    gate: np.ndarray  # (T, ffn)
+    up: np.ndarray
+    act: np.ndarray
+    down: np.ndarray  # (T, dim)
+    act2: np.ndarray  # (2T, ffn) for DOWN_TWO_PASS, else empty
+    down2: np.ndarray  # (2T, dim)
+    cos: np.ndarray  # (R, T, max half)
+    sin: np.ndarray
+
+
+@njit(cache=True)
+def _buffers(T, d, dims, n_ropes, half):
+    f, nq, nkv, hd, ffn = np.float32, dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.ffn_dim
+    t2 = 2 * T if dims.two_pass else 0
+    return Buffers(
+        np.empty((T, d), f), np.empty((T, nq, hd), f), np.empty((T, nkv, hd), f),
+        np.empty((T, nkv, hd), f), np.empty((T, nkv, hd), f), np.empty((T, nq, hd), f),
+        np.empty((T, d), f), np.empty((T, ffn), f), np.empty((T, ffn), f), np.empty((T, ffn), f),
+        np.empty((T, d), f), np.empty((t2, ffn), f), np.empty((t2, d), f),
+        np.empty((n_ropes, T, half), f), np.empty((n_ropes, T, half), f),
+    )  # fmt: skip
 
 
 @njit(cache=True)
@@ -49,76 +139,128 @@ def _add_bias(x, bias) -> None:
 
 
 @njit(cache=True)
-def _attend(q, k_cache, v_cache, qsl, ctx, tables, scale, out, nth) -> None:
+def _heads_norm(x, weight, eps, out) -> None:
+    """RMSNorm over each head of x (T, heads, head_dim) into out."""
+    layers.rms_norm_rows(x.reshape(-1, x.shape[2]), weight, eps, out.reshape(-1, x.shape[2]))
+
+
+@njit(cache=True)
+def _attend(q, k_cache, v_cache, step, scale, window, softcap, out, nth) -> None:
+    ctx = step.ctx
     work = q.shape[0] * q.shape[1] * q.shape[2] * (ctx.max() if ctx.size else 0)
+    args = (q, k_cache, v_cache, step.qsl, ctx, step.block_tables, scale, window, softcap, out)
     if nth > 1 and work >= ATTN_PARALLEL_MIN:
-        attention.paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, 0, out, nth)
+        attention.paged_attention_par(*args, nth)
     else:
-        attention.paged_attention_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, 0, out)
+        attention.paged_attention_serial(*args)
 
 
 @njit(cache=True)
-def _attention_block(il, x, w, shape, batch, kv, bufs, nth):
-    """x += o_proj(attention(rope(q, k), v)) of rms_norm(x), k/v stored in the cache."""
-    t_qkv, t_o, gemm, quantize, attn_norm, biases, has_bias = w
-    nq, nkv, hd, rope_dim, rope_base, neox, eps, scale = shape
-    pos, slots, qsl, ctx, block_tables, rope_table = batch
-    h, q, k, v, att, o, _, _, _, _ = bufs
-    layers.rms_norm_rows(x, attn_norm[il], eps, h)
-    _project(t_qkv[il], gemm, quantize, h, (q, k, v), nth)
-    if has_bias:
-        _add_bias(q.reshape(q.shape[0], -1), biases[0][il])
-        _add_bias(k.reshape(k.shape[0], -1), biases[1][il])
-        _add_bias(v.reshape(v.shape[0], -1), biases[2][il])
+def _rotations(step, buf) -> None:
+    """Each distinct rotation's cos/sin rows for this step's positions (computed as the op path's
+    rope_rows does, so both paths rotate by the same bits)."""
+    tab = np.empty(step.positions.shape[0], np.int64)
+    for r in range(step.rope_dims.shape[0]):
+        tab[:] = -1
+        dim, base, scale = step.rope_dims[r, 0], step.rope_freqs[r, 0], step.rope_freqs[r, 1]
+        layers.rope_rows(step.positions, dim, base, scale, tab, buf.cos[r], buf.sin[r])
+
+
+@njit(cache=True)
+def _qkv(il, w, dims, buf, nth):
+    """q, k, v of buf.h, with biases and q/k norms; returns the (q, k) to rotate."""
+    _project(w.qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v), nth)
+    T = buf.h.shape[0]
+    if w.flags[il, F_BIAS]:
+        _add_bias(buf.q.reshape(T, -1), w.bq[il])
+        _add_bias(buf.k.reshape(T, -1), w.bk[il])
+        _add_bias(buf.v.reshape(T, -1), w.bv[il])
+    if not w.flags[il, F_QK_NORM]:
+        return buf.q, buf.k
+    _heads_norm(buf.q, w.q_norm[il], dims.eps, buf.att)
+    _heads_norm(buf.k, w.k_norm[il], dims.eps, buf.kn)
+    return buf.att, buf.kn
+
+
+@njit(cache=True)
+def _attention_block(il, x, w, dims, step, kv, buf, nth):
+    """x += [post-norm] o_proj(attention(rope(q, k), v)) of rms_norm(x), k/v stored in the cache."""
+    layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
+    q, k = _qkv(il, w, dims, buf, nth)
     k_cache, v_cache = kv[0][il], kv[1][il]
-    layers.rope_store_kv(q, k, v, pos, rope_dim, rope_base, neox, rope_table, k_cache, v_cache, slots, q, k)
-    _attend(q, k_cache, v_cache, qsl, ctx, block_tables, scale, att, nth)
-    _project(t_o[il], gemm, quantize, att.reshape(att.shape[0], -1), (o,), nth)
-    _add_rows(x, o)
+    r = w.flags[il, F_ROPE]
+    dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
+    layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
+                         buf.q, buf.k)  # fmt: skip
+    window, cap = w.flags[il, F_WINDOW], w.softcap[il]
+    _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, buf.att, nth)
+    _project(w.o[il], w.gemm, w.quantize, buf.att.reshape(x.shape[0], -1), (buf.o,), nth)
+    _residual(x, buf.o, w.flags[il, F_POST_ATTN], w.post_attn_norm[il], dims.eps, buf.h)
 
 
 @njit(cache=True)
-def _ffn_block(il, x, w, eps, bufs, nth):
-    """x += down(silu(gate(h)) * up(h)), h = rms_norm(x)."""
-    t_gu, t_down, gemm, quantize, ffn_norm = w
-    h, _, _, _, _, o, gate, up, act, down = bufs
-    layers.rms_norm_rows(x, ffn_norm[il], eps, h)
-    _project(t_gu[il], gemm, quantize, h, (gate, up), nth)
-    layers.swiglu_rows(gate, up, act)
-    _project(t_down[il], gemm, quantize, act, (down,), nth)
-    _add_rows(x, down)
+def _residual(x, y, post_norm, weight, eps, tmp) -> None:
+    """x += y, or x += rms_norm(y) where the spec asks for a post-norm."""
+    if post_norm:
+        layers.rms_norm_rows(y, weight, eps, tmp)
+        _add_rows(x, tmp)
+    else:
+        _add_rows(x, y)
 
 
 @njit(cache=True)
-def _buffers(T, d, nq, nkv, hd, ffn):
-    f = np.float32
-    return (
-        np.empty((T, d), f),
-        np.empty((T, nq, hd), f),
-        np.empty((T, nkv, hd), f),
-        np.empty((T, nkv, hd), f),
-        np.empty((T, nq, hd), f),
-        np.empty((T, d), f),
-        np.empty((T, ffn), f),
-        np.empty((T, ffn), f),
-        np.empty((T, ffn), f),
-        np.empty((T, d), f),
-    )
+def _down(il, w, buf, nth) -> None:
+    """buf.down = buf.act @ W_down.T with the layer's activation rounding (see linear_precise)."""
+    mode = w.flags[il, F_DOWN]
+    if mode == DOWN_INT16:
+        t = w.down16[il]
+        matmul.launch_linear16(t[0], t[1], t[2], t[3], t[4], buf.act, buf.down, nth)
+    elif mode == DOWN_TWO_PASS and w.quantize:  # (the float path has float activations already)
+        T = buf.act.shape[0]
+        _with_residual(buf.act, buf.act2[: 2 * T])
+        _project(w.down[il], w.gemm, w.quantize, buf.act2[: 2 * T], (buf.down2[: 2 * T],), nth)
+        for t in range(T):
+            for j in range(buf.down.shape[1]):
+                buf.down[t, j] = buf.down2[t, j] + buf.down2[T + t, j]
+    else:
+        _project(w.down[il], w.gemm, w.quantize, buf.act, (buf.down,), nth)
+
+
+@njit(cache=True)
+def _with_residual(x, out) -> None:
+    """out[:T] = x, out[T:] = x minus its 8-bit rounding: both passes of a near-float projection."""
+    T, K = x.shape
+    xq = quantize_rows(x)
+    x8, dx = xq[0], xq[1]
+    for t in range(T):
+        for j in range(K):
+            out[t, j] = x[t, j]
+            out[T + t, j] = x[t, j] - f32(x8[t, j]) * dx[t, j // 32]
+
+
+@njit(cache=True)
+def _ffn_block(il, x, w, dims, buf, nth):
+    """x += [post-norm] down(act(gate(h)) * up(h)), h = rms_norm(x)."""
+    layers.rms_norm_rows(x, w.ffn_norm[il], dims.eps, buf.h)
+    _project(w.gate_up[il], w.gemm, w.quantize, buf.h, (buf.gate, buf.up), nth)
+    if w.flags[il, F_GELU]:
+        layers.geglu_rows(buf.gate, buf.up, buf.act)
+    else:
+        layers.swiglu_rows(buf.gate, buf.up, buf.act)
+    _down(il, w, buf, nth)
+    _residual(x, buf.down, w.flags[il, F_POST_FFN], w.post_ffn_norm[il], dims.eps, buf.h)
 
 
 @njit(cache=True, nogil=True)
-def decoder_stack(x, attn_w, ffn_w, shape, batch, kv, ffn_dim, nth):
-    """Run every layer on x (T, d) in place.  attn_w = (qkv tables, o tables, gemm, quantize,
-    attn_norm (L, d), (bq, bk, bv) (L, n) each, has_bias); ffn_w = (gate/up tables, down tables,
-    gemm, quantize, ffn_norm (L, d)); shape = (n_heads, n_kv_heads, head_dim, rope_dim, rope_base,
-    neox, eps, attn_scale); batch = (positions, slot_mapping, query_start_loc, context_lens,
-    block_tables, rope table); kv = (k cache, v cache) (L, blocks, block_size, kv_heads, head_dim)."""
-    nq, nkv, hd = shape[0], shape[1], shape[2]
-    bufs = _buffers(x.shape[0], x.shape[1], nq, nkv, hd, ffn_dim)
-    for il in range(attn_w[4].shape[0]):
-        _attention_block(il, x, attn_w, shape, batch, kv, bufs, nth)
-        _ffn_block(il, x, ffn_w, shape[6], bufs, nth)
+def decoder_stack(x, w, dims, step, kv, nth):
+    """Run every layer on x (T, dim) in place.  kv = (k cache, v cache), each (L, blocks,
+    block_size, kv_heads, head_dim)."""
+    half = max(1, step.rope_dims[:, 0].max() // 2)
+    buf = _buffers(x.shape[0], x.shape[1], dims, step.rope_dims.shape[0], half)
+    _rotations(step, buf)
+    for il in range(w.flags.shape[0]):
+        _attention_block(il, x, w, dims, step, kv, buf, nth)
+        _ffn_block(il, x, w, dims, buf, nth)
     # keep the buffers alive past the kernels that only saw their addresses
-    return (
-        bufs[1].size + bufs[2].size + bufs[3].size + bufs[5].size + bufs[6].size + bufs[7].size + bufs[9].size
-    )
+    return buf.q.size + buf.k.size + buf.v.size + buf.o.size + buf.gate.size + buf.up.size + buf.down.size \
+        + buf.act2.size + buf.down2.size  # fmt: skip

@@ -28,24 +28,24 @@ def rms_norm_rows(x, weight, eps, out) -> None:
             out[i, j] = x[i, j] * inv * weight[j]
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
-def rope_rows(positions, rope_dim, base, tab_pos, cos, sin) -> None:
+@njit(cache=True, error_model="numpy")  # no fastmath: libm's cos/sin, the same bits in every caller
+def rope_rows(positions, rope_dim, base, freq_scale, tab_pos, cos, sin) -> None:
     """Make rows 0..T-1 of the cos/sin tables hold positions[t]; rows already holding that
     position (tab_pos[t] == positions[t]) are kept, so every layer after the first in a step
-    computes nothing.  cos/sin of pos * base ** (-2i / rope_dim) are computed in float64 like the
-    reference and rounded once."""
+    computes nothing.  cos/sin of pos * freq_scale * base ** (-2i / rope_dim) are computed in float64
+    like the reference and rounded once."""
     half = rope_dim // 2
     for t in range(positions.shape[0]):
         if tab_pos[t] == positions[t]:
             continue
         for i in range(half):
-            a = np.float64(positions[t]) * base ** (-(2.0 * i) / rope_dim)
+            a = np.float64(positions[t]) * freq_scale * base ** (-(2.0 * i) / rope_dim)
             cos[t, i] = np.cos(a)
             sin[t, i] = np.sin(a)
         tab_pos[t] = positions[t]
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")  # no fastmath: FMA contraction would differ between callers
 def rope_apply(x, cos, sin, rope_dim, neox, out) -> None:
     """Rotate x (T, heads, D) into out (may be x itself).  Normal mode rotates pairs (2i, 2i+1),
     NEOX (i, i + half); dimensions from rope_dim on are copied."""
@@ -62,21 +62,9 @@ def rope_apply(x, cos, sin, rope_dim, neox, out) -> None:
 
 
 @njit(cache=True)
-def rope(x, positions, rope_dim, base, neox, table, out) -> None:
-    """rope_rows + rope_apply in one call; table = (tab_pos, cos, sin) with >= T rows."""
-    tab_pos, cos, sin = table
-    rope_rows(positions, rope_dim, base, tab_pos, cos, sin)
-    rope_apply(x, cos, sin, rope_dim, neox, out)
-
-
-@njit(cache=True)
-def rope_store_kv(
-    q, k, v, positions, rope_dim, base, neox, table, k_cache, v_cache, slots, q_out, k_out
-) -> None:
-    """The attention prologue in one call: rotate q and k, write the rotated k and v into the
-    paged cache.  Same results as rope(q), rope(k), store_kv."""
-    tab_pos, cos, sin = table
-    rope_rows(positions, rope_dim, base, tab_pos, cos, sin)
+def rope_store_kv(q, k, v, cos, sin, rope_dim, neox, k_cache, v_cache, slots, q_out, k_out) -> None:
+    """The attention prologue in one call: rotate q and k by the cos/sin rows (see rope_rows), write
+    the rotated k and v into the paged cache.  Same results as reference rope, rope, store_kv."""
     rope_apply(q, cos, sin, rope_dim, neox, q_out)
     rope_apply(k, cos, sin, rope_dim, neox, k_out)
     store_kv_rows(k_cache, v_cache, k_out, v, slots)

@@ -514,6 +514,8 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
     """x (T, K) float32 C-contiguous -> (T, N) float32, on nth threads."""
     t = x.shape[0]
     y = np.empty((t, w.n), np.float32) if out is None else out
+    if x.ndim != 2 or x.shape[1] != w.k or y.shape != (t, w.n) or not y.flags.c_contiguous:
+        raise ValueError(f"linear: x {x.shape} and out {y.shape} do not fit a ({w.n}, {w.k}) weight")
     use_int = w.lane and t <= INT_PATH_MAX_T
     fn = w.kernels[0] if use_int else w.kernels[1]
     gemm = 0 if use_int else w.gemm  # the integer path never calls the GEMM
@@ -529,6 +531,8 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
     weights; None for other kinds (the caller falls back to two 8-bit passes)."""
     if w.kind != Q8_0:
         return None
+    if x.ndim != 2 or x.shape[1] != w.k:
+        raise ValueError(f"linear_precise: x {x.shape} does not fit a ({w.n}, {w.k}) weight")
     y = np.empty((x.shape[0], w.n), np.float32)
     launch_linear16(range_kernel(Q8_0, "int16").address, w.addr, w.nbytes, w.n, w.k, x, y, nth)
     return y
@@ -576,6 +580,8 @@ def needs_gemm(weights: Sequence[PackedWeight], use_int: bool) -> bool:
 def linear_group(x: np.ndarray, group: WeightGroup, nth: int) -> list[np.ndarray]:
     """[x @ W.T for W in group] from one launch; the results are column views of one array."""
     t = x.shape[0]
+    if x.ndim != 2 or x.shape[1] != group.weights[0].k:
+        raise ValueError(f"linear_group: x {x.shape} does not fit weights of {group.weights[0].k} columns")
     y = np.empty((t, group.n_total), np.float32)
     use_int = group.any_int and t <= INT_PATH_MAX_T
     gemm = group.weights[0].gemm if needs_gemm(group.weights, use_int) else 0

@@ -29,17 +29,21 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(mean_sq + np.float32(eps)) * weight
 
 
-def rope_cos_sin(positions: np.ndarray, rope_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables (T, rope_dim // 2) for theta_i = pos * base^(-2i / rope_dim)."""
+def rope_cos_sin(
+    positions: np.ndarray, rope_dim: int, base: float, freq_scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (T, rope_dim // 2) for theta_i = pos * freq_scale * base^(-2i / rope_dim)."""
     inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
-    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    angles = (positions.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool) -> np.ndarray:
+def rope(
+    x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool, freq_scale: float = 1.0
+) -> np.ndarray:
     """Rotary embedding on x (T, heads, D). llama 'normal' mode rotates adjacent pairs (2i, 2i+1);
     NEOX mode rotates (i, i + rope_dim/2). Dimensions past rope_dim pass through."""
-    cos, sin = rope_cos_sin(positions, rope_dim, base)
+    cos, sin = rope_cos_sin(positions, rope_dim, base, freq_scale)
     cos, sin = cos[:, None, :], sin[:, None, :]
     out = x.astype(np.float32).copy()
     half = rope_dim // 2
@@ -96,12 +100,13 @@ def paged_attention(
     block_tables: np.ndarray,
     scale: float,
     sliding_window: int = 0,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """Causal grouped-query attention for a mixed batch of prefill chunks and decodes.
 
     Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], which are the last tokens of
     its context_lens[s] cached positions. A query at position p sees positions <= p, and with a sliding
-    window only those > p - sliding_window.
+    window only those > p - sliding_window. softcap > 0 maps scores to softcap * tanh(score / softcap).
     """
     out = np.zeros_like(q, dtype=np.float32)
     n_heads, kv_heads = q.shape[1], k_cache.shape[2]
@@ -119,6 +124,8 @@ def paged_attention(
         for h in range(n_heads):
             kh = h // group
             scores = (q[q0:q1, h, :] @ keys[:, kh, :].T) * np.float32(scale)
+            if softcap > 0:
+                scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
             scores = np.where(mask, scores, -np.inf)
             scores -= scores.max(axis=1, keepdims=True)
             p = np.exp(scores)

@@ -26,10 +26,11 @@ def warm_backend(backend: Any, layer_ops: bool = True) -> None:
         return
     layers.swiglu_rows(x, x, np.empty_like(x))
     layers.geglu_rows(x, x, np.empty_like(x))
-    backend.rope(x.reshape(2, 2, 32), np.arange(2), 32, 10000.0, False)
+    from localllm.models.spec import RopeSpec
+
     kc = np.zeros((2, 4, 2, 32), np.float32)
     qk = x.reshape(2, 2, 32)
-    backend.rope_store_kv(qk, qk, qk, np.arange(2), 32, 10000.0, False, kc, kc, np.arange(2))
+    backend.rope_store_kv(qk, qk, qk, np.arange(2), RopeSpec(32), kc, kc, np.arange(2))
     _warm_attention(backend)
 
 
@@ -69,6 +70,6 @@ def _warm_attention(backend: Any) -> None:
     tables = np.zeros((1, 2), np.int64)
     kv = np.ones((2, 1, 8), np.float32)
     layers.store_kv_rows(k_cache, k_cache, kv, kv, np.arange(2, dtype=np.int64))
-    args = (q, k_cache, k_cache, qsl, ctx, tables, 1.0, 0, np.empty_like(q))
+    args = (q, k_cache, k_cache, qsl, ctx, tables, 1.0, 0, 0.0, np.empty_like(q))
     attention.paged_attention_serial(*args)
     attention.paged_attention_par(*args, backend.threads)

@@ -28,12 +28,13 @@ from numba import njit
 
 from localllm.backends.numba_cpu import NumbaBackend
 from localllm.backends.numpy_ref import NumpyBackend
-from localllm.kernels import attention, matmul
+from localllm.kernels import attention, layers, matmul
 from localllm.kernels import matmul_int as mi
 from localllm.kernels import reference as ref
 from localllm.kernels.packing import TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
 from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES
+from localllm.models.spec import RopeSpec
 from localllm.quant.ggml import BLOCK_KERNELS
 
 T = gguf.GGMLQuantizationType
@@ -286,17 +287,24 @@ def test_rms_norm(backend: NumbaBackend, shape: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("t,rope_dim", [(1, 64), (3, 64), (17, 32)])
-def test_rope(backend: NumbaBackend, neox: bool, t: int, rope_dim: int) -> None:
+@pytest.mark.parametrize("t,rope_dim,freq_scale", [(1, 64, 1.0), (3, 64, 0.25), (17, 32, 1.0)])
+def test_rope(backend: NumbaBackend, neox: bool, t: int, rope_dim: int, freq_scale: float) -> None:
     rng = np.random.default_rng(6)
     x = rng.standard_normal((t, 3, 64)).astype(np.float32)
+    v = np.zeros_like(x)
     positions = rng.integers(0, 4000, t)
+    spec = RopeSpec(rope_dim, 10000.0, freq_scale, neox)
+    cache = np.zeros((t, 1, 3, 64), np.float32)
+
+    def rotated(pos: np.ndarray) -> np.ndarray:
+        return backend.rope_store_kv(x, x, v, pos, spec, cache, cache.copy(), np.arange(t))[0]
+
     for _ in range(2):  # the second call reuses the cached cos/sin tables
-        out = backend.rope(x, positions, rope_dim, 10000.0, neox)
-        assert rel_err(out, ref.rope(x, positions, rope_dim, 10000.0, neox)) < 1e-6
+        expected = ref.rope(x, positions, rope_dim, 10000.0, neox, freq_scale)
+        assert rel_err(rotated(positions), expected) < 1e-6
     other = positions + 1  # same length, other values: the cache must not be reused
-    expected = ref.rope(x, other, rope_dim, 10000.0, neox)
-    assert rel_err(backend.rope(x, other, rope_dim, 10000.0, neox), expected) < 1e-6
+    expected = ref.rope(x, other, rope_dim, 10000.0, neox, freq_scale)
+    assert rel_err(rotated(other), expected) < 1e-6
 
 
 @pytest.mark.parametrize("op", ["swiglu", "geglu"])
@@ -312,29 +320,48 @@ def test_gated_activations(backend: NumbaBackend, op: str, shape: tuple[int, int
     assert rel_err(out, expected) < 1e-5
 
 
-def test_store_kv(backend: NumbaBackend) -> None:
+def test_store_kv_rows() -> None:
     rng = np.random.default_rng(8)
     caches = [np.zeros((6, 4, 2, 8), np.float32) for _ in range(4)]
     k, v = rng.standard_normal((2, 5, 2, 8)).astype(np.float32)
     slots = np.array([9, 10, 11, 0, 23])
-    backend.store_kv(caches[0], caches[1], k, v, slots)
+    layers.store_kv_rows(caches[0], caches[1], k, v, slots)
     ref.store_kv(caches[2], caches[3], k, v, slots)
     np.testing.assert_array_equal(caches[0], caches[2])
     np.testing.assert_array_equal(caches[1], caches[3])
 
 
-def test_rope_store_kv_equals_separate_calls(backend: NumbaBackend) -> None:
+def test_rope_store_kv_equals_reference(backend: NumbaBackend) -> None:
     rng = np.random.default_rng(14)
     q = rng.standard_normal((5, 6, 16)).astype(np.float32)
     k, v = rng.standard_normal((2, 5, 2, 16)).astype(np.float32)
     positions, slots = np.array([3, 4, 5, 0, 9]), np.array([3, 4, 5, 8, 13])
     caches = [np.zeros((4, 4, 2, 16), np.float32) for _ in range(4)]
-    q_rot, k_rot = backend.rope_store_kv(q, k, v, positions, 16, 500.0, True, caches[0], caches[1], slots)
-    np.testing.assert_array_equal(q_rot, backend.rope(q, positions, 16, 500.0, True))
-    np.testing.assert_array_equal(k_rot, backend.rope(k, positions, 16, 500.0, True))
+    spec = RopeSpec(16, 500.0, neox=True)
+    q_rot, k_rot = backend.rope_store_kv(q, k, v, positions, spec, caches[0], caches[1], slots)
+    assert rel_err(q_rot, ref.rope(q, positions, 16, 500.0, True)) < 1e-6
+    assert rel_err(k_rot, ref.rope(k, positions, 16, 500.0, True)) < 1e-6
     ref.store_kv(caches[2], caches[3], k_rot, v, slots)
     np.testing.assert_array_equal(caches[0], caches[2])
     np.testing.assert_array_equal(caches[1], caches[3])
+
+
+def test_kernel_entry_points_refuse_out_of_bounds_indices(backend: NumbaBackend) -> None:
+    """A slot or block index past the cache is an exception at the entry point, not a wild write."""
+    from localllm.backends.bounds import KernelBoundsError
+
+    q = np.ones((2, 4, 16), np.float32)
+    k = np.ones((2, 2, 16), np.float32)
+    cache = np.zeros((3, 4, 2, 16), np.float32)
+    with pytest.raises(KernelBoundsError, match="slot_mapping"):
+        backend.rope_store_kv(q, k, k, np.arange(2), RopeSpec(16), cache, cache.copy(), np.array([0, 12]))
+    qsl, ctx = np.array([0, 2]), np.array([2])
+    with pytest.raises(KernelBoundsError, match="block_tables"):
+        backend.paged_attention(q, cache, cache, qsl, ctx, np.array([[3]]), 0.25)
+    with pytest.raises(KernelBoundsError, match="context_lens"):
+        backend.paged_attention(q, cache, cache, qsl, np.array([9]), np.array([[0, 1]]), 0.25)
+    with pytest.raises(ValueError, match="do not fit"):
+        backend.linear(np.ones((2, 33), np.float32), backend.prepare_weight(np.zeros((8, 32), np.float32), 0))
 
 
 # ---- attention --------------------------------------------------------------------------------
@@ -360,12 +387,14 @@ def attention_case(rng: np.random.Generator, block_size: int = 4):
     return q, k_cache, v_cache, qsl, np.array(ctx, np.int32), tables
 
 
-@pytest.mark.parametrize("window", [0, 5])
-def test_paged_attention_mixed_batch(backend: NumbaBackend, window: int) -> None:
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 1.5), (5, 1.5)])
+def test_paged_attention_mixed_batch(backend: NumbaBackend, window: int, softcap: float) -> None:
     q, kc, vc, qsl, ctx, tables = attention_case(np.random.default_rng(9))
-    expected = ref.paged_attention(q, kc, vc, qsl, ctx, tables, 0.25, window)
-    assert rel_err(backend.paged_attention(q, kc, vc, qsl, ctx, tables, 0.25, window), expected) < 1e-5
-    args = (q, kc, vc, qsl.astype(np.int64), ctx.astype(np.int64), tables.astype(np.int64), 0.25, window)
+    expected = ref.paged_attention(q, kc, vc, qsl, ctx, tables, 0.25, window, softcap)
+    got = backend.paged_attention(q, kc, vc, qsl, ctx, tables, 0.25, window, softcap)
+    assert rel_err(got, expected) < 1e-5
+    i64 = [a.astype(np.int64) for a in (qsl, ctx, tables)]
+    args = (q, kc, vc, *i64, 0.25, window, softcap)
     serial, parallel = np.empty_like(q), np.empty_like(q)
     attention.paged_attention_serial(*args, serial)
     attention.paged_attention_par(*args, parallel, 2)
@@ -473,25 +502,3 @@ def test_linear_precise_is_close_to_float_activations(backend: NumbaBackend, nam
     expected = ref.linear(x, raw, T[name])
     assert rel_err(backend.linear_precise(x, w), expected) < 1e-4
     assert rel_err(backend.linear(x, w), expected) > 1e-3
-
-
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
-def test_fused_layer_stack_matches_op_by_op(tmp_path, index_dir, quant: str) -> None:
-    """kernels/decoder.py runs the same kernels as the model's op-by-op path; LLVM may optimise an
-    inlined kernel slightly differently, so the logits agree to float rounding (not bits), and
-    the greedy tokens are the same."""
-    from tiny_model import write_tiny_model
-
-    from localllm.config import EngineConfig
-    from localllm.engine.engine import LLMEngine, score_tokens
-
-    path = write_tiny_model(tmp_path / f"tiny-{quant}.gguf", quant=quant, n_layers=3)
-    engine = LLMEngine(EngineConfig(model=str(path), threads=2, index_dir=index_dir))
-    ids = list(range(5, 45))
-    logits = {}
-    for fuse in (True, False):
-        engine.backend.fuse_layers = fuse
-        logits[fuse] = np.asarray(score_tokens(engine, ids))
-    assert all(plan is not None for _, plan in engine.backend._plans.values()), "should run fused"
-    assert rel_err(logits[True], logits[False]) < 1e-4
-    np.testing.assert_array_equal(logits[True].argmax(-1), logits[False].argmax(-1))

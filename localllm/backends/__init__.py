@@ -17,7 +17,7 @@ def make_backend(name: str, threads: int) -> Any:
 
         return NumbaBackend(threads)
     if name == "torch":
-        from localllm.backends.torch_gpu import TorchBackend  # optional extra: pip install localllm[torch]
-
-        return TorchBackend()
-    raise ConfigError(f"unknown backend '{name}' (choose numba, numpy or torch)")
+        raise ConfigError(
+            "the torch backend is not available yet in this version of localllm; use --backend numba"
+        )
+    raise ConfigError(f"unknown backend '{name}' (choose numba or numpy)")

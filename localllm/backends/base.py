@@ -1,77 +1,108 @@
-"""The backend interface: the few operations a model's forward pass needs.
+"""The backend seam: the operations a model's forward pass calls, and the optional capabilities.
 
-A model module calls only these (plus reshapes), so the same architecture file runs on the NumPy
-reference, the Numba CPU kernels, or a PyTorch device.
+The shared decoder (localllm/models) calls only the operations below, so the same architecture runs on
+the NumPy reference, the Numba CPU kernels, or a device backend. Capabilities a backend may add are
+declared here with their do-nothing defaults, so callers never probe with getattr/hasattr:
+`run_layers` (a fused layer stack), `begin_step` (upload a step's batch to the device), `warmup`
+(compile before the first request) and `weight_cache` (a disk cache of prepared weights).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from localllm.gguf_file import GGUFFile
+    from localllm.models.base import ForwardBatch
+    from localllm.models.spec import RopeSpec
 
-class Backend(Protocol):
-    name: str
+
+class Backend:
+    name = "abstract"
+
+    # ---- weights and memory ---------------------------------------------------------------------
 
     def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> Any:
-        """Take a tensor as stored in the GGUF (possibly repacking it once) for `linear`/`embedding`."""
+        """A matrix as stored in the GGUF (possibly repacked once), for `linear`/`embedding`."""
+        raise NotImplementedError
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> Any:
         """A small 1-D tensor (norm weight, bias) as float32."""
+        raise NotImplementedError
 
     def allocate_kv(
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int
-    ) -> Any:
+    ) -> tuple[Any, Any]:
         """Key and value pools: (n_layers, num_blocks, block_size, kv_heads, head_dim) each."""
+        raise NotImplementedError
+
+    # ---- operations -----------------------------------------------------------------------------
 
     def linear(self, x: Any, weight: Any) -> Any:
         """x (T, K) times the (N, K) weight transposed -> (T, N)."""
+        raise NotImplementedError
 
     def linear_precise(self, x: Any, weight: Any) -> Any:
-        """linear for projections sensitive to activation rounding (the output projection)."""
+        """linear for projections sensitive to activation rounding (logits, GeGLU's down)."""
+        return self.linear(x, weight)
 
-    def linear_many(self, x: Any, weights: Any) -> list[Any]:
-        """[linear(x, w) for w in weights] for weights sharing their input (q/k/v, gate/up); a backend
-        may fuse them into one pass."""
+    def linear_many(self, x: Any, weights: Sequence[Any]) -> list[Any]:
+        """[linear(x, w) for w in weights] for weights sharing their input (q/k/v, gate/up)."""
+        return [self.linear(x, w) for w in weights]
 
-    def embedding(self, weight: Any, ids: Any) -> Any: ...
+    def embedding(self, weight: Any, ids: Any) -> Any:
+        raise NotImplementedError
 
-    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        """RMSNorm over the last axis."""
+        raise NotImplementedError
 
-    def rope(self, x: Any, positions: Any, rope_dim: int, base: float, neox: bool) -> Any: ...
+    def swiglu(self, gate: Any, up: Any) -> Any:
+        raise NotImplementedError
 
-    def swiglu(self, gate: Any, up: Any) -> Any: ...
+    def geglu(self, gate: Any, up: Any) -> Any:
+        raise NotImplementedError
 
-    def geglu(self, gate: Any, up: Any) -> Any: ...
-
-    def store_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
+    def softcap(self, x: Any, cap: float) -> Any:
+        """cap * tanh(x / cap) (gemma2's final logits)."""
+        raise NotImplementedError
 
     def rope_store_kv(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        positions: Any,
-        rope_dim: int,
-        base: float,
-        neox: bool,
-        k_cache: Any,
-        v_cache: Any,
+        self, q: Any, k: Any, v: Any, positions: Any, rope: RopeSpec, k_cache: Any, v_cache: Any,
         slot_mapping: Any,
-    ) -> tuple[Any, Any]:
-        """(rope(q), rope(k)), with rotated k and v written to the cache at slot_mapping."""
+    ) -> tuple[Any, Any]:  # fmt: skip
+        """(rope(q), rope(k)), with the rotated k and v written to the cache at slot_mapping."""
+        raise NotImplementedError
 
     def paged_attention(
-        self,
-        q: Any,
-        k_cache: Any,
-        v_cache: Any,
-        query_start_loc: Any,
-        context_lens: Any,
-        block_tables: Any,
-        scale: float,
-        sliding_window: int = 0,
-    ) -> Any: ...
+        self, q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, context_lens: Any,
+        block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0,
+    ) -> Any:  # fmt: skip
+        """Causal grouped-query attention over the paged cache (see kernels/reference.py)."""
+        raise NotImplementedError
 
-    def to_numpy(self, x: Any) -> np.ndarray: ...
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    # ---- optional capabilities (defaults: not had) ----------------------------------------------
+
+    def begin_step(self, batch: ForwardBatch) -> ForwardBatch:
+        """Called once per forward pass before any layer: where a device backend uploads the batch."""
+        return batch
+
+    def run_layers(self, model: Any, x: Any, batch: ForwardBatch, kv: Any) -> Any | None:
+        """All of model's layers on x in one fused call, or None to have the model run them op by op."""
+        return None
+
+    def warmup(self, model: Any) -> None:
+        """Compile (or load) what a step of `model` runs, so no request pays for it."""
+
+    @contextlib.contextmanager
+    def weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Iterator[None]:
+        """Within this block, prepared weights of `gf` may come from (and go to) a disk cache."""
+        yield None

@@ -12,12 +12,14 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
 
-from localllm.backends.numba_stack import DecoderPlan, can_fuse
+from localllm.backends import bounds
+from localllm.backends.base import Backend
+from localllm.backends.numba_stack import plan_for
 from localllm.kernels import attention, layers, matmul
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.kernels.quantize_act import quantize_rows
@@ -26,6 +28,7 @@ from localllm.quant import dequantize
 if TYPE_CHECKING:
     from localllm.backends.weight_cache import WeightCache
     from localllm.gguf_file import GGUFFile
+    from localllm.models.spec import RopeSpec
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
@@ -40,13 +43,20 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return np.require(x, np.float32, ["C", "W"])
 
 
+def _rows(x: np.ndarray, k: int) -> np.ndarray:
+    """x (..., k) as float32 rows (T, k); a last axis that is not k is refused, never re-cut."""
+    if x.shape[-1] != k:
+        raise ValueError(f"activations of width {x.shape[-1]} do not fit a weight of {k} columns")
+    return _f32(x).reshape(-1, k)
+
+
 def _i64(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.int64 and x.flags.c_contiguous and x.flags.writeable:
         return x
     return np.require(x, np.int64, ["C", "W"])
 
 
-class NumbaBackend:
+class NumbaBackend(Backend):
     name = "numba"
 
     def __init__(self, threads: int):
@@ -55,7 +65,7 @@ class NumbaBackend:
         numba.set_num_threads(self.threads)
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
-        self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
+        self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
         self._plans: dict[int, tuple[object, object]] = {}  # id(model) -> (model, DecoderPlan or None)
         self._weight_cache: WeightCache | None = None  # set while a model loads, see weight_cache()
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
@@ -74,7 +84,7 @@ class NumbaBackend:
     @contextlib.contextmanager
     def weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Iterator[WeightCache]:
         """Within this block, weights of `gf` come from (and, when new, go to) a disk cache of packed
-        weights in cache_dir.  Optional: not part of the Backend protocol."""
+        weights in cache_dir."""
         from localllm.backends.weight_cache import WeightCache
 
         self._weight_cache = cache = WeightCache(gf, cache_dir)
@@ -93,24 +103,24 @@ class NumbaBackend:
 
     as_i64 = staticmethod(_i64)
 
-    def decoder_stack(self, model: object, x: np.ndarray, batch: object, kv: object) -> np.ndarray | None:
-        """Run all of `model`'s layers on x in one kernel call (see kernels/decoder.py); None when the
-        model's layer is not the plain llama one (the caller then runs its layers op by op).
-        Optional: not part of the Backend protocol."""
+    def run_layers(self, model: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray | None:
+        """All of `model`'s layers on x in one kernel call (see kernels/decoder.py); None when fusion is
+        off (tests compare both paths) or the stack cannot execute the model's specs (logged once)."""
         if not self.fuse_layers:
             return None
         plan = self._plans.get(id(model))
         if plan is None:
-            plan = self._plans[id(model)] = (model, DecoderPlan.build(model) if can_fuse(model) else None)
+            plan = self._plans[id(model)] = (model, plan_for(model))
         if plan[1] is None:
             return None
+        bounds.check_step(model.args, x, batch, kv.k, kv.v)
         return plan[1].run(self, _f32(x), batch, kv)
 
     # ---- operations ----------------------------------------------------------------------------
 
     def linear(self, x: np.ndarray, weight: PackedWeight) -> np.ndarray:
         """x (T, K) or (K,) times the (N, K) weight transposed -> (T, N) or (N,)."""
-        x2 = _f32(x).reshape(-1, weight.k)
+        x2 = _rows(x, weight.k)
         y = matmul.linear(x2, weight, self.threads)
         return y if x.ndim == 2 else y.reshape(*x.shape[:-1], weight.n)
 
@@ -122,11 +132,14 @@ class NumbaBackend:
         residual through a second 8-bit pass (its own error is 1/127 as large) in the same launch.
         Far cheaper than the float path's dequantization, and the same path at every batch size,
         so a row's result never depends on its batch."""
-        x2 = _f32(x).reshape(-1, weight.k)
+        x2 = _rows(x, weight.k)
         y16 = matmul.linear_precise(x2, weight, self.threads)  # Q8_0: one pass, int16 activations
         if y16 is not None:
             return y16
         t = x2.shape[0]
+        if not (weight.lane and 2 * t <= matmul.INT_PATH_MAX_T):
+            # the float path multiplies float activations already (and would count x twice below)
+            return matmul.linear(x2, weight, self.threads)
         x8, dx = quantize_rows(x2)[:2]
         rounded = (x8.astype(np.float32).reshape(t, -1, 32) * dx[:, :, None]).reshape(x2.shape)
         # Both passes as one launch of 2T rows: each weight tile is read once for both (rows are
@@ -138,12 +151,12 @@ class NumbaBackend:
         """[linear(x, w) for w in weights] (same values) in one kernel launch: for weights that
         share their input, like q/k/v or gate/up.  Saves a launch and a quantization of x per
         extra weight and splits the combined rows evenly over the threads.  The results are
-        column views of one (T, sum of N) array.  Optional: not part of the Backend protocol."""
+        column views of one (T, sum of N) array."""
         key = tuple(map(id, weights))
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = matmul.WeightGroup.of(tuple(weights))  # keeps the ids alive
-        return matmul.linear_group(_f32(x).reshape(-1, weights[0].k), group, self.threads)
+        return matmul.linear_group(_rows(x, weights[0].k), group, self.threads)
 
     def embedding(self, weight: PackedWeight, ids: np.ndarray) -> np.ndarray:
         return matmul.embedding(weight, _i64(ids).reshape(-1))
@@ -154,56 +167,35 @@ class NumbaBackend:
         layers.rms_norm_rows(x2, _f32(weight), float(eps), out)
         return out.reshape(x.shape)
 
-    def rope(
-        self, x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool
-    ) -> np.ndarray:
-        x3 = _f32(x)
-        pos = _i64(positions)
-        out = np.empty_like(x3)
-        layers.rope(
-            x3, pos, int(rope_dim), float(base), bool(neox), self._rope_table(pos, rope_dim, base), out
-        )
-        return out
-
     def rope_store_kv(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        positions: np.ndarray,
-        rope_dim: int,
-        base: float,
-        neox: bool,
-        k_cache: np.ndarray,
-        v_cache: np.ndarray,
-        slot_mapping: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(rope(q), rope(k)), with the rotated k and v stored in the cache: rope, rope, store_kv
-        in one call.  Optional: not part of the Backend protocol."""
-        q3, k3, pos = _f32(q), _f32(k), _i64(positions)
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, rope: RopeSpec,
+        k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(rope(q), rope(k)), with the rotated k and v stored in the cache."""
+        q3, k3, v3, pos, slots = _f32(q), _f32(k), _f32(v), _i64(positions), _i64(slot_mapping)
+        bounds.check_kv_write((k3.shape, v3.shape), (k_cache.shape, v_cache.shape), slots, pos)
         q_out, k_out = np.empty_like(q3), np.empty_like(k3)
-        table = self._rope_table(pos, rope_dim, base)
+        tab_pos, cos, sin = self._rope_table(pos, rope)
+        layers.rope_rows(pos, int(rope.dim), float(rope.base), float(rope.freq_scale), tab_pos, cos, sin)
         layers.rope_store_kv(
-            q3, k3, _f32(v), pos, int(rope_dim), float(base), bool(neox), table, k_cache, v_cache,
-            _i64(slot_mapping), q_out, k_out,
-        )  # fmt: skip
+            q3, k3, v3, cos, sin, int(rope.dim), bool(rope.neox), k_cache, v_cache, slots, q_out, k_out
+        )
         return q_out, k_out
 
-    def _rope_table(self, positions: np.ndarray, rope_dim: int, base: float) -> tuple[np.ndarray, ...]:
-        """(positions, cos, sin) rows for (rope_dim, base), grown to hold len(positions) rows.  The
-        kernel recomputes a row only when its position changed, so the layers of a step share it."""
-        key = (int(rope_dim), float(base))
-        table = self._rope_tables.get(key)
+    def _rope_table(self, positions: np.ndarray, rope: RopeSpec) -> tuple[np.ndarray, ...]:
+        """(positions, cos, sin) rows for one rotation, grown to hold len(positions) rows.  rope_rows
+        recomputes a row only when its position changed, so the layers of a step share it."""
+        table = self._rope_tables.get(rope)
         n = positions.shape[0]
         if table is None or table[0].shape[0] < n:
             rows = max(n, 2 * table[0].shape[0] if table is not None else 16)
-            half = int(rope_dim) // 2
+            half = int(rope.dim) // 2
             table = (
                 np.full(rows, -1, np.int64),
                 np.empty((rows, half), np.float32),
                 np.empty((rows, half), np.float32),
             )
-            self._rope_tables[key] = table
+            self._rope_tables[rope] = table
         return table
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -219,10 +211,8 @@ class NumbaBackend:
         kernel(g, u, out)
         return out.reshape(gate.shape)
 
-    def store_kv(
-        self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
-    ) -> None:
-        layers.store_kv_rows(k_cache, v_cache, _f32(k), _f32(v), _i64(slot_mapping))
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return np.float32(cap) * np.tanh(x / np.float32(cap))
 
     def paged_attention(
         self,
@@ -233,12 +223,14 @@ class NumbaBackend:
         context_lens: np.ndarray,
         block_tables: np.ndarray,
         scale: float,
-        sliding_window: int = 0,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> np.ndarray:
         q3 = _f32(q)
         qsl, ctx, tables = _i64(query_start_loc), _i64(context_lens), _i64(block_tables)
+        bounds.check_attention(q3.shape, k_cache.shape, qsl, ctx, tables)
         out = np.empty_like(q3)
-        args = (q3, k_cache, v_cache, qsl, ctx, tables, float(scale), int(sliding_window), out)
+        args = (q3, k_cache, v_cache, qsl, ctx, tables, float(scale), int(window), float(softcap), out)
         work = q3.shape[0] * q3.shape[1] * q3.shape[2] * (int(ctx.max()) if ctx.size else 0)
         if self.threads > 1 and work >= _ATTN_PARALLEL_MIN:
             attention.paged_attention_par(*args, self.threads)
@@ -258,7 +250,7 @@ class NumbaBackend:
         (not the op-by-op layer kernels when `model` will run as a fused stack, see decoder_stack)."""
         from localllm.kernels.warmup import warm_backend
 
-        fused = model is not None and self.fuse_layers and can_fuse(model)
+        fused = model is not None and self.fuse_layers and plan_for(model) is not None
         warm_backend(self, layer_ops=not fused)
         if fused:
             self._warm_stack(model)
@@ -274,4 +266,4 @@ class NumbaBackend:
         one = np.zeros(1, np.int64)
         batch = ForwardBatch(one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one)
         x = np.zeros((1, a.dim), np.float32)
-        self.decoder_stack(model, x, batch, SimpleNamespace(k=k, v=v))
+        self.run_layers(model, x, batch, SimpleNamespace(k=k, v=v))

@@ -1,29 +1,50 @@
-"""The Numba backend's fused layer stack: a llama-style model's layers as one kernel call per step.
+"""The Numba backend's fused layer stack: a model's layers, as their LayerSpecs say, in one kernel call.
 
-`DecoderPlan` gathers what kernels/decoder.py needs once per model (launch tables of every layer's
-weights, stacked norms and biases); `run` calls it with the step's batch.  Same kernels, same order
-as the model's operation-by-operation path, so the same bits (tests/test_kernels.py compares).
+`DecoderPlan.build` turns a model's specs and weights into kernels/decoder.py's named inputs once per
+model; `run` calls it with the step's batch. Every LayerSpec field must be listed in `EXECUTED`:
+a field the stack does not execute, set to anything but its default, makes `refusal` name it, the
+backend log it and the model run op by op (a test fails when a new field is not listed).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from localllm.kernels import decoder, matmul
+from localllm.kernels import decoder as dk
+from localllm.kernels import matmul
+from localllm.models.spec import LayerSpec, RopeSpec, spec_fields
+
+log = logging.getLogger("localllm")
+
+# LayerSpec fields kernels/decoder.py executes (rope.* are the RopeSpec's fields).
+EXECUTED = frozenset(
+    {"rope.dim", "rope.base", "rope.freq_scale", "rope.neox", "window", "qkv_bias", "qk_norm",
+     "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap"}
+)  # fmt: skip
+
+
+def refusal(specs: tuple[LayerSpec, ...]) -> str | None:
+    """Why the fused stack cannot run these layers (the first unexecuted field set), else None."""
+    defaults = spec_fields(LayerSpec(RopeSpec(dim=0)))
+    for il, spec in enumerate(specs):
+        for name, value in spec_fields(spec).items():
+            if name not in EXECUTED and value != defaults.get(name):
+                return f"layer {il}: LayerSpec.{name} = {value!r} is not executed by the fused stack"
+    return None
 
 
 def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
     """(layers, weights per group, 5) launch tables (see matmul.launch_many)."""
-    rows = [matmul.group_table(ws, use_int) for ws in groups]
-    return np.ascontiguousarray(np.stack(rows), np.int64)
+    return np.ascontiguousarray(np.stack([matmul.group_table(ws, use_int) for ws in groups]), np.int64)
 
 
 def _stack(vectors: list[Any], width: int) -> np.ndarray:
-    """Per-layer vectors as (layers, width) float32; missing ones (no bias) as zeros."""
+    """Per-layer vectors as (layers, width) float32; missing ones as zeros."""
     out = np.zeros((len(vectors), width), np.float32)
     for i, v in enumerate(vectors):
         if v is not None:
@@ -31,69 +52,99 @@ def _stack(vectors: list[Any], width: int) -> np.ndarray:
     return out
 
 
-def can_fuse(model: Any) -> bool:
-    """Only the plain pre-norm llama layer (optional q/k/v biases, no q/k norms)."""
-    if not getattr(model, "fusable_layers", False):
-        return False
-    return all(x.attn.q_norm is None and x.attn.k_norm is None for x in model.layers)
+def _down_mode(spec: LayerSpec, down: Any) -> int:
+    if not spec.precise_down or not down.lane:  # a row kind takes the float path: precise already
+        return dk.DOWN_PLAIN
+    return dk.DOWN_INT16 if down.kind == matmul.Q8_0 else dk.DOWN_TWO_PASS
+
+
+def _flags(specs: tuple[LayerSpec, ...], layers: list[Any], ropes: list[RopeSpec]) -> np.ndarray:
+    flags = np.zeros((len(specs), dk.N_FLAGS), np.int64)
+    for il, (s, lw) in enumerate(zip(specs, layers, strict=True)):
+        flags[il, dk.F_WINDOW] = s.window
+        flags[il, dk.F_GELU] = s.activation == "gelu_tanh"
+        flags[il, dk.F_BIAS], flags[il, dk.F_QK_NORM] = s.qkv_bias, s.qk_norm
+        flags[il, dk.F_POST_ATTN], flags[il, dk.F_POST_FFN] = s.post_attn_norm, s.post_ffn_norm
+        flags[il, dk.F_DOWN] = _down_mode(s, lw.down)
+        flags[il, dk.F_ROPE] = ropes.index(s.rope)
+    return flags
+
+
+def _int16_tables(layers: list[Any], flags: np.ndarray) -> np.ndarray:
+    out = np.zeros((len(layers), 5), np.int64)
+    for il, lw in enumerate(layers):
+        if flags[il, dk.F_DOWN] == dk.DOWN_INT16:
+            d = lw.down
+            out[il] = (matmul.range_kernel(matmul.Q8_0, "int16").address, d.addr, d.nbytes, d.n, d.k)
+    return out
 
 
 @dataclass(eq=False)
 class DecoderPlan:
-    attn: tuple  # see decoder.decoder_stack
-    ffn: tuple
+    weights: dk.StackWeights  # with the integer-path tables
+    dims: dk.Dims
     groups: tuple  # the weights behind the launch tables, for the float tables when first needed
-    any_int: bool
-    shape: tuple
-    ffn_dim: int
+    rope_dims: np.ndarray  # (R, 2) int64 for the distinct rotations, which flags[:, F_ROPE] indexes
+    rope_freqs: np.ndarray  # (R, 2) float64
 
     @classmethod
     def build(cls, model: Any) -> DecoderPlan:
         a, L = model.args, model.layers
-        qkv = [(x.attn.wq, x.attn.wk, x.attn.wv) for x in L]
-        o = [(x.attn.wo,) for x in L]
-        gu = [(x.ffn.gate, x.ffn.up) for x in L]
-        down = [(x.ffn.down,) for x in L]
-        everything = [w for grp in qkv + o + gu + down for w in grp]
-        any_int = any(w.lane for w in everything)
-        gemm = int(everything[0].gemm) if matmul.needs_gemm(everything, True) else 0
-        norms = _stack([x.attn_norm for x in L], a.dim), _stack([x.ffn_norm for x in L], a.dim)
-        nq, nkv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-        biases = (
-            _stack([x.attn.bq for x in L], nq),
-            _stack([x.attn.bk for x in L], nkv),
-            _stack([x.attn.bv for x in L], nkv),
-        )
-        has_bias = any(x.attn.bq is not None or x.attn.bk is not None or x.attn.bv is not None for x in L)
-        ints = tuple(_tables(g, True) for g in (qkv, o, gu, down))
-        shape = (
-            a.n_heads, a.n_kv_heads, a.head_dim, a.rope_dim, float(a.rope_base), bool(a.rope_neox),
-            float(a.norm_eps), float(a.attn_scale),
+        ropes = list(dict.fromkeys(s.rope for s in a.layers))
+        flags = _flags(a.layers, L, ropes)
+        groups = (
+            [(x.wq, x.wk, x.wv) for x in L], [(x.wo,) for x in L],
+            [(x.gate, x.up) for x in L], [(x.down,) for x in L],
         )  # fmt: skip
-        attn = (ints[0], ints[1], gemm, any_int, norms[0], biases, has_bias)
-        ffn = (ints[2], ints[3], gemm, any_int, norms[1])
-        return cls(attn, ffn, (qkv, o, gu, down), any_int, shape, int(L[0].ffn.gate.n))
+        nq, nkv, hd = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.head_dim
+        weights = dk.StackWeights(
+            *(_tables(g, True) for g in groups), _int16_tables(L, flags),
+            *(_stack([getattr(x, f) for x in L], a.dim)
+              for f in ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm")),
+            _stack([x.q_norm for x in L], hd), _stack([x.k_norm for x in L], hd),
+            _stack([x.bq for x in L], nq), _stack([x.bk for x in L], nkv), _stack([x.bv for x in L], nkv),
+            flags, np.array([s.attn_softcap for s in a.layers], np.float32), 0, True,
+        )  # fmt: skip
+        two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
+        dims = dk.Dims(
+            a.n_heads, a.n_kv_heads, hd, a.ffn_dim, float(a.norm_eps), float(a.attn_scale), two_pass
+        )
+        rope_dims = np.array([(r.dim, r.neox) for r in ropes], np.int64)
+        rope_freqs = np.array([(r.base, r.freq_scale) for r in ropes], np.float64)
+        return cls(weights, dims, groups, rope_dims, rope_freqs)
+
+    @functools.cached_property
+    def any_int(self) -> bool:
+        return any(w.lane for grp in self.groups for ws in grp for w in ws)
 
     @functools.cache  # noqa: B019 (one plan per model, kept as long as the model)
-    def _float_tables(self) -> tuple[np.ndarray, ...]:
-        """Float-path tables (without AVX2, long prompts): their kernels load only if needed."""
-        return tuple(_tables(g, False) for g in self.groups)
+    def _path(self, use_int: bool) -> dk.StackWeights:
+        """The weights with one path's tables: integer, or float (without AVX2 for long prompts,
+        whose kernels load only when needed)."""
+        everything = [w for grp in self.groups for ws in grp for w in ws]
+        gemm = int(everything[0].gemm) if matmul.needs_gemm(everything, use_int) else 0
+        if use_int:
+            return self.weights._replace(gemm=gemm, quantize=True)
+        floats = [_tables(g, False) for g in self.groups]
+        return self.weights._replace(qkv=floats[0], o=floats[1], gate_up=floats[2], down=floats[3],
+                                     gemm=gemm, quantize=False)  # fmt: skip
 
     def run(self, backend: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray:
         """All layers on x (T, dim), in place; returns x."""
         use_int = self.any_int and x.shape[0] <= matmul.INT_PATH_MAX_T
-        attn, ffn = self.attn, self.ffn
-        if not use_int:
-            f = self._float_tables()
-            gemm = int(self.groups[0][0][0].gemm)  # the float path needs the GEMM
-            attn = (f[0], f[1], gemm, False, *attn[4:])
-            ffn = (f[2], f[3], gemm, False, ffn[4])
         i64 = backend.as_i64
-        pos = i64(batch.positions)
-        rope_table = backend._rope_table(pos, self.shape[3], self.shape[4])
-        step = (
-            pos, i64(batch.slot_mapping), i64(batch.query_start_loc), i64(batch.context_lens),
-            i64(batch.block_tables), rope_table,
+        step = dk.Step(
+            i64(batch.positions), i64(batch.slot_mapping), i64(batch.query_start_loc),
+            i64(batch.context_lens), i64(batch.block_tables), self.rope_dims, self.rope_freqs,
         )  # fmt: skip
-        decoder.decoder_stack(x, attn, ffn, self.shape, step, (kv.k, kv.v), self.ffn_dim, backend.threads)
+        dk.decoder_stack(x, self._path(use_int), self.dims, step, (kv.k, kv.v), backend.threads)
         return x
+
+
+def plan_for(model: Any) -> DecoderPlan | None:
+    """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs."""
+    reason = refusal(model.args.layers)
+    if reason is not None:
+        log.warning("running %s layer by layer: %s", model.args.architecture, reason)
+        return None
+    return DecoderPlan.build(model)

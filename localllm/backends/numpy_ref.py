@@ -8,9 +8,11 @@ about 4x the file once every layer has run: fine for an oracle, which is all thi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from localllm.backends.base import Backend
 from localllm.kernels import reference as ref
 from localllm.quant import dequantize
 
@@ -27,7 +29,7 @@ class RawWeight:
         return self.dense
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     name = "numpy"
 
     def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> RawWeight:
@@ -43,25 +45,21 @@ class NumpyBackend:
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
         return x.astype(np.float32) @ weight.dequantized().T
 
-    def linear_precise(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
-        return self.linear(x, weight)
-
-    def linear_many(self, x: np.ndarray, weights: list[RawWeight]) -> list[np.ndarray]:
-        return [self.linear(x, w) for w in weights]
-
-    def rope_store_kv(self, q, k, v, positions, rope_dim, base, neox, k_cache, v_cache, slot_mapping):
-        q, k = ref.rope(q, positions, rope_dim, base, neox), ref.rope(k, positions, rope_dim, base, neox)
+    def rope_store_kv(self, q, k, v, positions, rope: Any, k_cache, v_cache, slot_mapping):
+        args = (positions, rope.dim, rope.base, rope.neox, rope.freq_scale)
+        q, k = ref.rope(q, *args), ref.rope(k, *args)
         ref.store_kv(k_cache, v_cache, k, v, slot_mapping)
         return q, k
 
     def embedding(self, weight: RawWeight, ids: np.ndarray) -> np.ndarray:
         return ref.embedding(weight.raw, weight.ggml_type, ids)
 
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return np.float32(cap) * np.tanh(x / np.float32(cap))
+
     rms_norm = staticmethod(ref.rms_norm)
-    rope = staticmethod(ref.rope)
     swiglu = staticmethod(ref.swiglu)
     geglu = staticmethod(ref.geglu)
-    store_kv = staticmethod(ref.store_kv)
     paged_attention = staticmethod(ref.paged_attention)
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:

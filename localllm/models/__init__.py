@@ -1,21 +1,23 @@
-"""Architectures by `general.architecture`; each lives in its own module."""
+"""Architectures by `general.architecture`. Each module only reads hyper-parameters into ModelArgs
+(one LayerSpec per layer) and may rename tensors; transformer.Transformer runs all of them."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from localllm.errors import ModelFormatError
 
 ARCHITECTURES = {
-    "llama": ("localllm.models.llama", "LlamaModel"),
-    "qwen2": ("localllm.models.qwen2", "Qwen2Model"),
-    "gemma3": ("localllm.models.gemma3", "Gemma3Model"),
+    "llama": "localllm.models.llama",
+    "qwen2": "localllm.models.qwen2",
+    "gemma3": "localllm.models.gemma3",
 }
 
 
 def load_model(gf: Any, backend: Any) -> Any:
     """Build the model for the GGUF's architecture, or say which architecture is unsupported."""
-    import importlib
+    from localllm.models.transformer import Transformer
 
     arch = gf.architecture
     if arch not in ARCHITECTURES:
@@ -24,5 +26,5 @@ def load_model(gf: Any, backend: Any) -> Any:
             f"{gf.path.name} uses the '{arch}' architecture, which localllm does not support "
             f"(supported: {supported})"
         )
-    module_name, class_name = ARCHITECTURES[arch]
-    return getattr(importlib.import_module(module_name), class_name)(gf, backend)
+    module = importlib.import_module(ARCHITECTURES[arch])
+    return Transformer(gf, backend, module.read_args(gf), getattr(module, "TENSOR_NAMES", None))

@@ -10,11 +10,13 @@ import numpy as np
 
 from localllm.errors import ModelFormatError
 from localllm.gguf_file import GGUFFile
+from localllm.models.spec import LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (ModelArgs re-exported)
 
 
 @dataclass(frozen=True, slots=True)
-class ModelArgs:
-    architecture: str
+class Hyper:
+    """The hyper-parameters every architecture stores under `<arch>.*`."""
+
     vocab_size: int
     dim: int
     n_layers: int
@@ -23,54 +25,64 @@ class ModelArgs:
     head_dim: int
     ffn_dim: int
     norm_eps: float
-    rope_base: float
-    rope_dim: int
-    rope_neox: bool
     context_length: int
-    attn_scale: float
-    rope_base_local: float = 0.0  # for sliding-window layers; 0 = same as rope_base
-    sliding_window: int = 0  # 0 = every layer attends to the whole context
-    sliding_pattern: int = 0  # every `sliding_pattern`-th layer is global, the rest use the window
-    embedding_scale: float = 1.0
-
-    def layer_window(self, il: int) -> int:
-        if self.sliding_window and self.sliding_pattern and (il + 1) % self.sliding_pattern != 0:
-            return self.sliding_window
-        return 0
-
-    def layer_rope_base(self, il: int) -> float:
-        return self.rope_base_local if self.layer_window(il) and self.rope_base_local else self.rope_base
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """float32 keys and values for every layer."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
 
 
-def read_args(gf: GGUFFile, rope_neox: bool, **overrides: Any) -> ModelArgs:
-    """The hyper-parameters every architecture stores under `<arch>.*`."""
+def read_hyper(gf: GGUFFile) -> Hyper:
     n_heads = int(_need(gf, "attention.head_count"))
     dim = int(_need(gf, "embedding_length"))
-    head_dim = int(gf.arch_get("attention.key_length", dim // n_heads))
+    if n_heads <= 0:
+        raise ModelFormatError(f"{gf.path.name}: '{gf.architecture}.attention.head_count' must be positive")
     vocab = gf.arch_get("vocab_size") or len(gf.get("tokenizer.ggml.tokens", []))
-    values: dict[str, Any] = dict(
-        architecture=gf.architecture,
-        vocab_size=int(vocab or gf.tensors["token_embd.weight"].shape[0]),
+    embd = gf.tensors.get("token_embd.weight")
+    return Hyper(
+        vocab_size=int(vocab or (embd.shape[0] if embd else 0)),
         dim=dim,
         n_layers=int(_need(gf, "block_count")),
         n_heads=n_heads,
         n_kv_heads=int(gf.arch_get("attention.head_count_kv", n_heads)),
-        head_dim=head_dim,
+        head_dim=int(gf.arch_get("attention.key_length", dim // n_heads)),
         ffn_dim=int(_need(gf, "feed_forward_length")),
         norm_eps=float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_base=float(gf.arch_get("rope.freq_base", 10000.0)),
-        rope_dim=int(gf.arch_get("rope.dimension_count", head_dim)),
-        rope_neox=rope_neox,
         context_length=int(gf.arch_get("context_length", 2048)),
-        attn_scale=1.0 / math.sqrt(head_dim),
     )
-    values.update(overrides)
-    return ModelArgs(**values)
+
+
+def read_rope(gf: GGUFFile, h: Hyper, neox: bool, base: float | None = None) -> RopeSpec:
+    """The file's rotation; `base` overrides rope.freq_base. Linear scaling is honoured; other kinds
+    (YaRN, LongRoPE) are refused rather than run without them."""
+    kind = str(gf.arch_get("rope.scaling.type", "none"))
+    factor = float(gf.arch_get("rope.scaling.factor", 1.0) or 1.0)
+    if kind not in ("none", "linear") and factor != 1.0:
+        raise ModelFormatError(
+            f"{gf.path.name} uses '{kind}' RoPE scaling ({gf.architecture}.rope.scaling.type), "
+            "which localllm does not support yet"
+        )
+    return RopeSpec(
+        dim=int(gf.arch_get("rope.dimension_count", h.head_dim)),
+        base=float(base if base is not None else gf.arch_get("rope.freq_base", 10000.0)),
+        freq_scale=1.0 / factor if kind == "linear" else 1.0,
+        neox=neox,
+    )
+
+
+def make_args(gf: GGUFFile, h: Hyper, layers: list[LayerSpec], **model_fields: Any) -> ModelArgs:
+    """ModelArgs from the shared hyper-parameters, one spec per layer and model-level fields."""
+    if len(layers) != h.n_layers:
+        raise ValueError("one LayerSpec per layer")
+    return ModelArgs(
+        architecture=gf.architecture,
+        **{f: getattr(h, f) for f in Hyper.__slots__},
+        attn_scale=1.0 / math.sqrt(h.head_dim) if h.head_dim > 0 else 1.0,
+        layers=tuple(layers),
+        tied_output="output.weight" not in gf.tensors,
+        **model_fields,
+    )
+
+
+def has_layer_tensor(gf: GGUFFile, il: int, name: str) -> bool:
+    """Whether layer il carries an optional tensor (biases, q/k norms) that llama-family files may have."""
+    return f"blk.{il}.{name}.weight" in gf.tensors or f"blk.{il}.{name}" in gf.tensors
 
 
 def _need(gf: GGUFFile, key: str) -> Any:
@@ -108,9 +120,6 @@ class WeightLoader:
 
     def vector(self, name: str) -> Any:
         return self.backend.prepare_vector(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)
-
-    def optional_vector(self, name: str) -> Any:
-        return self.vector(name) if self.has(name) else None
 
     def _checked(self, name: str) -> str:
         from localllm.quant import is_supported, type_name

@@ -1,53 +1,78 @@
-"""Building blocks shared by the architectures: attention over the paged KV cache and feed-forwards."""
+"""The one decoder layer every architecture runs, op by op over the backend, as its LayerSpec says.
+
+A backend with a fused stack (the Numba one) runs the same layer from the same spec in one compiled
+call; this is the reference it is tested against and the path every other backend takes.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from localllm.models.base import ForwardBatch, ModelArgs, WeightLoader
+from localllm.models.base import ForwardBatch, WeightLoader
+from localllm.models.spec import LayerSpec, ModelArgs
+
+# GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
+TENSOR_NAMES: dict[str, str] = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight",
+    "wk": "attn_k.weight",
+    "wv": "attn_v.weight",
+    "wo": "attn_output.weight",
+    "bq": "attn_q.bias",
+    "bk": "attn_k.bias",
+    "bv": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "gate": "ffn_gate.weight",
+    "up": "ffn_up.weight",
+    "down": "ffn_down.weight",
+    "post_ffn_norm": "post_ffw_norm.weight",
+}
+MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down"})
 
 
 @dataclass(slots=True)
-class AttentionWeights:
+class LayerWeights:
+    """A layer's tensors as the backend prepared them; the optional ones are None unless the spec
+    asks for them."""
+
+    attn_norm: Any
     wq: Any
     wk: Any
     wv: Any
     wo: Any
-    bq: Any = None  # qwen2 has biases on q, k, v
-    bk: Any = None
-    bv: Any = None
-    q_norm: Any = None  # gemma3 / qwen3 normalise each head of q and k
-    k_norm: Any = None
-
-    @classmethod
-    def load(cls, w: WeightLoader, prefix: str) -> AttentionWeights:
-        return cls(
-            wq=w.matrix(f"{prefix}.attn_q.weight"),
-            wk=w.matrix(f"{prefix}.attn_k.weight"),
-            wv=w.matrix(f"{prefix}.attn_v.weight"),
-            wo=w.matrix(f"{prefix}.attn_output.weight"),
-            bq=w.optional_vector(f"{prefix}.attn_q.bias"),
-            bk=w.optional_vector(f"{prefix}.attn_k.bias"),
-            bv=w.optional_vector(f"{prefix}.attn_v.bias"),
-            q_norm=w.optional_vector(f"{prefix}.attn_q_norm.weight"),
-            k_norm=w.optional_vector(f"{prefix}.attn_k_norm.weight"),
-        )
-
-
-@dataclass(slots=True)
-class FeedForwardWeights:
+    ffn_norm: Any
     gate: Any
     up: Any
     down: Any
+    bq: Any = None
+    bk: Any = None
+    bv: Any = None
+    q_norm: Any = None
+    k_norm: Any = None
+    post_attn_norm: Any = None
+    post_ffn_norm: Any = None
 
-    @classmethod
-    def load(cls, w: WeightLoader, prefix: str) -> FeedForwardWeights:
-        return cls(
-            gate=w.matrix(f"{prefix}.ffn_gate.weight"),
-            up=w.matrix(f"{prefix}.ffn_up.weight"),
-            down=w.matrix(f"{prefix}.ffn_down.weight"),
-        )
+
+def wanted(spec: LayerSpec) -> list[str]:
+    """The LayerWeights fields a layer of this spec needs (all of them required)."""
+    names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down"]
+    names += ["bq", "bk", "bv"] if spec.qkv_bias else []
+    names += ["q_norm", "k_norm"] if spec.qk_norm else []
+    names += ["post_attn_norm"] if spec.post_attn_norm else []
+    names += ["post_ffn_norm"] if spec.post_ffn_norm else []
+    return names
+
+
+def load_layer(w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str]) -> LayerWeights:
+    values = {}
+    for field in wanted(spec):
+        name = f"blk.{il}.{names[field]}"
+        values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
+    return LayerWeights(**values)
 
 
 def _add_bias(y: Any, bias: Any) -> Any:
@@ -55,48 +80,38 @@ def _add_bias(y: Any, bias: Any) -> Any:
 
 
 def self_attention(
-    b: Any, args: ModelArgs, aw: AttentionWeights, h: Any, batch: ForwardBatch, kv: Any, il: int
+    b: Any, args: ModelArgs, spec: LayerSpec, lw: LayerWeights, h: Any, batch: ForwardBatch, kv: Any, il: int
 ) -> Any:
-    """Project to q/k/v, rotate, write k/v into the paged cache, attend, project out."""
+    """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out."""
     n_tokens = h.shape[0]
-    q, k, v = b.linear_many(h, [aw.wq, aw.wk, aw.wv])
-    q = _add_bias(q, aw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
-    k = _add_bias(k, aw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
-    v = _add_bias(v, aw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
-    if aw.q_norm is not None:
-        q = b.rms_norm(q, aw.q_norm, args.norm_eps)
-        k = b.rms_norm(k, aw.k_norm, args.norm_eps)
+    q, k, v = b.linear_many(h, [lw.wq, lw.wk, lw.wv])
+    q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
+    k = _add_bias(k, lw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
+    v = _add_bias(v, lw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
+    if spec.qk_norm:
+        q = b.rms_norm(q, lw.q_norm, args.norm_eps)
+        k = b.rms_norm(k, lw.k_norm, args.norm_eps)
     k_cache, v_cache = kv.layer(il)
-    q, k = b.rope_store_kv(
-        q,
-        k,
-        v,
-        batch.positions,
-        args.rope_dim,
-        args.layer_rope_base(il),
-        args.rope_neox,
-        k_cache,
-        v_cache,
-        batch.slot_mapping,
-    )
+    q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
     out = b.paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        batch.query_start_loc,
-        batch.context_lens,
-        batch.block_tables,
-        args.attn_scale,
-        args.layer_window(il),
-    )
-    return b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), aw.wo)
+        q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
+        args.attn_scale, spec.window, spec.attn_softcap,
+    )  # fmt: skip
+    return b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
 
 
-def swiglu_ffn(b: Any, fw: FeedForwardWeights, h: Any) -> Any:
-    gate, up = b.linear_many(h, [fw.gate, fw.up])
-    return b.linear(b.swiglu(gate, up), fw.down)
+def feed_forward(b: Any, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
+    gate, up = b.linear_many(h, [lw.gate, lw.up])
+    act = b.swiglu(gate, up) if spec.activation == "silu" else b.geglu(gate, up)
+    return (b.linear_precise if spec.precise_down else b.linear)(act, lw.down)
 
 
-def geglu_ffn(b: Any, fw: FeedForwardWeights, h: Any) -> Any:
-    gate, up = b.linear_many(h, [fw.gate, fw.up])
-    return b.linear_precise(b.geglu(gate, up), fw.down)  # GeGLU outputs have large outliers
+def decoder_layer(
+    b: Any, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: Any
+) -> Any:
+    """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised."""
+    spec, eps = args.layers[il], args.norm_eps
+    h = self_attention(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
+    x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
+    h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
+    return x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)

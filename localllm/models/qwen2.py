@@ -1,13 +1,11 @@
-"""The qwen2 architecture (Qwen2 / Qwen2.5): llama's layer with q/k/v biases and NEOX-style RoPE.
-
-The biases are optional tensors the shared attention already applies, and an untied `output.weight`
-is picked up by the llama loader, so only the rotation style differs.
-"""
+"""qwen2 (Qwen2 / Qwen2.5): llama's layer with q/k/v biases and NEOX-style (half-split) RoPE."""
 
 from __future__ import annotations
 
-from localllm.models.llama import LlamaModel
+from localllm.gguf_file import GGUFFile
+from localllm.models import llama
+from localllm.models.spec import ModelArgs
 
 
-class Qwen2Model(LlamaModel):
-    rope_neox = True
+def read_args(gf: GGUFFile) -> ModelArgs:
+    return llama.read_args(gf, neox=True)

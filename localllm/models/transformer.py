@@ -1,0 +1,54 @@
+"""The decoder-only transformer every architecture is: embeddings, the spec'd layers, norm, logits.
+
+An architecture module (llama.py, qwen2.py, gemma3.py) only reads its hyper-parameters into ModelArgs
+and names its tensors; this class loads and runs any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from localllm.gguf_file import GGUFFile
+from localllm.models.base import ForwardBatch, WeightLoader
+from localllm.models.layers import TENSOR_NAMES, decoder_layer, load_layer
+from localllm.models.spec import ModelArgs
+
+
+class Transformer:
+    def __init__(self, gf: GGUFFile, backend: Any, args: ModelArgs, names: dict[str, str] | None = None):
+        from localllm.gguf_check import check_model
+
+        self.backend = backend
+        self.args = args
+        check_model(gf, args)  # shapes and byte ranges, before any kernel sees a byte
+        names = {**TENSOR_NAMES, **(names or {})}
+        w = WeightLoader(gf, backend)
+        self.tok_embd = w.matrix("token_embd.weight")
+        self.output = self.tok_embd if args.tied_output else w.matrix("output.weight")
+        self.output_norm = w.vector("output_norm.weight")
+        self.layers = [load_layer(w, il, spec, names) for il, spec in enumerate(args.layers)]
+
+    def embed(self, input_ids: Any) -> Any:
+        x = self.backend.embedding(self.tok_embd, input_ids)
+        return x if self.args.embedding_scale == 1.0 else x * np.float32(self.args.embedding_scale)
+
+    def forward_layers(self, x: Any, batch: ForwardBatch, kv: Any) -> Any:
+        """Every layer on x: in one fused call where the backend can run this spec, else op by op."""
+        fused = self.backend.run_layers(self, x, batch, kv)
+        if fused is not None:
+            return fused
+        for il, lw in enumerate(self.layers):
+            x = decoder_layer(self.backend, self.args, il, lw, x, batch, kv)
+        return x
+
+    def forward(self, batch: ForwardBatch, kv: Any) -> Any:
+        """Logits (len(batch.logits_indices), vocab) for the rows that need them."""
+        b = self.backend
+        batch = b.begin_step(batch)
+        x = self.forward_layers(self.embed(batch.input_ids), batch, kv)
+        x = b.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
+        logits = b.linear_precise(x, self.output)
+        cap = self.args.final_logit_softcap
+        return logits if not cap else b.softcap(logits, cap)
