@@ -35,9 +35,8 @@ def _load(path: Path, cache_dir: Path) -> tuple[object, weight_cache.WeightCache
 
 def _matrices(model) -> list:
     out = [model.tok_embd]
-    for layer in model.layers:
-        a, f = layer.attn, layer.ffn
-        out += [a.wq, a.wk, a.wv, a.wo, f.gate, f.up, f.down]
+    for x in model.layers:
+        out += [x.wq, x.wk, x.wv, x.wo, x.gate, x.up, x.down]
     return out
 
 
