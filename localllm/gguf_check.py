@@ -245,6 +245,20 @@ def check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None =
     shape they imply, a type localllm runs, and bytes inside the file. Call it after reading `args`
     and before loading any weight. `names` is an architecture's layer-role renames (models.layers'
     TENSOR_NAMES keys -> file names), so renamed tensors are checked under their new names."""
+    try:
+        _check_model(gf, args, names)
+    except ModelFormatError as e:
+        raise ModelFormatError(one_line(f"{gf.path.name}: {e}")) from None
+
+
+def one_line(message: str) -> str:
+    """An error message safe to print: names from the file may hold terminal escape sequences."""
+    from localllm.model_info import printable
+
+    return printable(message)
+
+
+def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None) -> None:
     check_hyperparameters(args, gf.metadata)
     sizes, shapes = _sizes(args), _shape_table(names)
     for info in gf.tensors.values():

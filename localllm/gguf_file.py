@@ -13,6 +13,7 @@ file's header bytes still matches and it passes the same validation, so a tamper
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import mmap
 import os
@@ -46,6 +47,9 @@ SCALAR_FORMATS = {
     12: "<d",
 }
 SMALL_ARRAY = 64  # numeric arrays up to this length become lists, longer ones stay numpy arrays
+MAX_KEY_BYTES = 1024  # keys are short dotted names
+MAX_NAME_BYTES = 256  # ggml's own limit (GGML_MAX_NAME) is 64
+DECODE_CHUNK = 1 << 14
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dimension, type, offset
 
@@ -158,6 +162,11 @@ def _index_path(path: Path, index_dir: Path) -> Path:
     return index_dir / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".pkl")
 
 
+def index_cache_path(path: str | os.PathLike, index_dir: Path) -> Path:
+    """The file in index_dir that caches the parsed index of the GGUF file `path` (for `rm`)."""
+    return _index_path(Path(path), index_dir)
+
+
 def _load_index(path: Path, index_dir: Path | None) -> GGUFIndex:
     cached = _index_path(path, index_dir) if index_dir is not None else None
     if cached is not None and cached.exists():
@@ -214,11 +223,17 @@ def read_index(path: Path) -> GGUFIndex:
     """Parse and validate a GGUF header; every problem is one ModelFormatError naming the file."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            index = _parse(_Cursor(mm))
+            view = memoryview(mm)  # slices of it decode without copying
+            try:
+                index = _parse(_Cursor(view))
+            finally:
+                view.release()
             _validate(index, len(mm))
             return index
     except ModelFormatError as e:
-        raise ModelFormatError(f"{path.name}: {e}") from None
+        from localllm.gguf_check import one_line
+
+        raise ModelFormatError(one_line(f"{path.name}: {e}")) from None
     except (OSError, ValueError) as e:  # e.g. an empty file cannot be mapped
         raise ModelFormatError(f"cannot read {path.name}: {e}") from None
 
@@ -251,10 +266,12 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar("<Q", what)
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_bytes: int | None = None) -> str:
         n = self.u64(f"the length of {what}")
+        if max_bytes is not None and n > max_bytes:
+            raise ModelFormatError(f"{what} is {n:,} bytes long; at most {max_bytes:,} expected")
         start = self.take(n, what)
-        return str(self.buf[start : start + n], "utf-8", "replace")
+        return _decode(self.buf, start, start + n, what)
 
     def count(self, what: str, min_item_bytes: int) -> int:
         """A count read from the file, refused when its items could not fit in the bytes left."""
@@ -289,7 +306,7 @@ def _parse(cur: _Cursor) -> GGUFIndex:
 def _read_metadata(cur: _Cursor, n_kv: int) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
-        key = cur.string(f"metadata key {i}")
+        key = cur.string(f"metadata key {i}", MAX_KEY_BYTES)
         value = _read_value(cur, cur.u32(f"the type of '{key}'"), f"'{key}'")
         if key in metadata:
             raise ModelFormatError(f"metadata key '{key}' appears twice")
@@ -331,10 +348,38 @@ def _read_strings(cur: _Cursor, n: int, what: str) -> list[str]:
                 f"the file is truncated or corrupt: string {i} of {what} runs past its end"
             )
         length = unpack(buf, pos)[0]
-        out.append(str(buf[pos + 8 : pos + 8 + length], "utf-8", "replace"))
+        out.append(_decode(buf, pos + 8, pos + 8 + length, f"string {i} of {what}"))
         pos += 8 + length
     cur.pos = pos
     return out
+
+
+def _decode(buf: Any, start: int, end: int, what: str) -> str:
+    # Strict UTF-8, as the old reader was. A long string that is not plain ASCII is first checked in
+    # chunks, so a damaged one costs one chunk of memory, not a file-sized str plus its copy in the
+    # exception (and a str can take up to 4 bytes per character).
+    long = end - start > DECODE_CHUNK
+    if (
+        not long
+        or not np.frombuffer(buf, np.uint8, end - start, start).max() >> 7
+        or _is_utf8(buf, start, end)
+    ):
+        try:
+            return str(buf[start:end], "utf-8")
+        except UnicodeDecodeError:
+            pass  # raised below, so no traceback keeps a slice of the mapped file alive
+    raise ModelFormatError(f"{what} is not valid UTF-8")
+
+
+def _is_utf8(buf: Any, start: int, end: int) -> bool:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        for at in range(start, end, DECODE_CHUNK):
+            stop = min(at + DECODE_CHUNK, end)
+            decoder.decode(buf[at:stop], final=stop == end)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _alignment(metadata: dict[str, Any]) -> int:
@@ -348,7 +393,7 @@ def _alignment(metadata: dict[str, Any]) -> int:
 def _read_tensor_info(cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], int, int]:
     from localllm.gguf_check import MAX_DIMS
 
-    name = cur.string(f"the name of tensor {i}")
+    name = cur.string(f"the name of tensor {i}", MAX_NAME_BYTES)
     n_dims = cur.u32(f"the dimension count of tensor '{name}'")
     if not 1 <= n_dims <= MAX_DIMS:
         raise ModelFormatError(f"tensor '{name}' has {n_dims} dimensions; expected 1 to {MAX_DIMS}")

@@ -11,11 +11,17 @@ Memory, as this engine uses it:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KV_DTYPE_BYTES = 4  # the engine keeps K and V in float32
+# Characters a terminal acts on instead of showing: C0/C1 controls and DEL (escape sequences that
+# clear the screen or set the window title start with ESC or the 8-bit CSI/OSC), and the bidi
+# overrides that make text read differently from what it is. Line separators count in one-line fields.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,7 @@ def summarize(gf: Any) -> ModelInfo:
     histogram = tensor_histogram(gf.tensors.values())
     parameters = sum(t.parameters for t in histogram)
     extra = {
-        k.removeprefix("general."): md[k]
+        k.removeprefix("general."): printable(md[k]) if isinstance(md[k], str) else md[k]
         for k in ("general.basename", "general.size_label", "general.license", "general.organization")
         if isinstance(md.get(k), (str, int, float))
     }
@@ -110,8 +116,8 @@ def summarize(gf: Any) -> ModelInfo:
     return ModelInfo(
         path=str(gf.path),
         file_size=int(gf.path.stat().st_size),
-        name=str(md.get("general.name") or gf.path.stem),
-        architecture=arch,
+        name=printable(md.get("general.name") or gf.path.stem),
+        architecture=printable(arch),
         parameters=parameters,
         quant=file_quant(md, gf.tensors.values()),
         tensor_types=histogram,
@@ -122,8 +128,8 @@ def summarize(gf: Any) -> ModelInfo:
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
         vocab_size=vocab,
-        tokenizer=str(md["tokenizer.ggml.model"]) if md.get("tokenizer.ggml.model") else None,
-        chat_template=str(template) if template else None,
+        tokenizer=printable(md["tokenizer.ggml.model"]) if md.get("tokenizer.ggml.model") else None,
+        chat_template=printable(template, multiline=True) if template else None,
         extra=extra,
     )
 
@@ -194,6 +200,13 @@ def short_template(text: str, max_lines: int = 12, max_chars: int = 800) -> tupl
     if len(cut) > max_chars:
         cut = cut[:max_chars]
     return cut, cut != text
+
+
+def printable(text: Any, multiline: bool = False) -> str:
+    """`text` safe to print to a terminal: control characters shown as escapes (\\x1b, \\u202e)
+    instead of acted on. multiline keeps newlines and tabs (for chat templates)."""
+    pattern = _UNSAFE if multiline else _UNSAFE_ONE_LINE
+    return pattern.sub(lambda m: repr(m[0])[1:-1] if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}", str(text))
 
 
 def _numel(shape: Any) -> int:
