@@ -327,7 +327,8 @@ def slowloris(tiny_model_path: Path, index_dir: Path, tmp_path: Path, count: int
 
 
 HOLDER = f"""
-import asyncio, resource, sys
+import asyncio, logging, resource, sys
+logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # writes after the server hung up: expected
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 {__import__("inspect").getsource(hold_slow_sockets)}
