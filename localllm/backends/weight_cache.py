@@ -39,6 +39,16 @@ def packing_digest() -> str:
     return hashlib.sha256(Path(packing.__file__).read_bytes()).hexdigest()[:16]
 
 
+def cache_files(model: str | os.PathLike, cache_dir: Path) -> list[Path]:
+    """The packed-weight cache files of the GGUF file `model` in cache_dir (e.g. for `rm` to delete)."""
+    return sorted(cache_dir.glob(f"{_model_prefix(Path(model))}-*.wpack"))
+
+
+def _model_prefix(model: Path) -> str:
+    # One file per model path: a newer key replaces the older file instead of piling up.
+    return hashlib.sha256(str(model.resolve()).encode()).hexdigest()[:16]
+
+
 class WeightCache:
     """Packs the matrices of one GGUF file, reusing the buffers a previous load wrote to disk."""
 
@@ -47,8 +57,7 @@ class WeightCache:
         path = Path(gf.path).resolve()
         st = path.stat()
         self.key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{FORMAT_VERSION}|{packing_digest()}"
-        # One file per model path: a newer key replaces the older file instead of piling up.
-        self._prefix = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        self._prefix = _model_prefix(path)
         digest = hashlib.sha256(self.key.encode()).hexdigest()[:16]
         self.path = cache_dir / f"{self._prefix}-{digest}.wpack"
         self._cached = _read(self.path, self.key)

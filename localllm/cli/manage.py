@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from localllm.cli.app import app
+from localllm.download import fetch_lock, human_size, part_path, remove_leftovers, report_leftovers
 from localllm.errors import LocalLLMError, ModelNotFoundError
 from localllm.registry import (
     Registry,
     cached_file,
     default_home,
     default_user_registry,
+    index_dir,
     load_registry,
     model_path,
     models_dir,
@@ -59,7 +61,7 @@ def describe(path: Path) -> dict[str, str]:
     match = _QUANT.search(path.name)
     quant = match.group(1).upper() if match else ""
     try:
-        info = summarize(GGUFFile.open(path, default_home() / "index"))
+        info = summarize(GGUFFile.open(path, index_dir(default_home())))
     except Exception:  # a damaged or foreign file must not break the listing
         return {"arch": "", "params": "", "quant": quant, "context": ""}
     return {
@@ -86,6 +88,7 @@ def pull(
     Example: localllm pull smollm2-135m-instruct
     """
     home, registry = default_home(), load_registry(default_user_registry())
+    report_leftovers(remove_leftovers(models_dir(home)), progress=not quiet)  # even if NAME is here
     resolved = resolve_model(
         name or registry.default_model, home, registry, progress=not quiet, verify=verify
     )
@@ -106,7 +109,7 @@ def list_models() -> None:
 
 @app.command()
 def rm(name: Annotated[str, typer.Argument(help="Registry name, or a file name in the cache.")]) -> None:
-    """Delete a downloaded model from the cache; `pull` can fetch it again.
+    """Delete a downloaded model and what was derived from it (index, packed weights) from the cache.
 
     Example: localllm rm smollm2-135m-instruct
     """
@@ -137,9 +140,7 @@ def _entry_row(registry: Registry, name: str, home: Path) -> ModelRow:
     if path.is_file() and (entry.is_local or entry.size in (None, path.stat().st_size)):
         status = "local" if entry.is_local else "yes"
         return ModelRow(name, path.name, path.stat().st_size, status, path, default)
-    status = (
-        "missing" if entry.is_local else "partial" if path.with_name(path.name + ".part").exists() else "no"
-    )
+    status = "missing" if entry.is_local else "partial" if part_path(path).exists() else "no"
     return ModelRow(name, entry.file_name, entry.size, status, None, default)
 
 
@@ -162,31 +163,45 @@ def model_table(rows: list[ModelRow], describe: Describe | None = None) -> Table
 
 
 def remove_model(name: str, registry: Registry, home: Path) -> list[tuple[Path, int]]:
-    """Delete the cached file (and any leftover .part) of a model; returns (path, bytes) removed."""
+    """Delete a model's cached file, any leftover .part and the caches derived from the file; also
+    what killed downloads left behind. Returns (path, bytes) for each file or folder removed."""
+    path = _cached_path(name, registry, home)
+    if not path.parent.is_dir():
+        raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
+    leftovers = remove_leftovers(path.parent)
+    with fetch_lock(path, wait=False) as idle:
+        if idle is False:  # its .part is being written: deleting it would only break that download
+            raise LocalLLMError(f"another localllm process is downloading {path.name}; remove it afterwards.")
+        candidates = [path, part_path(path), *derived_caches(path, home)]
+        removed = [(p, p.stat().st_size) for p in candidates if p.is_file()]
+        if not removed:
+            raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
+        for p, _ in removed:
+            p.unlink()
+    return removed + leftovers
+
+
+def _cached_path(name: str, registry: Registry, home: Path) -> Path:
+    """Where the model `name` (a registry name, or a file name in the cache) is or would be cached."""
     entry = registry.find(name)
     if entry is not None and entry.is_local:
         raise LocalLLMError(
             f"model {entry.name} is your own file {model_path(entry, home)}; localllm leaves it alone."
         )
     if entry is not None:
-        path: Path | None = model_path(entry, home)
-    else:
-        path = cached_file(name, models_dir(home))
-        if path is None:
-            raise ModelNotFoundError(unknown_model_message(name, registry))
-    candidates = [path, path.with_name(path.name + ".part")]
-    removed = [(p, p.stat().st_size) for p in candidates if p.is_file()]
-    if not removed:
-        raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
-    for p, _ in removed:
-        p.unlink()
-    return removed
+        return model_path(entry, home)
+    path = cached_file(name, models_dir(home))
+    if path is None:
+        raise ModelNotFoundError(unknown_model_message(name, registry))
+    return path
 
 
-def human_size(size: int | None) -> str:
-    if size is None:
-        return "?"
-    if size < 1024:
-        return f"{size} B"
-    exponent = min(3, (size.bit_length() - 1) // 10)  # 1 KiB, 2 MiB, 3 GiB
-    return f"{size / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
+def derived_caches(path: Path, home: Path) -> list[Path]:
+    """The cache files made from the model file `path`: its parsed GGUF index and its packed weights."""
+    from localllm.backends.weight_cache import cache_files  # imports numba: only when removing
+    from localllm.gguf_file import index_cache_path
+
+    found = cache_files(path, index_dir(home))
+    if path.is_file():  # the index cache's name depends on the file's size and mtime
+        found.append(index_cache_path(path, index_dir(home)))
+    return found
