@@ -39,10 +39,11 @@ CHUNK = 1 << 20
 PIP_BATCH = 8  # parts per `pip download` call
 TIMEOUT_S = 30.0  # per socket operation; a stalled server becomes a resumable interruption
 LEGACY_WHEELS_AGE_S = 3600.0  # an old-style `.pip-*` folder untouched this long has no live owner
+_EDQUOT = getattr(errno, "EDQUOT", errno.ENOSPC)  # disk quota exceeded (not every platform names it)
 # What to do about an error writing the cache, by errno.
 _WRITE_HINTS = {
     errno.ENOSPC: "free some space, or set LOCALLLM_HOME to a folder on a larger disk",
-    errno.EDQUOT: "free some space, or set LOCALLLM_HOME to a folder on a larger disk",
+    _EDQUOT: "free some space, or set LOCALLLM_HOME to a folder on a larger disk",
     errno.EACCES: "check the folder's permissions, or set LOCALLLM_HOME to a folder you can write",
     errno.EPERM: "check the folder's permissions, or set LOCALLLM_HOME to a folder you can write",
     errno.EROFS: "set LOCALLLM_HOME to a folder on a writable disk",
@@ -50,7 +51,7 @@ _WRITE_HINTS = {
 # pip reports an OSError in its own words (sometimes only as a traceback): its text -> errno.
 _PIP_OS_ERRORS = {
     "No space left on device": errno.ENOSPC,
-    "Disk quota exceeded": errno.EDQUOT,
+    "Disk quota exceeded": _EDQUOT,
     "Permission denied": errno.EACCES,
     "Read-only file system": errno.EROFS,
 }
@@ -374,7 +375,7 @@ def _pip_download(requirements: list[str], wheels: Path) -> dict[str, Path]:
     except OSError as e:
         raise DownloadError(f"cannot run pip ({sys.executable}): {e.strerror}.") from None
     if proc.returncode != 0:
-        raise _pip_failure(proc.stderr + proc.stdout, what, target)
+        raise _pip_failure(proc.stderr + proc.stdout, what, wheels)
     found = {wheel.name.split("-", 1)[0].lower(): wheel for wheel in target.glob("*.whl")}
     missing = [r for r in requirements if _dist_key(r) not in found]
     if missing:
@@ -388,14 +389,14 @@ def _run_pip(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
-def _pip_failure(output: str, what: str, target: Path) -> DownloadError:
+def _pip_failure(output: str, what: str, wheels: Path) -> DownloadError:
     """pip's failure as one sentence; an error writing the disk names the cause and the path."""
     for text, code in _PIP_OS_ERRORS.items():
         if text in output:
             # pip prints e.g. "OSError: [Errno 28] No space left on device: '/path/x.whl'" (path optional)
             named = re.search(rf"{text}: '([^']+)'", output)
             error = OSError(code, os.strerror(code), named.group(1) if named else None)
-            return _write_error(error, target, f" while pip downloaded {what}")
+            return _write_error(error, wheels, f" while pip downloaded {what}")
     return DownloadError(f"pip could not download {what}: {_pip_reason(output)}")
 
 

