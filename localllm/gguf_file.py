@@ -241,9 +241,9 @@ def read_index(path: Path) -> GGUFIndex:
 class _Cursor:
     """Little-endian reads from a buffer; a read past its end is a ModelFormatError, never a crash."""
 
-    def __init__(self, buf: Any):
+    def __init__(self, buf: Any, pos: int = 0):
         self.buf = buf
-        self.pos = 0
+        self.pos = pos
         self.end = len(buf)
 
     def take(self, n: int, what: str) -> int:
@@ -284,6 +284,8 @@ class _Cursor:
 
 
 def _parse(cur: _Cursor) -> GGUFIndex:
+    from localllm.gguf_check import check_tensor_ranges
+
     cur.take(4, "the magic")
     version = cur.u32("the version")
     if version not in (2, 3):
@@ -300,6 +302,11 @@ def _parse(cur: _Cursor) -> GGUFIndex:
     if infos and data_offset > cur.end:
         raise ModelFormatError("the file is truncated: it ends before its tensor data section")
     tensors = _tensor_table(infos, data_offset)
+    check_tensor_ranges(tensors.values(), data_offset, alignment, cur.end)
+    # only now, with the whole header in bounds, do vocabularies become (many, larger) python objects
+    for key, value in metadata.items():
+        if isinstance(value, _StringArray):
+            metadata[key] = _read_strings(_Cursor(cur.buf, value.start), value.count, value.what)
     return GGUFIndex(metadata, tensors, data_offset, alignment, _digest(cur.buf, min(data_offset, cur.end)))
 
 
@@ -328,7 +335,9 @@ def _read_value(cur: _Cursor, vtype: int, what: str) -> Any:
 def _read_array(cur: _Cursor, what: str) -> Any:
     item_type = cur.u32(f"the item type of {what}")
     if item_type == GGUF_STRING:
-        return _read_strings(cur, cur.count(f"the length of {what}", 8), what)
+        n, start = cur.count(f"the length of {what}", 8), cur.pos
+        _read_strings(cur, n, what, decode=False)
+        return _StringArray(start, n, what)
     fmt = SCALAR_FORMATS.get(item_type)
     if fmt is None:  # nested arrays included: no model uses them and llama.cpp rejects them too
         raise ModelFormatError(f"metadata {what} is an array of unsupported item type {item_type}")
@@ -338,23 +347,34 @@ def _read_array(cur: _Cursor, what: str) -> Any:
     return values.tolist() if n <= SMALL_ARRAY or dtype.kind == "b" else values
 
 
-def _read_strings(cur: _Cursor, n: int, what: str) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _StringArray:
+    """A string array whose bounds were checked, its strings not decoded yet."""
+
+    start: int
+    count: int
+    what: str
+
+
+def _read_strings(cur: _Cursor, n: int, what: str, decode: bool = True) -> list[str]:
     # the hot loop of a vocabulary (up to ~262k strings), so the cursor's checks are inlined
     buf, pos, end, out = cur.buf, cur.pos, cur.end, []
     unpack = struct.Struct("<Q").unpack_from
     for i in range(n):
-        if end - pos < 8 or unpack(buf, pos)[0] > end - pos - 8:
+        length = unpack(buf, pos)[0] if end - pos >= 8 else end
+        pos += 8
+        if length > end - pos:
             raise ModelFormatError(
                 f"the file is truncated or corrupt: string {i} of {what} runs past its end"
             )
-        length = unpack(buf, pos)[0]
-        out.append(_decode(buf, pos + 8, pos + 8 + length, f"string {i} of {what}"))
-        pos += 8 + length
+        if decode:
+            out.append(_decode(buf, pos, pos + length, what, i))
+        pos += length
     cur.pos = pos
     return out
 
 
-def _decode(buf: Any, start: int, end: int, what: str) -> str:
+def _decode(buf: Any, start: int, end: int, what: str, item: int | None = None) -> str:
     # Strict UTF-8, as the old reader was. A long string that is not plain ASCII is first checked in
     # chunks, so a damaged one costs one chunk of memory, not a file-sized str plus its copy in the
     # exception (and a str can take up to 4 bytes per character).
@@ -368,7 +388,11 @@ def _decode(buf: Any, start: int, end: int, what: str) -> str:
             return str(buf[start:end], "utf-8")
         except UnicodeDecodeError:
             pass  # raised below, so no traceback keeps a slice of the mapped file alive
-    raise ModelFormatError(f"{what} is not valid UTF-8")
+    raise ModelFormatError(f"{what if item is None else f'string {item} of {what}'} is not valid UTF-8")
+
+
+def _is_ascii(buf: Any, start: int, end: int) -> bool:
+    return not int(np.frombuffer(buf, np.uint8, end - start, start).max()) >> 7
 
 
 def _is_utf8(buf: Any, start: int, end: int) -> bool:
