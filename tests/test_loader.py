@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import gguf
 import numpy as np
 import pytest
@@ -96,3 +99,167 @@ def test_unsupported_tensor_type(tiny_model_path, tmp_path):
     _rewrite(src, path, tensor_type=gguf.GGMLQuantizationType.IQ4_NL)
     with pytest.raises(ModelFormatError, match="IQ4_NL"):
         load_model(GGUFFile.open(path), NumpyBackend())
+
+
+# ---------------------------------------------------------------- validation (issue 13)
+
+
+def _patch(src, dst, kv=None, tensors=None, header=None):
+    """Copy a GGUF, overwriting fields in place: kv {key: value}, tensors {name: {"dims"|"type"|
+    "offset": value}}, header {"version"|"tensor_count"|"kv_count": value}. Sizes stay the same."""
+    reader = gguf.GGUFReader(src)
+    data = bytearray(src.read_bytes())
+    base = reader.data.ctypes.data
+
+    def put(part, values):
+        at = part.ctypes.data - base
+        data[at : at + part.nbytes] = np.asarray(values).astype(part.dtype).tobytes()
+
+    for key, value in (kv or {}).items():
+        field = reader.fields[key]
+        put(field.parts[4] if field.types[0] == gguf.GGUFValueType.ARRAY else field.parts[-1], [value])
+    parts = {t.name: t.field.parts for t in reader.tensors}
+    for name, changes in (tensors or {}).items():
+        for what, value in changes.items():
+            put(parts[name][{"dims": 3, "type": 4, "offset": 5}[what]], value)
+    for what, value in (header or {}).items():
+        put(reader.fields[f"GGUF.{what}"].parts[0], [value])
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def _load(path):
+    return load_model(GGUFFile.open(path), NumpyBackend())
+
+
+def _one_line_error(call, match):
+    with pytest.raises(ModelFormatError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value) and "\x1b" not in str(err.value)
+    return str(err.value)
+
+
+def test_same_bytes_other_shape(tiny_model_path, tmp_path):
+    """The issue's heap corruption: attn_q declared 32x128 (numpy order) instead of 64x64, same bytes."""
+    path = _patch(tiny_model_path, tmp_path / "q.gguf", tensors={"blk.0.attn_q.weight": {"dims": [128, 32]}})
+    message = _one_line_error(lambda: _load(path), r"'blk\.0\.attn_q\.weight' has shape \[32, 128\]")
+    assert "n_heads*head_dim=64, dim=64" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        (
+            "llama.attention.head_count",
+            8,
+            "rope dimension count is 16; expected an even number, 2 to head dim 8",
+        ),
+        ("llama.attention.head_count", 3, r"KV head count \(2\) does not divide the head count \(3\)"),
+        (
+            "llama.attention.head_count_kv",
+            1,
+            r"attn_k\.weight' has shape \[32, 64\].*n_kv_heads\*head_dim=16",
+        ),
+        ("llama.attention.head_count", 0, "head_count' is 0; expected an integer from 1"),
+        ("llama.attention.head_count", 2**31, "head_count' is 2147483648"),
+        ("llama.attention.head_count_kv", 3, "KV head count .3. does not divide the head count .4."),
+        ("llama.embedding_length", 0, "embedding_length' is 0"),
+        (
+            "llama.feed_forward_length",
+            64,
+            r"ffn_gate\.weight' has shape \[128, 64\]; .*\[ffn_dim=64, dim=64\]",
+        ),
+        ("llama.block_count", 1, r"'blk\.1\..*' belongs to layer 1, but block_count says 1 layers"),
+        ("llama.feed_forward_length", 2**32 - 1, "feed_forward_length' is 4294967295"),
+        ("llama.rope.dimension_count", 17, "rope dimension count is 17"),
+        ("llama.rope.dimension_count", 64, "rope dimension count is 64"),
+        ("llama.context_length", 0, "context_length' is 0"),
+        ("llama.attention.layer_norm_rms_epsilon", float("nan"), "layer_norm_rms_epsilon' is nan"),
+        ("llama.rope.freq_base", -1.0, r"freq_base' is -1\.0"),
+        ("llama.vocab_size", 100, r"tokenizer has 269 tokens|token_embd\.weight' has shape"),
+    ],
+)
+def test_inconsistent_hyperparameters(tiny_model_path, tmp_path, key, value, match):
+    path = _patch(tiny_model_path, tmp_path / "h.gguf", kv={key: value})
+    _one_line_error(lambda: _load(path), match)
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [
+        ({"version": 1}, "GGUF version 1 is not supported"),
+        ({"version": 3 << 24}, "big-endian"),
+        ({"tensor_count": 2**40}, "tensor count 1,099,511,627,776 is more than the file can hold"),
+        ({"kv_count": 2**40}, "metadata key count is 1,099,511,627,776"),
+    ],
+)
+def test_absurd_header_counts(tiny_model_path, tmp_path, header, match):
+    path = _patch(tiny_model_path, tmp_path / "c.gguf", header=header)
+    _one_line_error(lambda: GGUFFile.open(path), match)
+
+
+def test_huge_array_length_fails_fast(tiny_model_path, tmp_path):
+    """A 2^40-entry vocabulary used to hang info/run/serve while memory climbed past 1.8 GB."""
+    path = _patch(tiny_model_path, tmp_path / "a.gguf", kv={"tokenizer.ggml.tokens": 2**40})
+    start = time.perf_counter()
+    _one_line_error(lambda: GGUFFile.open(path), "length of 'tokenizer.ggml.tokens' is 1,099,511,627,776")
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"dims": [64, 0]}, r"shape \[0, 64\]; every dimension must be >= 1"),
+        ({"dims": [48, 64]}, "rows of 48 values; its type Q8_0 stores rows in blocks of 32"),
+        ({"dims": [2**62, 2**62]}, "truncated: tensor 'blk.0.attn_q.weight' ends at byte"),
+        ({"type": 99}, "unknown ggml type 99"),
+        ({"offset": 1}, "expected a multiple of 32"),
+        ({"offset": 0}, "overlap"),
+    ],
+)
+def test_bad_tensor_records(tiny_model_path, tmp_path, changes, match):
+    path = _patch(tiny_model_path, tmp_path / "t.gguf", tensors={"blk.0.attn_q.weight": changes})
+    _one_line_error(lambda: GGUFFile.open(path), match)
+
+
+def test_invalid_utf8_string(tiny_model_path, tmp_path):
+    data = bytearray(tiny_model_path.read_bytes())
+    at = data.index(b"<|im_start|>")  # a token; its first byte made an invalid UTF-8 start byte
+    data[at] = 0xFF
+    path = tmp_path / "u.gguf"
+    path.write_bytes(bytes(data))
+    _one_line_error(lambda: GGUFFile.open(path), "string 1 of 'tokenizer.ggml.tokens' is not valid UTF-8")
+
+
+def test_tampered_file_is_revalidated_despite_the_cached_index(tiny_model_path, tmp_path):
+    """Same size, same mtime, different header: the cached index is not trusted."""
+    path = tmp_path / "m.gguf"
+    path.write_bytes(tiny_model_path.read_bytes())
+    GGUFFile.open(path, tmp_path / "index")
+    stat = path.stat()
+    _patch(path, path, kv={"llama.attention.head_count": 0})
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    _one_line_error(lambda: GGUFFile.open(path, tmp_path / "index"), "head_count' is 0")
+
+
+def test_damaged_index_cache_is_rebuilt(tiny_model_path, tmp_path):
+    GGUFFile.open(tiny_model_path, tmp_path)
+    for cached in tmp_path.glob("*.pkl"):
+        cached.write_bytes(b"not a pickle")
+    assert GGUFFile.open(tiny_model_path, tmp_path).arch_get("block_count") == 2
+
+
+def test_info_shows_escape_sequences_inert(tmp_path):
+    """Metadata strings reach the terminal with control characters as visible escapes."""
+    from typer.testing import CliRunner
+
+    from localllm.cli import info as _info  # noqa: F401  (registers the command)
+    from localllm.cli.app import app
+
+    hostile = "evil\x1b]0;pwned\x07\x1b[2J\x9b31m\u202etxt"
+    path = write_tiny_model(tmp_path / "e.gguf", extra_metadata={"general.name": hostile})
+    for args in ([str(path)], [str(path), "--json"]):
+        result = CliRunner().invoke(app, ["info", *args], env={"LOCALLLM_HOME": str(tmp_path / "home")})
+        assert result.exit_code == 0, result.output
+        assert not any(c in result.output for c in "\x1b\x07\x9b\u202e")
+        assert "evil" in result.output and "pwned" in result.output

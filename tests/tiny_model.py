@@ -36,7 +36,10 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, MERGES
 
 
-def write_tiny_model(path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: int = 2) -> Path:
+def write_tiny_model(
+    path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: int = 2, extra_metadata: dict | None = None
+) -> Path:
+    """extra_metadata: more string keys, e.g. {"general.name": ...} (keys not written above)."""
     import gguf
     from gguf.quants import quantize
 
@@ -65,6 +68,8 @@ def write_tiny_model(path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: i
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
+    for key, value in (extra_metadata or {}).items():
+        w.add_string(key, value)
     qtype = getattr(gguf.GGMLQuantizationType, quant)
 
     def matrix(name: str, rows: int, cols: int) -> None:
