@@ -9,6 +9,7 @@ specialisation, which `warmup()` compiles (or loads from Numba's cache) before t
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ import numpy as np
 
 from localllm.backends import bounds
 from localllm.backends.base import Backend
+from localllm.backends.threads import ThreadGovernor
 from localllm.backends.numba_stack import plan_for
 from localllm.kernels import attention, layers, matmul
 from localllm.kernels.packing import PackedWeight, pack_weight
@@ -59,10 +61,14 @@ def _i64(x: np.ndarray) -> np.ndarray:
 class NumbaBackend(Backend):
     name = "numba"
 
-    def __init__(self, threads: int):
-        """threads: how many threads the kernels use (clamped to 1..NUMBA_NUM_THREADS)."""
+    def __init__(self, threads: int, adaptive_threads: bool = True):
+        """threads: the most threads the kernels use (clamped to 1..NUMBA_NUM_THREADS); with
+        adaptive_threads each step size runs with whichever of that or 1 thread is measured faster
+        (see threads.py: a busy machine makes parallel launches wait)."""
         self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
+        self.governor = ThreadGovernor(self.threads, adaptive_threads)
+        self._step_threads = self.threads
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
@@ -114,7 +120,18 @@ class NumbaBackend(Backend):
         if plan[1] is None:
             return None
         bounds.check_step(model.args, x, batch, kv.k, kv.v)
-        return plan[1].run(self, _f32(x), batch, kv)
+        start = time.perf_counter()
+        out = plan[1].run(self, _f32(x), batch, kv)
+        self.governor.record(x.shape[0], self.threads, time.perf_counter() - start)
+        return out
+
+    def begin_step(self, batch: Any) -> Any:
+        """Pick this step's thread count (see threads.py)."""
+        n = self.governor.choose(int(batch.input_ids.shape[0]))
+        if n != self.threads:
+            self.threads = n
+            numba.set_num_threads(n)  # (per calling thread: the engine's)
+        return batch
 
     # ---- operations ----------------------------------------------------------------------------
 

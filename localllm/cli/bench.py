@@ -33,6 +33,11 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()] if text else []
 
 
+def _lengths(text: str) -> list[int]:
+    """Prompt or generation lengths; 0 skips that test, as in llama-bench."""
+    return [n for n in _int_list(text) if n > 0]
+
+
 @bench_app.callback()
 def offline(
     ctx: typer.Context,
@@ -49,6 +54,9 @@ def offline(
         str | None, typer.Option("--llama-bench", help="llama-bench binary to compare with (or on PATH).")
     ] = None,
     backend: c.Backend = "numba",
+    busy: Annotated[
+        int, typer.Option("--busy", help="Run the tests while N other processes each keep a core busy.")
+    ] = 0,
 ) -> None:
     """Measure prompt processing (ppN) and generation (tgN) speed, like llama-bench.
 
@@ -59,21 +67,27 @@ def offline(
       localllm bench smollm2-135m-instruct -p 128,512 -n 128 -t 1,2 -r 5 -o md
 
       localllm bench -b 16 --llama-bench ./llama-bench    # add batched decode, compare with llama.cpp
+
+      localllm bench -n 128 -p 0 --busy 1 --llama-bench ./llama-bench   # both under a competing load
     """
     if ctx.invoked_subcommand is not None:
         return
     from localllm.bench.offline import ratios
 
-    path, _ = c.resolve(model)
-    rows = _run_localllm(
-        path, _int_list(n_prompt), _int_list(n_gen), _threads(threads), reps, _int_list(batch), backend
-    )
-    binary = llama_bench or shutil.which("llama-bench")
-    if binary:
-        from localllm.bench.offline import run_llama_bench
+    from localllm.bench.contention import busy_load, label
 
-        for t in _threads(threads):
-            rows += run_llama_bench(binary, path, _int_list(n_prompt), _int_list(n_gen), t, reps)
+    path, _ = c.resolve(model)
+    binary = llama_bench or shutil.which("llama-bench")
+    with busy_load(busy):
+        prompts, gens = _lengths(n_prompt), _lengths(n_gen)
+        rows = _run_localllm(path, prompts, gens, _threads(threads), reps, _int_list(batch), backend)
+        if binary:
+            from localllm.bench.offline import run_llama_bench
+
+            for t in _threads(threads):
+                rows += run_llama_bench(binary, path, prompts, gens, t, reps)
+    for row in rows:
+        row.test = label(row.test, busy)
     from localllm.bench.report import print_offline
     from localllm.bench.system import system_info
 

@@ -1,0 +1,74 @@
+"""How many threads a step should use, learned from the steps themselves.
+
+A parallel kernel launch ends at a barrier: if another process holds one of the two cores, every
+launch waits for the descheduled worker's next time slice, and a 2-thread decode step (hundreds of
+launches) collapses from ~10 ms to ~200 ms, worse than one thread (~12 ms). So the backend times its
+steps with every candidate thread count and runs each step size with the fastest; it re-measures the
+others now and then (exponentially less often while the choice holds), so it follows the machine as
+other work comes and goes. On a quiet machine this settles on all threads after a few steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+EMA_WEIGHT = 0.3  # weight of a new measurement in a thread count's running step time
+FIRST_PROBE, MAX_PROBE = 8, 256  # steps between re-measurements: start, and cap while the choice holds
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """Running step times of one step size, per thread count."""
+
+    times: dict[int, float] = field(default_factory=dict)
+    best: int = 0
+    since_probe: int = 0
+    probe_every: int = FIRST_PROBE
+
+
+class ThreadGovernor:
+    def __init__(self, max_threads: int, adaptive: bool = True):
+        self.max_threads = max(1, max_threads)
+        self.candidates = sorted({self.max_threads, 1}, reverse=True) if adaptive else [self.max_threads]
+        self._buckets: dict[int, _Bucket] = {}
+
+    @staticmethod
+    def bucket_of(n_tokens: int) -> int:
+        """Steps of similar size share their measurements: exact up to 16 tokens, then powers of 2."""
+        return n_tokens if n_tokens <= 16 else 16 + int(math.log2(n_tokens))
+
+    def choose(self, n_tokens: int) -> int:
+        """The thread count for a step of n_tokens: an unmeasured candidate first, else the fastest,
+        except on a probe step, which re-measures the runner-up."""
+        if len(self.candidates) == 1:
+            return self.candidates[0]
+        b = self._buckets.setdefault(self.bucket_of(n_tokens), _Bucket())
+        for n in self.candidates:
+            if n not in b.times:
+                return n
+        if b.since_probe >= b.probe_every:
+            return next(n for n in self.candidates if n != b.best)
+        return b.best
+
+    def record(self, n_tokens: int, threads: int, seconds: float) -> None:
+        if len(self.candidates) == 1:
+            return
+        b = self._buckets.setdefault(self.bucket_of(n_tokens), _Bucket())
+        old = b.times.get(threads)
+        probed = b.best != 0 and threads != b.best
+        # the running choice is smoothed; a probe's old figure is stale, so the probe replaces it
+        fresh = old is None or probed
+        b.times[threads] = seconds if fresh else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+        best = min(b.times, key=b.times.__getitem__)
+        if probed:  # a probe: back off while the choice holds, look again soon when it flips
+            b.probe_every = min(MAX_PROBE, 2 * b.probe_every) if best == b.best else FIRST_PROBE
+            b.since_probe = 0
+        else:
+            b.since_probe += 1
+        b.best = best if len(b.times) == len(self.candidates) else b.best
+
+    def current_choice(self, n_tokens: int) -> int | None:
+        """The settled choice for a step size (None before it was measured with every candidate)."""
+        b = self._buckets.get(self.bucket_of(n_tokens))
+        return b.best or None if b else None

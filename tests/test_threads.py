@@ -1,0 +1,59 @@
+"""The thread governor picks each step size's faster thread count and follows the machine's load."""
+
+from __future__ import annotations
+
+import time
+
+from localllm.backends.threads import FIRST_PROBE, MAX_PROBE, ThreadGovernor
+from localllm.bench.contention import busy_load, label
+
+
+def _drive(gov: ThreadGovernor, cost: dict[int, float], steps: int, n_tokens: int = 1) -> list[int]:
+    """Run `steps` steps whose time per thread count is `cost`; the thread counts chosen."""
+    chosen = []
+    for _ in range(steps):
+        n = gov.choose(n_tokens)
+        gov.record(n_tokens, n, cost[n])
+        chosen.append(n)
+    return chosen
+
+
+def test_quiet_machine_settles_on_all_threads() -> None:
+    gov = ThreadGovernor(2)
+    chosen = _drive(gov, {2: 0.008, 1: 0.012}, 200)
+    assert chosen[:2] == [2, 1] and gov.current_choice(1) == 2
+    assert chosen[2:].count(1) <= 200 // FIRST_PROBE  # only the occasional re-measurement
+
+
+def test_busy_machine_falls_back_to_one_thread_and_probes_ever_less_often() -> None:
+    gov = ThreadGovernor(2)
+    chosen = _drive(gov, {2: 0.2, 1: 0.012}, 1000)
+    assert gov.current_choice(1) == 1
+    probes = [i for i, n in enumerate(chosen) if n == 2][1:]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > MAX_PROBE // 2
+
+
+def test_load_coming_and_going_is_followed() -> None:
+    gov = ThreadGovernor(2)
+    _drive(gov, {2: 0.008, 1: 0.012}, 50)
+    _drive(gov, {2: 0.2, 1: 0.012}, 20)  # another process starts: the current choice slows down
+    assert gov.current_choice(1) == 1
+    _drive(gov, {2: 0.008, 1: 0.012}, MAX_PROBE * 2)  # it ends: the next probes find 2 faster
+    assert gov.current_choice(1) == 2
+
+
+def test_step_sizes_are_measured_apart_and_one_thread_needs_no_choice() -> None:
+    gov = ThreadGovernor(2)
+    _drive(gov, {2: 0.2, 1: 0.012}, 20, n_tokens=1)
+    _drive(gov, {2: 0.05, 1: 0.09}, 20, n_tokens=512)
+    assert gov.current_choice(1) == 1 and gov.current_choice(512) == 2
+    assert ThreadGovernor(1).choose(1) == 1 and ThreadGovernor(4, adaptive=False).choose(7) == 4
+
+
+def test_busy_load_runs_processes_only_within_its_block() -> None:
+    with busy_load(2) as procs:
+        time.sleep(0.2)
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
+    assert label("tg128", 1) == "tg128 busy1" and label("tg128", 0) == "tg128"
