@@ -20,8 +20,8 @@ import numpy as np
 
 from localllm.backends import bounds
 from localllm.backends.base import Backend
-from localllm.backends.threads import ThreadGovernor
 from localllm.backends.numba_stack import plan_for
+from localllm.backends.threads import ThreadGovernor
 from localllm.kernels import attention, layers, matmul
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.kernels.quantize_act import quantize_rows

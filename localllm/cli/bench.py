@@ -72,9 +72,8 @@ def offline(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from localllm.bench.offline import ratios
-
     from localllm.bench.contention import busy_load, label
+    from localllm.bench.offline import ratios
 
     path, _ = c.resolve(model)
     binary = llama_bench or shutil.which("llama-bench")
