@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from localllm.errors import ModelFormatError
-from localllm.gguf_file import GGUFFile
 from localllm.models.spec import LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (ModelArgs re-exported)
+
+if TYPE_CHECKING:
+    from localllm.gguf_file import GGUFFile
 
 
 @dataclass(frozen=True, slots=True)

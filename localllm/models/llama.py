@@ -6,9 +6,13 @@ every layer; each is read from the file, so a variant that only changes these ne
 
 from __future__ import annotations
 
-from localllm.gguf_file import GGUFFile
+from typing import TYPE_CHECKING
+
 from localllm.models.base import has_layer_tensor, make_args, read_hyper, read_rope
 from localllm.models.spec import LayerSpec, ModelArgs
+
+if TYPE_CHECKING:
+    from localllm.gguf_file import GGUFFile
 
 
 def read_args(gf: GGUFFile, neox: bool = False) -> ModelArgs:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from localllm.gguf_file import GGUFFile
+from typing import TYPE_CHECKING
+
 from localllm.models import llama
 from localllm.models.spec import ModelArgs
+
+if TYPE_CHECKING:
+    from localllm.gguf_file import GGUFFile
 
 
 def read_args(gf: GGUFFile) -> ModelArgs:

@@ -6,14 +6,16 @@ and names its tensors; this class loads and runs any of them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from localllm.gguf_file import GGUFFile
 from localllm.models.base import ForwardBatch, WeightLoader
 from localllm.models.layers import TENSOR_NAMES, decoder_layer, load_layer
 from localllm.models.spec import ModelArgs
+
+if TYPE_CHECKING:
+    from localllm.gguf_file import GGUFFile
 
 
 class Transformer:
