@@ -247,22 +247,22 @@ def run_case(path: Path, backend: str, mode: str, meter: Meter) -> tuple[str, in
     """'rejected: <class>' or 'ran'; with the bytes the parse and the run allocated at their peaks."""
     from localllm.errors import LocalLLMError
 
-    meter.start()
-    run_peak = 0
+    peaks, phase, outcome = [0, 0], 0, "ran"  # phase 0 opens (parse, validate), 1 loads or runs
     try:
+        meter.start()
         gf = _open(path)
-        parse_peak = meter.peak()
         if mode != "open":
+            peaks[0], phase = meter.peak(), 1
             meter.start()
             RUNNERS[mode](path, backend)
-            run_peak = meter.peak()
         del gf
-        return "ran", parse_peak, run_peak
     except LocalLLMError as e:
         message = str(e)
         if not message or "\n" in message or "\x1b" in message:
             raise AssertionError(f"not a clean one-line error: {message!r}") from e
-        return f"rejected: {type(e).__name__}", meter.peak(), 0
+        outcome = f"rejected: {type(e).__name__}"
+    peaks[phase] = meter.peak()
+    return outcome, peaks[0], peaks[1]
 
 
 def _open(path: Path) -> Any:
