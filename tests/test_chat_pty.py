@@ -19,8 +19,10 @@ pexpect = pytest.importorskip("pexpect")
 PROMPT = ">>>"  # prompt_toolkit draws ">>> " with a cursor move in place of the space
 TIMEOUT = 120  # per expected text: generous, so a loaded machine is slow rather than failing
 # A reply with no max_tokens runs until the context is full (the tiny model's greedy replies have no
-# end-of-text): 8k tokens took 3-6 s, time a busy machine could spend before the test sends Ctrl-C;
-# 128k tokens take many times longer, so the reply is still streaming when the key arrives.
+# end-of-text). With 8k tokens it ran 3-17 s and wrote only ~16 KB (the live view redraws its tail),
+# which the terminal buffers without the test reading: a test process descheduled that long missed
+# the whole reply. 128k tokens take many times longer, and write more than a terminal buffers, so
+# the reply cannot end unless the test reads, and it is still streaming when Ctrl-C arrives.
 LONG_CONTEXT = "131072"
 
 
