@@ -50,16 +50,6 @@ def i32_as_f32(typingctx, x):
     return types.float32(types.int32), codegen
 
 
-@intrinsic
-def f32_as_i32(typingctx, x):
-    """Reinterpret the bits of a float32 as an int32."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(types.float32), codegen
-
-
 _TWO_POW_M24 = f32(2.0**-24)
 
 

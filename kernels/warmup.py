@@ -15,31 +15,30 @@ from . import attention, layers, matmul
 from .packing import Q8_0, TILE_ROWS
 
 
-def warm_backend(backend: Any, layer_ops: bool = True) -> None:
+def warm_kernels(weights: list[Any], threads: int, layer_ops: bool = True) -> None:
     """layer_ops=False: only what a step uses around a fused layer stack (embedding, final norm, output
     projection); the stack itself is one kernel, loaded at its first call.  Each kernel loaded from
     Numba's cache costs ~20 ms of start-up, so a fused model skips the op-by-op layer kernels."""
-    _warm_matmul(backend, layer_ops)
+    _warm_matmul(weights, threads, layer_ops)
     x = np.ones((2, 64), np.float32)
     layers.rms_norm_rows(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))
     if not layer_ops:
         return
     layers.swiglu_rows(x, x, np.empty_like(x))
     layers.geglu_rows(x, x, np.empty_like(x))
-    from localllm.models.spec import RopeSpec
-
     kc = np.zeros((2, 4, 2, 32), np.float32)
-    qk = x.reshape(2, 2, 32)
-    backend.rope_store_kv(qk, qk, qk, np.arange(2), RopeSpec(32), kc, kc, np.arange(2))
-    _warm_attention(backend)
+    qk, pos = x.reshape(2, 2, 32), np.arange(2, dtype=np.int64)
+    cos, sin = np.empty((2, 16), np.float32), np.empty((2, 16), np.float32)
+    layers.rope_rows(pos, 32, 10000.0, 1.0, np.full(2, -1, np.int64), cos, sin)
+    layers.rope_store_kv(qk, qk, qk, cos, sin, 32, False, kc, kc, pos, np.empty_like(qk), np.empty_like(qk))
+    _warm_attention(threads)
 
 
-def _warm_matmul(backend: Any, grouped: bool) -> None:
+def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
     """The launchers, on both paths: their code does not depend on the weight's type or on T.  Each
     path runs with a weight that needs that path's per-type kernel anyway (loading another costs
     ~80 ms of start-up): the first prepared one (the token embedding) on the float path, which does
     its row lookups, and the last quantized one (a layer matrix) on the integer path."""
-    weights = list(backend._prepared.values())
     if not weights:
         weights = [matmul.prepare_weight(np.zeros((TILE_ROWS, 32), np.float32), 0)]  # F32: float only
     wf = weights[0]
@@ -53,17 +52,17 @@ def _warm_matmul(backend: Any, grouped: bool) -> None:
         fn = w.kernels[0] if use_int else w.kernels[1]
         gemm = 0 if use_int else w.gemm
         matmul.launch_linear_serial(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
-        matmul.launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, backend.threads)
+        matmul.launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, threads)
     matmul.embedding(wf, np.zeros(1, np.int64))
     q8 = [v for v in weights if v.kind == Q8_0]
     if q8:  # the int16-activation path of linear_precise
-        matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], backend.threads)
+        matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], threads)
     if grouped:
         w = wi or wf
-        matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), backend.threads)
+        matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), threads)
 
 
-def _warm_attention(backend: Any) -> None:
+def _warm_attention(threads: int) -> None:
     k_cache = np.zeros((2, 4, 1, 8), np.float32)  # (blocks, block_size, kv_heads, head_dim)
     q = np.ones((2, 2, 8), np.float32)
     qsl, ctx = np.array([0, 2], np.int64), np.array([2], np.int64)
@@ -72,4 +71,4 @@ def _warm_attention(backend: Any) -> None:
     layers.store_kv_rows(k_cache, k_cache, kv, kv, np.arange(2, dtype=np.int64))
     args = (q, k_cache, k_cache, qsl, ctx, tables, 1.0, 0, 0.0, np.empty_like(q))
     attention.paged_attention_serial(*args)
-    attention.paged_attention_par(*args, backend.threads)
+    attention.paged_attention_par(*args, threads)

@@ -9,7 +9,6 @@ import pytest
 from tiny_model import write_tiny_model
 
 DATA = Path(__file__).parent / "data"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import numpy as np
 
 from localllm.backends import bounds
 from localllm.backends.base import Backend
-from localllm.backends.numba_stack import plan_for
+from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ThreadGovernor
 from localllm.kernels import attention, layers, matmul
 from localllm.kernels.packing import PackedWeight, pack_weight
@@ -112,18 +112,25 @@ class NumbaBackend(Backend):
     def run_layers(self, model: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray | None:
         """All of `model`'s layers on x in one kernel call (see kernels/decoder.py); None when fusion is
         off (tests compare both paths) or the stack cannot execute the model's specs (logged once)."""
-        if not self.fuse_layers:
-            return None
-        plan = self._plans.get(id(model))
+        plan = self._plan(model) if self.fuse_layers else None
         if plan is None:
-            plan = self._plans[id(model)] = (model, plan_for(model))
-        if plan[1] is None:
             return None
         bounds.check_step(model.args, x, batch, kv.k, kv.v)
         start = time.perf_counter()
-        out = plan[1].run(self, _f32(x), batch, kv)
+        out = plan.run(self, _f32(x), batch, kv)
         self.governor.record(x.shape[0], self.threads, time.perf_counter() - start)
         return out
+
+    def _plan(self, model: Any) -> DecoderPlan | None:
+        """The model's fused-stack plan, built once (None: the stack cannot run its specs)."""
+        entry = self._plans.get(id(model))
+        if entry is None:
+            entry = self._plans[id(model)] = (model, plan_for(model))  # keeps the id's model alive
+        return entry[1]
+
+    def fused(self, model: Any) -> bool:
+        """Whether steps of `model` run as one fused call."""
+        return self.fuse_layers and self._plan(model) is not None
 
     def begin_step(self, batch: Any) -> Any:
         """Pick this step's thread count (see threads.py)."""
@@ -265,10 +272,10 @@ class NumbaBackend(Backend):
         tiny inputs, so no compilation ever happens inside a decode loop.  The per-type matmul
         kernels were already compiled by `prepare_weight`; this covers the launchers and layers
         (not the op-by-op layer kernels when `model` will run as a fused stack, see decoder_stack)."""
-        from localllm.kernels.warmup import warm_backend
+        from localllm.kernels.warmup import warm_kernels
 
-        fused = model is not None and self.fuse_layers and plan_for(model) is not None
-        warm_backend(self, layer_ops=not fused)
+        fused = model is not None and self.fused(model)
+        warm_kernels(list(self._prepared.values()), self.threads, layer_ops=not fused)
         if fused:
             self._warm_stack(model)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -491,5 +490,3 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
-def stdin_is_interactive() -> bool:
-    return sys.stdin.isatty()

@@ -31,7 +31,6 @@ class AsyncEngine:
         self.max_queue = max_queue  # waiting requests allowed; 0 = unbounded
         self._commands: queue.Queue[tuple] = queue.Queue()
         self._sinks: dict[str, Sink] = {}
-        self._lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="localllm-engine", daemon=True)
         self._thread.start()

@@ -156,7 +156,6 @@ class LLMEngine:
         seq = request.seq
         seq.append_token(token.token_id)
         seq.first_token_time = seq.first_token_time or now
-        seq.last_token_time = now
         logprob = None
         if token.logprob is not None:
             logprob = TokenLogprob(token.token_id, token.logprob, token.top_logprobs or [])

@@ -74,10 +74,6 @@ class ModelRunner:
             row += 1
         return results
 
-    def forward_logits(self, scheduled: list[ScheduledSeq]) -> np.ndarray:
-        """Raw logits of the sampled rows (for perplexity and tests)."""
-        return self.backend.to_numpy(self.model.forward(self.prepare(scheduled), self.kv_cache))
-
     @staticmethod
     def _sample(item: ScheduledSeq, logits: np.ndarray) -> SampledToken:
         seq, params = item.seq, item.seq.params

@@ -9,7 +9,6 @@ recomputed later. Pure bookkeeping: no arrays.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -108,7 +107,6 @@ class Scheduler:
     def _admit(self, seq: Sequence, num_cached: int) -> None:
         if not seq.admitted:  # the first admission is what the user's cached-token count reports
             seq.num_cached_tokens = num_cached
-            seq.first_scheduled_time = time.perf_counter()
             self.block_manager.record_prefix_lookup(seq.num_tokens, num_cached)
             seq.admitted = True
         seq.num_computed_tokens = num_cached

@@ -30,9 +30,7 @@ class Sequence:
         self.admitted = False
         self.finish_reason: str | None = None
         self.arrival_time = time.perf_counter()
-        self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -114,9 +114,6 @@ class WeightLoader:
         self.gf = gf
         self.backend = backend
 
-    def has(self, name: str) -> bool:
-        return name in self.gf.tensors
-
     def matrix(self, name: str) -> Any:
         return self.backend.prepare_weight(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)
 
