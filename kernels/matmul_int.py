@@ -32,6 +32,7 @@ from .simd_x86 import (
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
 )
+from .simd_x512 import HAVE_AVX512, HAVE_VNNI, q8_block_sums16_avx512, q8_block_sums16_vnni
 
 # Activation rows whose integer sums are computed together (see nibble_sums_rows): their int16
 # sums, (ROW_CHUNK, nb, R) x 2, stay in L2.
@@ -166,7 +167,7 @@ def crumb_sums(qh2, xr, slo, shi) -> None:
 def q8_sums(q4, xr, s32) -> None:
     """s32[b, r] = sum_e q[b, r, e] * x[32b + e] for Q8_0's quad layout q4 (nb, 8, R, 4) int8 and
     int8 activations, or int16 ones (quantize_rows16, for linear_precise).
-    (Numba only: AVX2 IR kernel where the CPU has it, else `q8_sums_portable`.)"""
+    (Numba only: AVX-512 / AVX2 IR kernel where the CPU has it, else `q8_sums_portable`.)"""
     raise NotImplementedError
 
 
@@ -175,6 +176,8 @@ def _q8_sums_impl(q4, xr, s32):
     if HAVE_AVX2:
         wide = xr.dtype == types.int16
         block = q8_block_sums16_avx2 if wide else q8_block_sums_avx2
+        if wide and HAVE_AVX512:
+            block = q8_block_sums16_vnni if HAVE_VNNI else q8_block_sums16_avx512
         x_bytes = 64 if wide else 32  # one 32-block of activations
 
         def avx2(q4, xr, s32):

@@ -28,12 +28,13 @@ from numba import njit
 
 from localllm.backends.numba_cpu import NumbaBackend
 from localllm.backends.numpy_ref import NumpyBackend
-from localllm.kernels import attention, layers, matmul
+from localllm.kernels import attention, layers, matmul, simd_x86, simd_x512
 from localllm.kernels import matmul_int as mi
 from localllm.kernels import reference as ref
 from localllm.kernels.packing import TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
 from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES
+from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI
 from localllm.models.spec import RopeSpec
 from localllm.quant.ggml import BLOCK_KERNELS
 
@@ -213,6 +214,46 @@ def test_avx2_block_sums_equal_portable_ones() -> None:
     np.testing.assert_array_equal(s_avx, s_port)
     exact = np.einsum("bgre,bge->br", q4.astype(np.int64), x16.reshape(nb, 8, 4).astype(np.int64))
     np.testing.assert_array_equal(s_port, exact)
+
+
+def block_kernel_loop(block, x_bytes: int):
+    """A loop calling one Q8_0 block kernel for every block (as matmul_int.q8_sums does)."""
+
+    @njit
+    def run(q4, xr, s):
+        q, x, out = q4.ctypes.data, xr.ctypes.data, s.ctypes.data
+        for b in range(q4.shape[0]):
+            block(q + b * 32 * TILE_ROWS, x + b * x_bytes, out + b * 4 * TILE_ROWS, 0)
+
+    return run
+
+
+Q8_WIDE_KERNELS = {  # int16-activation Q8_0 block kernels: (needed CPU feature, kernel)
+    "avx2": (HAVE_AVX2, "simd_x86.q8_block_sums16_avx2"),
+    "avx512": (HAVE_AVX512, "simd_x512.q8_block_sums16_avx512"),
+    "vnni": (HAVE_VNNI, "simd_x512.q8_block_sums16_vnni"),
+}
+
+
+@pytest.mark.parametrize("variant", list(Q8_WIDE_KERNELS))
+def test_q8_wide_kernels_equal_portable_ones(variant: str) -> None:
+    """Every SIMD variant of the int16-activation Q8_0 sums (the output projection's) that this CPU
+    runs gives the portable loop's integer sums, bit for bit, extreme values included."""
+    available, name = Q8_WIDE_KERNELS[variant]
+    if not available:
+        pytest.skip(f"needs a CPU with {variant}")
+    module, attr = name.split(".")
+    block = getattr({"simd_x86": simd_x86, "simd_x512": simd_x512}[module], attr)
+    rng = np.random.default_rng(15)
+    nb = 7
+    q4 = rng.integers(-128, 128, (nb, 8, TILE_ROWS, 4), dtype=np.int8)
+    x16 = rng.integers(-32767, 32768, nb * 32, dtype=np.int16)
+    q4[0], x16[:32] = -128, -32767  # the largest sums: 32 * 128 * 32767
+    q4[1], x16[32:64] = 127, 32767
+    s_port, s_simd = np.zeros((nb, TILE_ROWS), np.int32), np.ones((nb, TILE_ROWS), np.int32)
+    mi.q8_sums_portable(q4, x16, s_port)
+    block_kernel_loop(block, 64)(q4, x16, s_simd)
+    np.testing.assert_array_equal(s_simd, s_port)
 
 
 @pytest.mark.skipif(not HAVE_AVX2, reason="needs an AVX2 CPU")
