@@ -1,7 +1,8 @@
 """The real models against llama.cpp, as ../shared/reference/README.md defines "matches llama.cpp".
 
 Reference data (llama.cpp b11312, all-fp32 attention `fa_off_kvf32`) is copied into tests/data/<model>/.
-SmolLM2 runs on the NumPy reference backend and the Numba kernels; the larger models on the kernels.
+SmolLM2 runs on the NumPy reference backend too; every model runs on the Numba kernels both fused and op
+by op.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ MODELS = {
     "qwen25c": ("qwen25c_path", Bounds()),
     "gemma3": ("gemma3_path", Bounds(overall=0.90, rms={"raw_gpl_long": 1.0}, default_rms=0.6)),
 }
-RUNS = [("smollm2", "numpy"), ("smollm2", "numba"), ("qwen25c", "numba"), ("gemma3", "numba")]
+# "numba" runs each step's layers as one fused call; "numba-ops" runs the same specs op by op.
+RUNS = [("smollm2", "numpy")] + [
+    (m, b) for m in ("smollm2", "qwen25c", "gemma3") for b in ("numba", "numba-ops")
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +53,17 @@ def engines(request, model_index_dir):
             path = request.getfixturevalue(MODELS[model][0])
             config = EngineConfig(
                 model=str(path),
-                backend=backend,
+                backend=backend.removesuffix("-ops"),
                 ctx_size=1024,
                 max_num_seqs=1,
                 max_num_batched_tokens=1024,
                 index_dir=model_index_dir,
                 threads=2,
             )
-            built[(model, backend)] = LLMEngine(config)
+            engine = built[(model, backend)] = LLMEngine(config)
+            if engine.backend.name == "numba":
+                engine.backend.fuse_layers = not backend.endswith("-ops")
+                assert engine.backend.fused(engine.model) == engine.backend.fuse_layers
         return built[(model, backend)]
 
     return get
