@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from localllm.errors import ConfigError
+from localllm.tokenizer.named_templates import named_template
 
 SourceKind = Literal["pypi", "url", "path"]
 
@@ -61,6 +62,8 @@ class ModelDefaults:
         value = self.chat_template
         if value is None or is_template_text(value):
             return value
+        if named_template(value) is not None:
+            return named_template(value)
         try:
             return Path(value).read_text(encoding="utf-8")
         except OSError as e:

@@ -29,6 +29,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 from localllm.errors import ConfigError, ModelNotFoundError
 from localllm.model_entry import ModelDefaults, ModelEntry, Source, is_template_text
+from localllm.tokenizer.named_templates import named_template
 
 BUILTIN_ORIGIN = "the built-in models.toml"
 
@@ -320,7 +321,7 @@ def _parse_defaults(raw: Any, where: str, origin: str, base_dir: Path | None) ->
             raise ConfigError(f"{where}.{key} in {origin} must be {expected}, got {value!r}.")
         values[key] = float(value) if key in _FLOAT_KEYS else value
     template = values.get("chat_template")
-    if template is not None and not is_template_text(template):
+    if template is not None and not is_template_text(template) and named_template(template) is None:
         values["chat_template"] = str(_resolve_path(template, base_dir))
     return ModelDefaults(**values)
 

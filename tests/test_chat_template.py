@@ -208,3 +208,18 @@ def test_require_chat_template_refuses_in_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(TemplateError, match="cannot read the chat template file"):
         require_chat_template({}, "base.gguf", str(tmp_path / "missing.jinja"))
     assert require_chat_template({}, "base.gguf", "chatml").render([{"role": "user", "content": "x"}])
+
+
+def test_models_toml_may_name_a_template(tmp_path, monkeypatch) -> None:
+    """`chat_template = "chatml"` in models.toml means the named template, not a file called chatml."""
+    from localllm.registry import load_registry
+    from localllm.tokenizer.named_templates import CHATML
+
+    user = tmp_path / "models.toml"
+    user.write_text(
+        '[models.base-model]\nfile_name = "base.gguf"\npath = "/nowhere/base.gguf"\n\n'
+        '[models.base-model.defaults]\nchat_template = "chatml"\n',
+        encoding="utf-8",
+    )
+    entry = load_registry(user).entries["base-model"]
+    assert entry.defaults.chat_template_text() == CHATML

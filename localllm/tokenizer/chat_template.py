@@ -20,6 +20,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localllm.errors import LocalLLMError
+from localllm.tokenizer.named_templates import CHATML, NAMED_TEMPLATES, named_template  # noqa: F401
 
 
 class TemplateError(LocalLLMError):
@@ -145,12 +146,6 @@ def apply_chat_template(
 
 # ------------------------------------------------------------------ which template: the one rule
 
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-NAMED_TEMPLATES = {"chatml": CHATML}  # for models that have no template (base models)
 TEMPLATE_HINT = "give one (a Jinja template, a file holding one, or 'chatml') or use a raw prompt"
 
 
@@ -158,8 +153,8 @@ def template_text(value: str) -> str:
     """A user's template value as Jinja text: a known name ("chatml"), the text itself, or a file."""
     from localllm.registry import is_template_text
 
-    if value.lower() in NAMED_TEMPLATES:
-        return NAMED_TEMPLATES[value.lower()]
+    if named_template(value) is not None:
+        return named_template(value)
     if is_template_text(value):
         return value
     path = Path(value).expanduser()
