@@ -200,7 +200,7 @@ def _check_hyperparameter_keys(metadata: Mapping[str, Any], arch: str) -> None:
 
 
 def _supported_architectures() -> Iterable[str]:
-    from localllm.models import ARCHITECTURES
+    from localllm.architectures import ARCHITECTURES
 
     return ARCHITECTURES
 
@@ -352,7 +352,7 @@ def _shape_table(names: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:
     """TENSOR_SHAPES plus the layer roles an architecture renamed, under their new names."""
     if not names:
         return TENSOR_SHAPES
-    from localllm.models.layers import TENSOR_NAMES
+    from localllm.architectures import TENSOR_NAMES
 
     table = dict(TENSOR_SHAPES)
     for role, file_name in names.items():

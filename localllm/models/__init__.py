@@ -6,13 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from localllm.architectures import ARCHITECTURES
 from localllm.errors import ModelFormatError
-
-ARCHITECTURES = {
-    "llama": "localllm.models.llama",
-    "qwen2": "localllm.models.qwen2",
-    "gemma3": "localllm.models.gemma3",
-}
 
 
 def load_model(gf: Any, backend: Any) -> Any:

@@ -12,25 +12,6 @@ from typing import Any
 from localllm.models.base import ForwardBatch, WeightLoader
 from localllm.models.spec import LayerSpec, ModelArgs
 
-# GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
-TENSOR_NAMES: dict[str, str] = {
-    "attn_norm": "attn_norm.weight",
-    "wq": "attn_q.weight",
-    "wk": "attn_k.weight",
-    "wv": "attn_v.weight",
-    "wo": "attn_output.weight",
-    "bq": "attn_q.bias",
-    "bk": "attn_k.bias",
-    "bv": "attn_v.bias",
-    "q_norm": "attn_q_norm.weight",
-    "k_norm": "attn_k_norm.weight",
-    "post_attn_norm": "post_attention_norm.weight",
-    "ffn_norm": "ffn_norm.weight",
-    "gate": "ffn_gate.weight",
-    "up": "ffn_up.weight",
-    "down": "ffn_down.weight",
-    "post_ffn_norm": "post_ffw_norm.weight",
-}
 MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down"})
 
 

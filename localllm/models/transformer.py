@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localllm.architectures import TENSOR_NAMES
 from localllm.models.base import ForwardBatch, WeightLoader
-from localllm.models.layers import TENSOR_NAMES, decoder_layer, load_layer
+from localllm.models.layers import decoder_layer, load_layer
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class Transformer:
 
         self.backend = backend
         self.args = args
-        check_model(gf, args)  # shapes and byte ranges, before any kernel sees a byte
+        check_model(gf, args, names)  # shapes and byte ranges, before any kernel sees a byte
         names = {**TENSOR_NAMES, **(names or {})}
         w = WeightLoader(gf, backend)
         self.tok_embd = w.matrix("token_embd.weight")

@@ -1,0 +1,32 @@
+"""The supported architectures and the GGUF names of a layer's tensors: plain data that the loader's
+checks (gguf_check.py) and the model code (models/) both read, with no imports, so neither imports
+the other."""
+
+from __future__ import annotations
+
+# general.architecture -> the module that reads its hyper-parameters into ModelArgs
+ARCHITECTURES = {
+    "llama": "localllm.models.llama",
+    "qwen2": "localllm.models.qwen2",
+    "gemma3": "localllm.models.gemma3",
+}
+
+# GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
+TENSOR_NAMES: dict[str, str] = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight",
+    "wk": "attn_k.weight",
+    "wv": "attn_v.weight",
+    "wo": "attn_output.weight",
+    "bq": "attn_q.bias",
+    "bk": "attn_k.bias",
+    "bv": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "gate": "ffn_gate.weight",
+    "up": "ffn_up.weight",
+    "down": "ffn_down.weight",
+    "post_ffn_norm": "post_ffw_norm.weight",
+}
