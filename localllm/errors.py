@@ -31,3 +31,7 @@ class ContextLengthExceededError(LocalLLMError):
 
 class ConfigError(LocalLLMError):
     pass
+
+
+class InvalidRequestError(LocalLLMError):
+    """A request the model cannot take as given (e.g. a token id outside its vocabulary)."""

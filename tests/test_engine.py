@@ -162,3 +162,15 @@ def test_stop_token_and_logprobs(engine):
     out = engine.generate([p], params)[0]
     assert out.finish_reason == "stop" and out.token_ids == []
     assert out.logprobs[0].token_id == first and len(out.logprobs[0].top) == 2
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_any_kernel(tiny_model_path, index_dir):
+    from localllm.errors import InvalidRequestError
+
+    engine = make_engine(tiny_model_path, index_dir)
+    vocab = engine.args.vocab_size
+    for bad in ([5, vocab], [-1], [3, 2.5]):
+        with pytest.raises(InvalidRequestError, match="not in this model's vocabulary"):
+            engine.add_request(bad)
+    assert not engine.has_unfinished()
+    engine.add_request([5, vocab - 1])  # the last id is fine

@@ -19,7 +19,7 @@ from localllm.engine.model_runner import ModelRunner, SampledToken
 from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
 from localllm.engine.scheduler import Scheduler
 from localllm.engine.sequence import Sequence
-from localllm.errors import ContextLengthExceededError, LocalLLMError
+from localllm.errors import ContextLengthExceededError, InvalidRequestError, LocalLLMError
 from localllm.sampler import make_generator
 from localllm.sampling_params import (
     BUILTIN_DEFAULTS,
@@ -108,7 +108,7 @@ class LLMEngine:
         """Queue a request; returns its id. Rejects prompts that cannot fit the context."""
         if not isinstance(params, SamplingParams):
             params = self.sampling_params(params)
-        ids = self.tokenize_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self.tokenize_prompt(prompt) if isinstance(prompt, str) else self.check_token_ids(prompt)
         self.check_prompt(len(ids))  # max_tokens is a cap here: generation also stops at the context
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
@@ -121,6 +121,17 @@ class LLMEngine:
         self.requests[request_id] = _Request(seq, detok, stop_ids)
         self.scheduler.add(seq)
         return request_id
+
+    def check_token_ids(self, ids: Any) -> list[int]:
+        """A prompt given as token ids, each an integer id of this model's vocabulary."""
+        ids = list(ids)
+        vocab = self.args.vocab_size
+        bad = next((t for t in ids if not isinstance(t, int | np.integer) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad!r} is not in this model's vocabulary (0 to {vocab - 1})"
+            )
+        return [int(t) for t in ids]
 
     def check_prompt(self, num_tokens: int, max_tokens: int | None = None, what: str = "prompt") -> None:
         """Raises when `num_tokens` of prompt plus `max_tokens` cannot fit this engine's context."""
