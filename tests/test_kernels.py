@@ -256,6 +256,39 @@ def test_q8_wide_kernels_equal_portable_ones(variant: str) -> None:
     np.testing.assert_array_equal(s_simd, s_port)
 
 
+@pytest.mark.skipif(not HAVE_AVX512, reason="needs an AVX-512 CPU")
+def test_fifth_bit_table_sums_equal_portable_ones() -> None:
+    """Q5's fifth-bit sums by table lookups (AVX-512) equal the portable loop's, bit for bit, for
+    random bits, all bits set and extreme activations."""
+    rng = np.random.default_rng(16)
+    nb = 5
+    qh3 = rng.integers(0, 1 << 16, (nb, 2, TILE_ROWS), dtype=np.uint16)
+    qh3[0] = 0xFFFF
+    x8 = rng.integers(-127, 128, (2, nb * 32), dtype=np.int8)
+    x8[1, :64] = -127
+    bits = np.zeros((2, nb * mi.BIT_TABLE_LEN), np.int16)
+    run_bit_tables(x8, bits)
+    for t in range(2):
+        s_port, s_simd = np.zeros((nb, TILE_ROWS), np.int16), np.ones((nb, TILE_ROWS), np.int16)
+        mi.high_bit_sums(qh3, x8[t], s_port)
+        run_high_bits(qh3, x8[t], bits[t], s_simd)
+        np.testing.assert_array_equal(s_simd, s_port)
+        set_bits = (qh3[:, :, None, :] >> np.arange(16)[None, None, :, None]) & 1  # (nb, 2, 16, R)
+        xw = x8[t].reshape(nb, 2, 16).astype(np.int32)
+        exact = np.einsum("bwjr,bwj->br", set_bits.astype(np.int32), xw)
+        np.testing.assert_array_equal(s_port, exact)
+
+
+@njit
+def run_bit_tables(x8, bits):
+    mi.bit_tables(x8, bits)
+
+
+@njit
+def run_high_bits(qh3, xr, tables, sh):
+    mi.high_bit_sums_tables(qh3, xr, tables, sh)
+
+
 @pytest.mark.skipif(not HAVE_AVX2, reason="needs an AVX2 CPU")
 def test_unpacked_pair_sums_equal_direct_ones() -> None:
     """Several activation rows share one unpacking of the weight nibbles: same sums as one row at
@@ -401,6 +434,10 @@ def test_kernel_entry_points_refuse_out_of_bounds_indices(backend: NumbaBackend)
         backend.paged_attention(q, cache, cache, qsl, ctx, np.array([[3]]), 0.25)
     with pytest.raises(KernelBoundsError, match="context_lens"):
         backend.paged_attention(q, cache, cache, qsl, np.array([9]), np.array([[0, 1]]), 0.25)
+    with pytest.raises(KernelBoundsError, match="rms_norm weight"):
+        backend.rms_norm(np.ones((2, 16), np.float32), np.ones(8, np.float32), 1e-5)
+    with pytest.raises(KernelBoundsError, match="gate and up"):
+        backend.swiglu(np.ones((2, 16), np.float32), np.ones((2, 8), np.float32))
     with pytest.raises(ValueError, match="do not fit"):
         backend.linear(np.ones((2, 33), np.float32), backend.prepare_weight(np.zeros((8, 32), np.float32), 0))
 

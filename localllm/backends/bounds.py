@@ -21,6 +21,10 @@ def _require(ok: bool, what: str) -> None:
         raise KernelBoundsError(what)
 
 
+def check_same(shape: tuple, expected: tuple, what: str) -> None:
+    _require(tuple(shape) == tuple(expected), f"{what}: shape {tuple(shape)}, expected {tuple(expected)}")
+
+
 def _in_range(a: np.ndarray, lo: int, hi: int, what: str) -> None:
     """lo <= a < hi elementwise (empty arrays pass)."""
     if a.size:

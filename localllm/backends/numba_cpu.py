@@ -187,6 +187,7 @@ class NumbaBackend(Backend):
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         x2 = _f32(x).reshape(-1, x.shape[-1])
+        bounds.check_same(weight.shape, (x2.shape[1],), "rms_norm weight")
         out = np.empty_like(x2)
         layers.rms_norm_rows(x2, _f32(weight), float(eps), out)
         return out.reshape(x.shape)
@@ -199,16 +200,17 @@ class NumbaBackend(Backend):
         q3, k3, v3, pos, slots = _f32(q), _f32(k), _f32(v), _i64(positions), _i64(slot_mapping)
         bounds.check_kv_write((k3.shape, v3.shape), (k_cache.shape, v_cache.shape), slots, pos)
         q_out, k_out = np.empty_like(q3), np.empty_like(k3)
-        tab_pos, cos, sin = self._rope_table(pos, rope)
-        layers.rope_rows(pos, int(rope.dim), float(rope.base), float(rope.freq_scale), tab_pos, cos, sin)
+        tab_pos, cos, sin, freqs = self._rope_table(pos, rope)
+        layers.rope_rows(pos, freqs, float(rope.mscale()), tab_pos, cos, sin)
         layers.rope_store_kv(
             q3, k3, v3, cos, sin, int(rope.dim), bool(rope.neox), k_cache, v_cache, slots, q_out, k_out
         )
         return q_out, k_out
 
     def _rope_table(self, positions: np.ndarray, rope: RopeSpec) -> tuple[np.ndarray, ...]:
-        """(positions, cos, sin) rows for one rotation, grown to hold len(positions) rows.  rope_rows
-        recomputes a row only when its position changed, so the layers of a step share it."""
+        """(positions, cos, sin) rows for one rotation, grown to hold len(positions) rows, and its
+        per-pair speeds.  rope_rows recomputes a row only when its position changed, so the layers of
+        a step share it."""
         table = self._rope_tables.get(rope)
         n = positions.shape[0]
         if table is None or table[0].shape[0] < n:
@@ -218,6 +220,7 @@ class NumbaBackend(Backend):
                 np.full(rows, -1, np.int64),
                 np.empty((rows, half), np.float32),
                 np.empty((rows, half), np.float32),
+                np.ascontiguousarray(rope.frequencies(), np.float64),
             )
             self._rope_tables[rope] = table
         return table
@@ -230,6 +233,7 @@ class NumbaBackend(Backend):
 
     @staticmethod
     def _gated(kernel, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        bounds.check_same(gate.shape, up.shape, "gate and up")
         g, u = _f32(gate).reshape(-1, gate.shape[-1]), _f32(up).reshape(-1, up.shape[-1])
         out = np.empty_like(g)
         kernel(g, u, out)
