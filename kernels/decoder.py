@@ -80,7 +80,8 @@ class Step(NamedTuple):
     ctx: np.ndarray  # (S,) context_lens
     block_tables: np.ndarray  # (S, max_blocks)
     rope_dims: np.ndarray  # (R, 2) int64: rotated dims, neox
-    rope_freqs: np.ndarray  # (R, 2) float64: base, freq_scale
+    rope_freqs: np.ndarray  # (R, max half) float64: per-pair speeds (RopeSpec.frequencies), 0-padded
+    rope_mscale: np.ndarray  # (R,) float64: cos/sin magnitude (RopeSpec.mscale)
 
 
 class Buffers(NamedTuple):
@@ -158,12 +159,12 @@ def _attend(q, k_cache, v_cache, step, scale, window, softcap, out, nth) -> None
 @njit(cache=True)
 def _rotations(step, buf) -> None:
     """Each distinct rotation's cos/sin rows for this step's positions (computed as the op path's
-    rope_rows does, so both paths rotate by the same bits)."""
+    rope_rows does, so both paths rotate by the same bits; a padded pair past a rotation's own dims
+    fills a column nothing reads)."""
     tab = np.empty(step.positions.shape[0], np.int64)
     for r in range(step.rope_dims.shape[0]):
         tab[:] = -1
-        dim, base, scale = step.rope_dims[r, 0], step.rope_freqs[r, 0], step.rope_freqs[r, 1]
-        layers.rope_rows(step.positions, dim, base, scale, tab, buf.cos[r], buf.sin[r])
+        layers.rope_rows(step.positions, step.rope_freqs[r], step.rope_mscale[r], tab, buf.cos[r], buf.sin[r])
 
 
 @njit(cache=True)
@@ -255,7 +256,7 @@ def _ffn_block(il, x, w, dims, buf, nth):
 def decoder_stack(x, w, dims, step, kv, nth):
     """Run every layer on x (T, dim) in place.  kv = (k cache, v cache), each (L, blocks,
     block_size, kv_heads, head_dim)."""
-    half = max(1, step.rope_dims[:, 0].max() // 2)
+    half = max(1, step.rope_freqs.shape[1])
     buf = _buffers(x.shape[0], x.shape[1], dims, step.rope_dims.shape[0], half)
     _rotations(step, buf)
     for il in range(w.flags.shape[0]):

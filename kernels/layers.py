@@ -29,19 +29,18 @@ def rms_norm_rows(x, weight, eps, out) -> None:
 
 
 @njit(cache=True, error_model="numpy")  # no fastmath: libm's cos/sin, the same bits in every caller
-def rope_rows(positions, rope_dim, base, freq_scale, tab_pos, cos, sin) -> None:
+def rope_rows(positions, freqs, mscale, tab_pos, cos, sin) -> None:
     """Make rows 0..T-1 of the cos/sin tables hold positions[t]; rows already holding that
     position (tab_pos[t] == positions[t]) are kept, so every layer after the first in a step
-    computes nothing.  cos/sin of pos * freq_scale * base ** (-2i / rope_dim) are computed in float64
-    like the reference and rounded once."""
-    half = rope_dim // 2
+    computes nothing.  cos/sin of pos * freqs[i] (RopeSpec.frequencies: base, scaling, per-pair
+    factors, YaRN) times mscale are computed in float64 like the reference and rounded once."""
     for t in range(positions.shape[0]):
         if tab_pos[t] == positions[t]:
             continue
-        for i in range(half):
-            a = np.float64(positions[t]) * freq_scale * base ** (-(2.0 * i) / rope_dim)
-            cos[t, i] = np.cos(a)
-            sin[t, i] = np.sin(a)
+        for i in range(freqs.shape[0]):
+            a = np.float64(positions[t]) * freqs[i]
+            cos[t, i] = np.cos(a) * mscale
+            sin[t, i] = np.sin(a) * mscale
         tab_pos[t] = positions[t]
 
 

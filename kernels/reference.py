@@ -29,21 +29,28 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(mean_sq + np.float32(eps)) * weight
 
 
-def rope_cos_sin(
-    positions: np.ndarray, rope_dim: int, base: float, freq_scale: float = 1.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables (T, rope_dim // 2) for theta_i = pos * freq_scale * base^(-2i / rope_dim)."""
-    inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
-    angles = (positions.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+def rope_frequencies(rope_dim: int, base: float, freq_scale: float = 1.0) -> np.ndarray:
+    """Plain RoPE's per-pair speeds freq_scale * base^(-2i / rope_dim) (RopeSpec.frequencies adds the
+    per-pair factors and YaRN)."""
+    return freq_scale * base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+
+
+def rope_cos_sin(positions: np.ndarray, freqs: np.ndarray, mscale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (T, len(freqs)) of pos * freqs[i], times mscale, rounded once to float32."""
+    angles = positions.astype(np.float64)[:, None] * freqs[None, :]
+    return (np.cos(angles) * mscale).astype(np.float32), (np.sin(angles) * mscale).astype(np.float32)
 
 
 def rope(
-    x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool, freq_scale: float = 1.0
-) -> np.ndarray:
+    x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, neox: bool, freq_scale: float = 1.0,
+    freqs: np.ndarray | None = None, mscale: float = 1.0,
+) -> np.ndarray:  # fmt: skip
     """Rotary embedding on x (T, heads, D). llama 'normal' mode rotates adjacent pairs (2i, 2i+1);
-    NEOX mode rotates (i, i + rope_dim/2). Dimensions past rope_dim pass through."""
-    cos, sin = rope_cos_sin(positions, rope_dim, base, freq_scale)
+    NEOX mode rotates (i, i + rope_dim/2). Dimensions past rope_dim pass through. `freqs` (a
+    RopeSpec's frequencies()) replaces the plain speeds from base and freq_scale."""
+    if freqs is None:
+        freqs = rope_frequencies(rope_dim, base, freq_scale)
+    cos, sin = rope_cos_sin(positions, freqs, mscale)
     cos, sin = cos[:, None, :], sin[:, None, :]
     out = x.astype(np.float32).copy()
     half = rope_dim // 2

@@ -29,7 +29,7 @@ def warm_kernels(weights: list[Any], threads: int, layer_ops: bool = True) -> No
     kc = np.zeros((2, 4, 2, 32), np.float32)
     qk, pos = x.reshape(2, 2, 32), np.arange(2, dtype=np.int64)
     cos, sin = np.empty((2, 16), np.float32), np.empty((2, 16), np.float32)
-    layers.rope_rows(pos, 32, 10000.0, 1.0, np.full(2, -1, np.int64), cos, sin)
+    layers.rope_rows(pos, np.ones(16), 1.0, np.full(2, -1, np.int64), cos, sin)
     layers.rope_store_kv(qk, qk, qk, cos, sin, 32, False, kc, kc, pos, np.empty_like(qk), np.empty_like(qk))
     _warm_attention(threads)
 

@@ -22,8 +22,10 @@ from localllm.models.spec import LayerSpec, RopeSpec, spec_fields
 log = logging.getLogger("localllm")
 
 # LayerSpec fields kernels/decoder.py executes (rope.* are the RopeSpec's fields).
+# The plan executes every rope.* field through RopeSpec.frequencies() and mscale().
 EXECUTED = frozenset(
-    {"rope.dim", "rope.base", "rope.freq_scale", "rope.neox", "window", "qkv_bias", "qk_norm",
+    {"rope.dim", "rope.base", "rope.freq_scale", "rope.neox", "rope.factors", "rope.attn_factor",
+     "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap"}
 )  # fmt: skip
 
@@ -79,13 +81,22 @@ def _int16_tables(layers: list[Any], flags: np.ndarray) -> np.ndarray:
     return out
 
 
+def _rope_rows(ropes: list[RopeSpec]) -> tuple[np.ndarray, np.ndarray]:
+    """Each rotation's per-pair speeds, zero-padded to the widest, and its cos/sin magnitude."""
+    freqs = np.zeros((len(ropes), max(1, max(r.dim // 2 for r in ropes))), np.float64)
+    for i, r in enumerate(ropes):
+        freqs[i, : r.dim // 2] = r.frequencies()
+    return freqs, np.array([r.mscale() for r in ropes], np.float64)
+
+
 @dataclass(eq=False)
 class DecoderPlan:
     weights: dk.StackWeights  # with the integer-path tables
     dims: dk.Dims
     groups: tuple  # the weights behind the launch tables, for the float tables when first needed
     rope_dims: np.ndarray  # (R, 2) int64 for the distinct rotations, which flags[:, F_ROPE] indexes
-    rope_freqs: np.ndarray  # (R, 2) float64
+    rope_freqs: np.ndarray  # (R, max half) float64 per-pair speeds
+    rope_mscale: np.ndarray  # (R,) float64
 
     @classmethod
     def build(cls, model: Any) -> DecoderPlan:
@@ -110,8 +121,7 @@ class DecoderPlan:
             a.n_heads, a.n_kv_heads, hd, a.ffn_dim, float(a.norm_eps), float(a.attn_scale), two_pass
         )
         rope_dims = np.array([(r.dim, r.neox) for r in ropes], np.int64)
-        rope_freqs = np.array([(r.base, r.freq_scale) for r in ropes], np.float64)
-        return cls(weights, dims, groups, rope_dims, rope_freqs)
+        return cls(weights, dims, groups, rope_dims, *_rope_rows(ropes))
 
     @functools.cached_property
     def any_int(self) -> bool:
@@ -136,6 +146,7 @@ class DecoderPlan:
         step = dk.Step(
             i64(batch.positions), i64(batch.slot_mapping), i64(batch.query_start_loc),
             i64(batch.context_lens), i64(batch.block_tables), self.rope_dims, self.rope_freqs,
+            self.rope_mscale,
         )  # fmt: skip
         dk.decoder_stack(x, self._path(use_int), self.dims, step, (kv.k, kv.v), backend.threads)
         return x

@@ -46,7 +46,7 @@ class NumpyBackend(Backend):
         return x.astype(np.float32) @ weight.dequantized().T
 
     def rope_store_kv(self, q, k, v, positions, rope: Any, k_cache, v_cache, slot_mapping):
-        args = (positions, rope.dim, rope.base, rope.neox, rope.freq_scale)
+        args = (positions, rope.dim, rope.base, rope.neox, rope.freq_scale, rope.frequencies(), rope.mscale())
         q, k = ref.rope(q, *args), ref.rope(k, *args)
         ref.store_kv(k_cache, v_cache, k, v, slot_mapping)
         return q, k

@@ -7,19 +7,55 @@ these fields. A field a path cannot execute is refused by that path by name, nev
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
+
+import numpy as np
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (llama, qwen) and GeGLU with tanh-GELU (gemma)
 
 
 @dataclass(frozen=True, slots=True)
 class RopeSpec:
-    """Rotary embedding: theta_i = pos * freq_scale * base^(-2i / dim) on the first `dim` dims."""
+    """Rotary embedding on the first `dim` dims: pair i turns by pos * frequencies()[i] and is scaled
+    by mscale(), as llama.cpp's ggml_rope_ext computes them (see `frequencies`)."""
 
     dim: int
     base: float = 10_000.0
-    freq_scale: float = 1.0  # linear position scaling (1 / rope.scaling.factor)
+    freq_scale: float = 1.0  # position scaling (1 / rope.scaling.factor): linear, and YaRN's interpolation
     neox: bool = False  # rotate (i, i + dim/2) pairs instead of adjacent (2i, 2i + 1) ones
+    factors: tuple[float, ...] = ()  # per-pair frequency divisors (Llama 3 rope_freqs, Phi-3 LongRoPE)
+    attn_factor: float = 1.0  # cos/sin multiplier (rope.scaling.attn_factor)
+    yarn_orig_ctx: int = 0  # YaRN (0 = off): the trained context its correction dims are measured in
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+
+    def frequencies(self) -> np.ndarray:
+        """(dim // 2,) float64 angular speed of each pair: freq_scale * base^(-2i/dim) / factors[i];
+        with YaRN the low pairs (fast rotations) keep their unscaled speed, blended by a linear ramp
+        between the correction dims."""
+        i = np.arange(self.dim // 2, dtype=np.float64)
+        extrap = self.base ** (-2.0 * i / self.dim)
+        if self.factors:
+            extrap = extrap / np.asarray(self.factors, np.float64)
+        if not self.yarn_orig_ctx:
+            return self.freq_scale * extrap
+        low, high = self._yarn_corr_dims()
+        ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+        return self.freq_scale * extrap * (1.0 - ramp) + extrap * ramp
+
+    def mscale(self) -> float:
+        """The cos/sin magnitude: YaRN's 1 + 0.1 ln(1 / freq_scale), times attn_factor."""
+        if self.yarn_orig_ctx and self.freq_scale < 1.0:
+            return self.attn_factor * (1.0 + 0.1 * math.log(1.0 / self.freq_scale))
+        return self.attn_factor
+
+    def _yarn_corr_dims(self) -> tuple[float, float]:
+        def corr(rotations: float) -> float:
+            return self.dim * math.log(self.yarn_orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(self.base))
+
+        low, high = math.floor(corr(self.yarn_beta_fast)), math.ceil(corr(self.yarn_beta_slow))
+        return max(0.0, low), min(self.dim - 1.0, high)
 
 
 @dataclass(frozen=True, slots=True)
