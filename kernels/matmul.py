@@ -174,7 +174,8 @@ def _literal_kind(kind) -> int:
 
 
 def int_tile(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs) -> None:
-    """acc (T, R) += tile t of W times the quantized rows xq = (x8, dx, sx, hs).  (Numba only.)"""
+    """acc (T, R) += tile t of W times the quantized rows xq = (x8, dx, sx, hs, x8p, bit tables).
+    (Numba only.)"""
     raise NotImplementedError
 
 
@@ -200,7 +201,7 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
     def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
-        mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[1], xq[2], dsc, msc, acc, s16, pairs)
+        mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[5], xq[1], xq[2], dsc, msc, acc, s16, pairs)
 
     return nibbles
 
@@ -294,9 +295,12 @@ def int_range(kind, argv, lo, hi) -> None:
     s32 = np.empty((k // 32, R), np.int32)
     dsc = np.empty((k // 32, R), np.float32)
     msc = np.empty((k // 32, R), np.float32)
+    five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K  # built once per call, used by every tile
+    bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN if five else 0), np.int16)
+    mi.bit_tables(x8, bits)
     for t in range(lo, hi):
         acc[:] = 0.0
-        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs, x8p), acc, s16, s32, dsc, msc, pairs)
+        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs, x8p, bits), acc, s16, s32, dsc, msc, pairs)
         _store(acc, y, t, n)
 
 

@@ -32,7 +32,18 @@ from .simd_x86 import (
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
 )
-from .simd_x512 import HAVE_AVX512, HAVE_VNNI, q8_block_sums16_avx512, q8_block_sums16_vnni
+from .simd_x512 import (
+    BIT_TABLES,
+    HAVE_AVX512,
+    HAVE_VNNI,
+    q5_bit_tables_avx512,
+    q5_high_sums_avx512,
+    q8_block_sums16_avx512,
+    q8_block_sums16_vnni,
+)
+
+# int16 entries of one activation row's fifth-bit tables per 32-block (see high_bit_sums_tables).
+BIT_TABLE_LEN = BIT_TABLES * 32 if HAVE_AVX512 else 0
 
 # Activation rows whose integer sums are computed together (see nibble_sums_rows): their int16
 # sums, (ROW_CHUNK, nb, R) x 2, stay in L2.
@@ -145,6 +156,47 @@ def high_bit_sums(qh3, xr, sh) -> None:
             sh[b, r] = s
 
 
+def bit_tables(x8, bits) -> None:
+    """bits[t] = the fifth-bit lookup tables of activation row x8[t] (plain int8 order), BIT_TABLE_LEN
+    int16 per 32-block; nothing where BIT_TABLE_LEN is 0 or bits has no columns.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(bit_tables, jit_options={"cache": True})
+def _bit_tables_impl(x8, bits):
+    if HAVE_AVX512:
+
+        def avx512(x8, bits):
+            if bits.shape[1] == 0:
+                return
+            for t in range(x8.shape[0]):
+                x, tb = x8[t].ctypes.data, bits[t].ctypes.data
+                for b in range(x8.shape[1] // 32):
+                    q5_bit_tables_avx512(x + b * 32, tb + b * BIT_TABLE_LEN * 2)
+
+        return avx512
+    return lambda x8, bits: None
+
+
+def high_bit_sums_tables(qh3, xr, tables, sh) -> None:
+    """high_bit_sums, from xr's bit_tables where the CPU has AVX-512 (the same int16 sums).
+    (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(high_bit_sums_tables, jit_options={"cache": True})
+def _high_bit_sums_tables_impl(qh3, xr, tables, sh):
+    if HAVE_AVX512:
+
+        def avx512(qh3, xr, tables, sh):
+            q, tb, s = qh3.ctypes.data, tables.ctypes.data, sh.ctypes.data
+            for b in range(qh3.shape[0]):
+                q5_high_sums_avx512(q + b * 4 * R, tb + b * BIT_TABLE_LEN * 2, s + b * 2 * R, 0)
+
+        return avx512
+    return lambda qh3, xr, tables, sh: high_bit_sums(qh3, xr, sh)
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def crumb_sums(qh2, xr, slo, shi) -> None:
     """Q6_K's 2-bit high parts: byte j of qh2[b, :, r] holds elements j, j+8, j+16, j+24 (bits 0-1,
@@ -203,13 +255,13 @@ def q8_sums_portable(q4, xr, s32) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_nibbles(q3, qh3, x8, x8p, dx, sx, dsc, msc, acc, s16, pairs) -> None:
+def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, pairs) -> None:
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
     sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.
-    s16 (4, ROW_CHUNK, nb, R) int16 scratch.  A lone row takes the direct kernel, several rows the
-    unpack-once one; both give the same integer sums, and the float step below is shared, so a
-    row's result does not depend on how many rows came with it."""
+    bits: x8's bit_tables (five-bit kinds).  s16 (4, ROW_CHUNK, nb, R) int16 scratch.  A lone row
+    takes the direct kernel, several rows the unpack-once one; both give the same integer sums, and
+    the float step below is shared, so a row's result does not depend on how many rows came with it."""
     five = qh3.shape[0] > 0
     slo, shi, sh = s16[0], s16[1], s16[2, 0]
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
@@ -220,7 +272,7 @@ def tile_nibbles(q3, qh3, x8, x8p, dx, sx, dsc, msc, acc, s16, pairs) -> None:
             nibble_sums_rows(q3, x8p, t0, t1, slo, shi, pairs)
         for ti in range(t0, t1):
             if five:
-                high_bit_sums(qh3, x8[ti], sh)
+                high_bit_sums_tables(qh3, x8[ti], bits[ti], sh)
             _scale_nibbles(slo[ti - t0], shi[ti - t0], sh, five, dx[ti], sx[ti], dsc, msc, acc[ti])
 
 

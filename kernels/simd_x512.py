@@ -122,3 +122,62 @@ def q8_block_sums16_avx512(typingctx, q_addr, x_addr, s_addr, unused):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+# ---- Q5's fifth bits: per row, the sum of x over the elements whose bit is set ---------------------
+# A row's 16-bit word of fifth bits is cut into 5-bit groups; each group indexes a 32-entry table of
+# the sums of x over its subsets, and `vpermw` looks up 32 rows at once (it reads an index's low 5
+# bits, so a group needs only a shift).  The tables depend on the activations only: built once per
+# block and call, they replace 32 shift / mask / multiply / add steps per row with 4 lookups.
+BIT_TABLES = 8  # per 32-block: 2 words x 4 groups (bits 0-4, 5-9, 10-14, 15)
+_V32I16T = ir.VectorType(_i32, 32)
+
+
+def _group_elements(w: int, g: int) -> list[int]:
+    return [16 * w + 5 * g + k for k in range(5) if 5 * g + k < 16]
+
+
+@intrinsic
+def q5_bit_tables_avx512(typingctx, x_addr, t_addr):
+    """One 32-block of int8 x -> BIT_TABLES tables of 32 int16: table (w, g) entry v = sum over
+    bits k of v of x[16w + 5g + k] (bits beyond the word's 16 count nothing)."""
+
+    def codegen(context, builder, signature, args):
+        xp, tp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        for w in range(2):
+            for g in range(4):
+                table = ir.Constant(_V32I16, [0] * 32)
+                for k, e in enumerate(_group_elements(w, g)):
+                    xe = builder.sext(builder.load(builder.gep(xp, [_const(_i32, e)])), _i16)
+                    xv = builder.insert_element(ir.Constant(_V32I16, ir.Undefined), xe, _const(_i32, 0))
+                    xv = builder.shuffle_vector(xv, xv, _const(_V32I16T, [0] * 32))
+                    mask = _const(_V32I16, [-1 if (v >> k) & 1 else 0 for v in range(32)])
+                    table = builder.add(table, builder.and_(xv, mask))
+                _store(builder, table, tp, (w * 4 + g) * 64)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+@intrinsic
+def q5_high_sums_avx512(typingctx, qh_addr, t_addr, s_addr, unused):
+    """One 32-block of a 64-row tile: s[r] = sum of x over the elements whose fifth bit is set
+    (int16), from qh (2 x 64 uint16: bit j of word w is element 16w + j) and the block's
+    q5_bit_tables_avx512."""
+
+    def codegen(context, builder, signature, args):
+        qp, tp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        sp = builder.inttoptr(args[2], _i8.as_pointer())
+        for h in range(TILE_ROWS // 32):
+            acc = None
+            for w in range(2):
+                word = _load(builder, qp, (w * TILE_ROWS + 32 * h) * 2, _V32I16)
+                for g in range(4):
+                    idx = builder.lshr(word, _const(_V32I16, [5 * g] * 32)) if g else word
+                    table = _load(builder, tp, (w * 4 + g) * 64, _V32I16)
+                    part = _call(builder, "llvm.x86.avx512.permvar.hi.512", _V32I16, [table, idx])
+                    acc = part if acc is None else builder.add(acc, part)
+            _store(builder, acc, sp, 32 * h * 2)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
