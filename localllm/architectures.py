@@ -9,6 +9,9 @@ ARCHITECTURES = {
     "llama": "localllm.models.llama",
     "qwen2": "localllm.models.qwen2",
     "gemma3": "localllm.models.gemma3",
+    "qwen3": "localllm.models.qwen3",
+    "gemma2": "localllm.models.gemma2",
+    "phi3": "localllm.models.phi3",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.

@@ -87,7 +87,8 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.post_attention_norm.weight": ("dim",),
     "blk.N.ffn_norm.weight": ("dim",),
     "blk.N.ffn_gate.weight": ("ffn_dim", "dim"),
-    "blk.N.ffn_up.weight": ("ffn_dim", "dim"),
+    "blk.N.ffn_up.weight": ("ffn_up_rows", "dim"),  # 2 * ffn_dim where gate and up are fused (phi3)
+    "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3)
     "blk.N.ffn_down.weight": ("dim", "ffn_dim"),
     "blk.N.post_ffw_norm.weight": ("dim",),
 }
@@ -340,6 +341,8 @@ def _sizes(args: Any) -> dict[str, int]:
         "n_heads*head_dim": args.n_heads * args.head_dim,
         "n_kv_heads*head_dim": args.n_kv_heads * args.head_dim,
         "rope_dim/2": _rope_dim(args) // 2,
+        "ffn_up_rows": args.ffn_dim * (2 if getattr(args, "fused_gate_up", False) else 1),
+        "qkv_rows": (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
     }
 
 

@@ -92,3 +92,107 @@ def write_arch_model(path: Path, arch: str, quant: str = "Q8_0", n_layers: int =
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# ---- the families of issue 15, written as llama.cpp names their tensors and keys ------------------------
+# variant -> (general.architecture, quant, what the file exercises)
+VARIANTS = {
+    "llama3": ("llama", "Q8_0", "rope_freqs.weight per-pair frequency divisors"),
+    "qwen3": ("qwen3", "F32", "q/k RMS norms, NEOX RoPE, head_dim 32 != dim / heads"),
+    "gemma2": ("gemma2", "F32", "attention and final soft-caps, even layers windowed, post-norms, GeGLU"),
+    "phi3": ("phi3", "Q8_0", "fused attn_qkv and gate+up ffn_up, LongRoPE short factors, attn_factor"),
+    "llama_yarn": ("llama", "F32", "YaRN RoPE scaling (factor 4 over a 16-token original context)"),
+}
+V_HEAD_DIM = {"qwen3": 32}
+SOFTCAPS = {"attn": 1.5, "final": 30.0}  # attention's small enough that dropping it changes the answer
+# Output projection scales: peaky next-token distributions (median top-1/top-2 margin of several
+# logits); gemma2's output is its (tied) embedding, under a final soft-cap of 30 as in the real models.
+OUT_SCALE, GEMMA2_EMBD_SCALE = 16.0, 6.0
+
+
+def _variant_metadata(w, variant: str, arch: str, n_layers: int, head_dim: int) -> None:
+    import gguf
+
+    _metadata(w, arch, n_layers, 16 if variant == "gemma2" else 0, 1.0)
+    if head_dim != DIM // HEADS or arch == "gemma2":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if variant == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", SOFTCAPS["attn"])
+        w.add_float32(f"{arch}.final_logit_softcapping", SOFTCAPS["final"])
+    if variant == "phi3":
+        w.add_rope_dimension_count(head_dim)
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 512)
+    if variant == "llama_yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 16)
+
+
+def write_variant(
+    path: Path, variant: str, quant: str | None = None, n_layers: int = 4, seed: int = 7
+) -> Path:
+    """A random-weight file of one of VARIANTS, peaky enough that most next tokens are clear."""
+    import gguf
+    from gguf.quants import quantize
+
+    arch, default_quant, _ = VARIANTS[variant]
+    quant = quant or default_quant
+    head_dim = V_HEAD_DIM.get(variant, HEAD_DIM)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    _variant_metadata(w, variant, arch, n_layers, head_dim)
+    qtype = getattr(gguf.GGMLQuantizationType, quant)
+
+    def matrix(name: str, rows: int, cols: int, scale: float = 0.5) -> None:
+        data = (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+        if quant == "F32":
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    def vector(name: str, n: int, spread: float = 0.1) -> None:
+        w.add_tensor(name, (1.0 + spread * rng.standard_normal(n)).astype(np.float32))
+
+    n_vocab = len(vocabulary()[0])
+    matrix("token_embd.weight", n_vocab, DIM, GEMMA2_EMBD_SCALE if arch == "gemma2" else 1.0)
+    if arch != "gemma2":
+        matrix("output.weight", n_vocab, DIM, OUT_SCALE)
+    vector("output_norm.weight", DIM)
+    if variant == "llama3":
+        w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 6.0, head_dim // 2).astype(np.float32))
+    if variant == "phi3":
+        for kind in ("short", "long"):
+            factors = rng.uniform(1.0, 6.0, head_dim // 2).astype(np.float32)
+            w.add_tensor(f"rope_factors_{kind}.weight", factors)
+    for il in range(n_layers):
+        _variant_layer(variant, arch, f"blk.{il}", head_dim, matrix, vector)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _variant_layer(variant: str, arch: str, p: str, head_dim: int, matrix, vector) -> None:
+    nq, nkv = HEADS * head_dim, KV_HEADS * head_dim
+    vector(f"{p}.attn_norm.weight", DIM)
+    vector(f"{p}.ffn_norm.weight", DIM)
+    if arch == "phi3":
+        matrix(f"{p}.attn_qkv.weight", nq + 2 * nkv, DIM, 1.5)
+        matrix(f"{p}.ffn_up.weight", 2 * FFN, DIM)
+    else:
+        matrix(f"{p}.attn_q.weight", nq, DIM, 1.5)
+        matrix(f"{p}.attn_k.weight", nkv, DIM, 1.5)
+        matrix(f"{p}.attn_v.weight", nkv, DIM)
+        matrix(f"{p}.ffn_gate.weight", FFN, DIM)
+        matrix(f"{p}.ffn_up.weight", FFN, DIM)
+    matrix(f"{p}.attn_output.weight", DIM, nq)
+    matrix(f"{p}.ffn_down.weight", DIM, FFN)
+    if arch == "qwen3":
+        vector(f"{p}.attn_q_norm.weight", head_dim, 0.5)
+        vector(f"{p}.attn_k_norm.weight", head_dim, 0.5)
+    if arch == "gemma2":
+        vector(f"{p}.post_attention_norm.weight", DIM)
+        vector(f"{p}.post_ffw_norm.weight", DIM)

@@ -50,22 +50,53 @@ def read_hyper(gf: GGUFFile) -> Hyper:
     )
 
 
-def read_rope(gf: GGUFFile, h: Hyper, neox: bool, base: float | None = None) -> RopeSpec:
-    """The file's rotation; `base` overrides rope.freq_base. Linear scaling is honoured; other kinds
-    (YaRN, LongRoPE) are refused rather than run without them."""
+ROPE_KINDS = ("none", "linear", "yarn")
+# Tensors read into the specs (RoPE factors) rather than loaded as weights.
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
+
+
+def read_rope(
+    gf: GGUFFile, h: Hyper, neox: bool, base: float | None = None, factors_tensor: str = "rope_freqs.weight"
+) -> RopeSpec:
+    """The file's rotation; `base` overrides rope.freq_base. Linear and YaRN scaling and per-pair
+    frequency factors (Llama 3's `rope_freqs.weight`, or the tensor `factors_tensor` names) are
+    honoured; other scaling kinds are refused rather than run without them."""
     kind = str(gf.arch_get("rope.scaling.type", "none"))
     factor = float(gf.arch_get("rope.scaling.factor", 1.0) or 1.0)
-    if kind not in ("none", "linear") and factor != 1.0:
+    if kind not in ROPE_KINDS and factor != 1.0:
         raise ModelFormatError(
             f"{gf.path.name} uses '{kind}' RoPE scaling ({gf.architecture}.rope.scaling.type), "
             "which localllm does not support yet"
         )
+    yarn = kind == "yarn" and factor != 1.0
+    dim, factors = int(gf.arch_get("rope.dimension_count", h.head_dim)), read_factors(gf, factors_tensor)
+    if factors and len(factors) != dim // 2:
+        raise ModelFormatError(
+            f"{gf.path.name}: tensor '{factors_tensor}' has {len(factors)} RoPE factors; expected {dim // 2}"
+        )
     return RopeSpec(
-        dim=int(gf.arch_get("rope.dimension_count", h.head_dim)),
+        dim=dim,
         base=float(base if base is not None else gf.arch_get("rope.freq_base", 10000.0)),
-        freq_scale=1.0 / factor if kind == "linear" else 1.0,
+        freq_scale=1.0 / factor if kind in ("linear", "yarn") else 1.0,
         neox=neox,
+        factors=factors,
+        attn_factor=float(gf.arch_get("rope.scaling.attn_factor", 1.0)),
+        yarn_orig_ctx=int(gf.arch_get("rope.scaling.original_context_length", h.context_length)) * yarn,
+        yarn_beta_fast=float(gf.arch_get("rope.scaling.yarn_beta_fast", 32.0)),
+        yarn_beta_slow=float(gf.arch_get("rope.scaling.yarn_beta_slow", 1.0)),
     )
+
+
+def read_factors(gf: GGUFFile, name: str) -> tuple[float, ...]:
+    """A per-pair RoPE factor tensor as a tuple (hashable: it is part of the spec), () if absent."""
+    from localllm.quant import dequantize
+
+    if name not in gf.tensors:
+        return ()
+    values = dequantize(gf.raw(name), gf.tensors[name].ggml_type).reshape(-1)
+    if not np.all(np.isfinite(values) & (values > 0)):
+        raise ModelFormatError(f"{gf.path.name}: tensor '{name}' has RoPE factors that are not all positive")
+    return tuple(float(v) for v in values)
 
 
 def make_args(gf: GGUFFile, h: Hyper, layers: list[LayerSpec], **model_fields: Any) -> ModelArgs:
@@ -75,10 +106,13 @@ def make_args(gf: GGUFFile, h: Hyper, layers: list[LayerSpec], **model_fields: A
     return ModelArgs(
         architecture=gf.architecture,
         **{f: getattr(h, f) for f in Hyper.__slots__},
-        attn_scale=1.0 / math.sqrt(h.head_dim) if h.head_dim > 0 else 1.0,
-        layers=tuple(layers),
-        tied_output="output.weight" not in gf.tensors,
-        **model_fields,
+        **{
+            "attn_scale": 1.0 / math.sqrt(h.head_dim) if h.head_dim > 0 else 1.0,
+            "layers": tuple(layers),
+            "tied_output": "output.weight" not in gf.tensors,
+            "spec_tensors": tuple(n for n in ROPE_TENSORS if n in gf.tensors),
+            **model_fields,
+        },
     )
 
 
@@ -113,9 +147,27 @@ class WeightLoader:
     def __init__(self, gf: GGUFFile, backend: Any):
         self.gf = gf
         self.backend = backend
+        self.read: set[str] = set()
 
-    def matrix(self, name: str) -> Any:
-        return self.backend.prepare_weight(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)
+    def check_all_read(self, also: tuple[str, ...] = ()) -> None:
+        """Refuse a file with tensors the model did not read: ignoring one (Llama 3's rope_freqs once)
+        would run a different model than the file describes, without a word."""
+        left = sorted(set(self.gf.tensors) - self.read - set(also))
+        if left:
+            more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+            raise ModelFormatError(
+                f"{self.gf.path.name} has the tensor '{left[0]}'{more}, which localllm's "
+                f"{self.gf.architecture} model does not use; refusing rather than running without it"
+            )
+
+    def matrix(self, name: str, rows: tuple[int, int] | None = None) -> Any:
+        """A weight matrix, or the row range `rows` of one (a fused tensor's part)."""
+        raw = self.gf.raw(self._checked(name))
+        if rows is not None:
+            if not 0 <= rows[0] < rows[1] <= raw.shape[0]:
+                raise ModelFormatError(f"{self.gf.path.name}: '{name}' has no rows {rows[0]}:{rows[1]}")
+            raw = raw[rows[0] : rows[1]]
+        return self.backend.prepare_weight(raw, self.gf.tensors[name].ggml_type)
 
     def vector(self, name: str) -> Any:
         return self.backend.prepare_vector(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)
@@ -125,6 +177,7 @@ class WeightLoader:
 
         if name not in self.gf.tensors:
             raise ModelFormatError(f"{self.gf.path.name} lacks the tensor '{name}'")
+        self.read.add(name)
         ggml_type = self.gf.tensors[name].ggml_type
         if not is_supported(ggml_type):
             raise ModelFormatError(

@@ -48,9 +48,29 @@ def wanted(spec: LayerSpec) -> list[str]:
     return names
 
 
-def load_layer(w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str]) -> LayerWeights:
+def fused_rows(args: ModelArgs) -> dict[str, tuple[str, int, int]]:
+    """Matrices a file stores fused (phi3): field -> (tensor, first row, end row). Rows of a matrix are
+    independent, quantized ones included, so a row range of the fused tensor is the separate weight."""
+    out: dict[str, tuple[str, int, int]] = {}
+    if args.fused_qkv:
+        nq, nkv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        out.update(wq=("attn_qkv.weight", 0, nq), wk=("attn_qkv.weight", nq, nq + nkv))
+        out["wv"] = ("attn_qkv.weight", nq + nkv, nq + 2 * nkv)
+    if args.fused_gate_up:  # gate first: llama.cpp's swiglu takes silu of the first half
+        f = args.ffn_dim
+        out.update(gate=("ffn_up.weight", 0, f), up=("ffn_up.weight", f, 2 * f))
+    return out
+
+
+def load_layer(
+    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[str, int, int]]
+) -> LayerWeights:
     values = {}
     for field in wanted(spec):
+        if field in fused:
+            name, lo, hi = fused[field]
+            values[field] = w.matrix(f"blk.{il}.{name}", (lo, hi))
+            continue
         name = f"blk.{il}.{names[field]}"
         values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
     return LayerWeights(**values)

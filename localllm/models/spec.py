@@ -52,7 +52,8 @@ class RopeSpec:
 
     def _yarn_corr_dims(self) -> tuple[float, float]:
         def corr(rotations: float) -> float:
-            return self.dim * math.log(self.yarn_orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(self.base))
+            turns = self.yarn_orig_ctx / (rotations * 2 * math.pi)
+            return self.dim * math.log(turns) / (2 * math.log(self.base))
 
         low, high = math.floor(corr(self.yarn_beta_fast)), math.ceil(corr(self.yarn_beta_slow))
         return max(0.0, low), min(self.dim - 1.0, high)
@@ -94,6 +95,9 @@ class ModelArgs:
     embedding_scale: float = 1.0  # gemma multiplies embeddings by sqrt(dim)
     final_logit_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) (gemma2); 0 = off
     tied_output: bool = False  # the output projection reuses token_embd (no output.weight)
+    spec_tensors: tuple[str, ...] = ()  # tensors read into the specs (RoPE factors), not loaded as weights
+    fused_qkv: bool = False  # q, k, v stored as one attn_qkv tensor (phi3), split by rows at load
+    fused_gate_up: bool = False  # gate and up stored as one ffn_up of 2 * ffn_dim rows (phi3)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 
 from localllm.architectures import TENSOR_NAMES
 from localllm.models.base import ForwardBatch, WeightLoader
-from localllm.models.layers import decoder_layer, load_layer
+from localllm.models.layers import decoder_layer, fused_rows, load_layer
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
@@ -31,7 +31,9 @@ class Transformer:
         self.tok_embd = w.matrix("token_embd.weight")
         self.output = self.tok_embd if args.tied_output else w.matrix("output.weight")
         self.output_norm = w.vector("output_norm.weight")
-        self.layers = [load_layer(w, il, spec, names) for il, spec in enumerate(args.layers)]
+        fused = fused_rows(args)
+        self.layers = [load_layer(w, il, spec, names, fused) for il, spec in enumerate(args.layers)]
+        w.check_all_read(args.spec_tensors)
 
     def embed(self, input_ids: Any) -> Any:
         x = self.backend.embedding(self.tok_embd, input_ids)

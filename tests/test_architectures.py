@@ -1,0 +1,133 @@
+"""The families of issue 15 (Llama 3 RoPE factors, Qwen3, Gemma 2, Phi-3, YaRN) against llama.cpp.
+
+Random-weight files of each (tests/tiny_arch.py VARIANTS) are written here, byte for byte the files
+llama.cpp ran for tests/data/arch (fixtures/make_arch_fixtures.py). localllm, fused, must agree with
+llama.cpp as closely as the calibration (localllm's float32 NumPy oracle) does, and each fixture must
+discriminate: dropping the feature it exercises fails it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import pytest
+from arch_conformance import compare, engine, greedy, greedy_problem, load_fixture, near_tie, teacher_forced
+from tiny_arch import VARIANTS, write_variant
+
+from localllm.errors import ModelFormatError
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("archs")
+    return {v: write_variant(d / f"{v}.gguf", v) for v in VARIANTS}
+
+
+def rms_bound(ref: dict) -> float:
+    """localllm's last-position logits may differ from llama.cpp's by the calibrated RMS, with room for
+    its own 8-bit activation rounding (quantized files) and float reordering."""
+    return 1.5 * ref["calibration"]["rms_last"] + 0.02
+
+
+def failures(logits: np.ndarray, ref: dict) -> list[str]:
+    result = compare(logits, ref, near_tie(ref))
+    out = list(result["problems"])
+    fig = result["figures"]
+    if fig["rms_last"] > rms_bound(ref):
+        out.append(f"last-position logits RMS {fig['rms_last']:.4f} > {rms_bound(ref):.4f}")
+    if fig["top8_shared"] < 6:
+        out.append(f"only {fig['top8_shared']} of llama.cpp's top 8 shared")
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_file_is_the_one_llama_cpp_ran(files, variant: str) -> None:
+    ref = load_fixture(variant)
+    assert hashlib.sha256(files[variant].read_bytes()).hexdigest() == ref["sha256"], "regenerate the fixtures"
+    assert ref["calibration"]["median_margin"] > 3.0  # peaky: most next tokens are clear
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_conforms_to_llama_cpp_fused(files, variant: str) -> None:
+    ref = load_fixture(variant)
+    e = engine(files[variant])
+    assert e.backend.fused(e.model), "should run fused"
+    assert failures(teacher_forced(e, ref), ref) == []
+    assert greedy_problem(greedy(e, ref), ref) is None
+
+
+@pytest.mark.parametrize("variant", ["phi3", "gemma2", "qwen3"])
+def test_fused_stack_agrees_with_the_op_path(files, variant: str) -> None:
+    ref = load_fixture(variant)
+    fused = teacher_forced(engine(files[variant]), ref)
+    ops = teacher_forced(engine(files[variant], fuse=False), ref)
+    assert np.abs(fused - ops).max() / np.abs(ops).max() < 0.02
+    assert (fused.argmax(-1) == ops.argmax(-1)).mean() > 0.95
+
+
+def _rope(spec, **changes):
+    return dataclasses.replace(spec, rope=dataclasses.replace(spec.rope, **changes))
+
+
+DROPS = {
+    "llama3 rope_freqs": ("llama3", lambda s: _rope(s, factors=()), {}),
+    "qwen3 q/k norm": ("qwen3", lambda s: dataclasses.replace(s, qk_norm=False), {}),
+    "gemma2 attention soft-cap": ("gemma2", lambda s: dataclasses.replace(s, attn_softcap=0.0), {}),
+    "gemma2 final soft-cap": ("gemma2", lambda s: s, {"final_logit_softcap": 0.0}),
+    "gemma2 window": ("gemma2", lambda s: dataclasses.replace(s, window=0), {}),
+    "phi3 LongRoPE factors": ("phi3", lambda s: _rope(s, factors=()), {}),
+    "phi3 attn_factor": ("phi3", lambda s: _rope(s, attn_factor=1.0), {}),
+    "yarn ramp": ("llama_yarn", lambda s: _rope(s, yarn_orig_ctx=0), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(DROPS))
+def test_each_fixture_discriminates(files, name: str) -> None:
+    """The same file run without one feature must fail the conformance check (op by op: the fused
+    plan was built from the specs at load)."""
+    variant, layer_change, model_change = DROPS[name]
+    ref = load_fixture(variant)
+    e = engine(files[variant], fuse=False)
+    args = e.model.args
+    layers = tuple(layer_change(s) for s in args.layers)
+    assert layers != args.layers or model_change
+    e.model.args = dataclasses.replace(args, layers=layers, **model_change)
+    assert failures(teacher_forced(e, ref), ref) != []
+
+
+def test_specs_read_from_the_files(files) -> None:
+    llama3 = engine(files["llama3"]).args
+    assert len(llama3.layers[0].rope.factors) == 8 and llama3.spec_tensors == ("rope_freqs.weight",)
+    qwen3 = engine(files["qwen3"]).args
+    assert qwen3.head_dim == 32 and all(s.qk_norm and s.rope.neox and not s.qkv_bias for s in qwen3.layers)
+    gemma2 = engine(files["gemma2"]).args
+    assert [s.window for s in gemma2.layers] == [16, 0, 16, 0]
+    assert {s.attn_softcap for s in gemma2.layers} == {1.5} and gemma2.final_logit_softcap == 30.0
+    assert gemma2.tied_output and gemma2.embedding_scale == pytest.approx(8.0)
+    phi3 = engine(files["phi3"]).args
+    assert phi3.fused_qkv and phi3.fused_gate_up and phi3.layers[0].rope.attn_factor == pytest.approx(1.19)
+    yarn = engine(files["llama_yarn"]).args.layers[0].rope
+    assert yarn.yarn_orig_ctx == 16 and yarn.freq_scale == 0.25 and yarn.mscale() == pytest.approx(1.1386, 1e-4)
+
+
+def test_a_tensor_no_model_reads_is_refused(tmp_path) -> None:
+    """A file with a tensor localllm would ignore (as Llama 3's rope_freqs once was) does not load."""
+    import gguf
+
+    src = write_variant(tmp_path / "a.gguf", "qwen3")
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "qwen3")
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data).reshape(tuple(reversed(t.shape.tolist()))), raw_dtype=t.tensor_type)
+    w.add_tensor("blk.0.attn_sinks.weight", np.ones(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFormatError, match="attn_sinks.weight.*does not use"):
+        engine(tmp_path / "b.gguf")
