@@ -131,9 +131,11 @@ def _variant_metadata(w, variant: str, arch: str, n_layers: int, head_dim: int) 
 
 
 def write_variant(
-    path: Path, variant: str, quant: str | None = None, n_layers: int = 4, seed: int = 7
-) -> Path:
-    """A random-weight file of one of VARIANTS, peaky enough that most next tokens are clear."""
+    path: Path, variant: str, quant: str | None = None, n_layers: int = 4, seed: int = 7,
+    extra: dict[str, np.ndarray] | None = None,
+) -> Path:  # fmt: skip
+    """A random-weight file of one of VARIANTS, peaky enough that most next tokens are clear; `extra`
+    adds tensors no model reads."""
     import gguf
     from gguf.quants import quantize
 
@@ -168,6 +170,8 @@ def write_variant(
             w.add_tensor(f"rope_factors_{kind}.weight", factors)
     for il in range(n_layers):
         _variant_layer(variant, arch, f"blk.{il}", head_dim, matrix, vector)
+    for name, data in (extra or {}).items():
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
