@@ -107,7 +107,8 @@ def summarize(gf: Any) -> ModelInfo:
         vocab = len(md["tokenizer.ggml.tokens"])
     histogram = tensor_histogram(gf.tensors.values())
     parameters = sum(t.parameters for t in histogram)
-    extra = {
+    extra = _family_features(md, arch)
+    extra |= {
         k.removeprefix("general."): printable(md[k]) if isinstance(md[k], str) else md[k]
         for k in ("general.basename", "general.size_label", "general.license", "general.organization")
         if isinstance(md.get(k), (str, int, float))
@@ -132,6 +133,28 @@ def summarize(gf: Any) -> ModelInfo:
         chat_template=printable(template, multiline=True) if template else None,
         extra=extra,
     )
+
+
+# <arch>.KEY -> the name `info` shows it under: what sets the newer families apart (issue 15).
+FAMILY_KEYS = {
+    "attention.sliding_window": "sliding window",
+    "rope.scaling.type": "rope scaling",
+    "rope.scaling.factor": "rope scaling factor",
+    "rope.scaling.original_context_length": "rope original context",
+    "attn_logit_softcapping": "attention soft-cap",
+    "final_logit_softcapping": "final logit soft-cap",
+    "expert_count": "experts",
+    "expert_used_count": "experts per token",
+}
+
+
+def _family_features(md: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    out = {
+        name: md[f"{arch}.{key}"]
+        for key, name in FAMILY_KEYS.items()
+        if isinstance(md.get(f"{arch}.{key}"), (str, int, float))
+    }
+    return {k: printable(v) if isinstance(v, str) else v for k, v in out.items()}
 
 
 def tensor_histogram(tensors: Any) -> list[TensorTypeCount]:

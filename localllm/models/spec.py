@@ -104,6 +104,17 @@ class ModelArgs:
         """float32 keys and values for every layer."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
 
+    def context_warning(self, n_ctx: int) -> str | None:
+        """One line when a context of n_ctx tokens exceeds the trained one and no layer's RoPE is scaled
+        (positions past training are then extrapolated: quality degrades, it is no error)."""
+        scaled = any(s.rope.freq_scale != 1.0 or s.rope.yarn_orig_ctx or s.rope.factors for s in self.layers)
+        if n_ctx <= self.context_length or scaled:
+            return None
+        return (
+            f"context {n_ctx:,} exceeds the {self.context_length:,} tokens {self.architecture} was trained "
+            "on and the file sets no RoPE scaling: expect degraded output past that"
+        )
+
     @property
     def rope(self) -> RopeSpec:
         """The first layer's rotation (for display; layers may differ)."""
