@@ -1,7 +1,9 @@
 """llama (SmolLM2, Llama 2/3, Mistral): RMSNorm, adjacent-pair RoPE, grouped-query attention, SwiGLU.
 
-llama-family files may carry q/k/v biases or q/k norms, and Mistral-style files a sliding window for
-every layer; each is read from the file, so a variant that only changes these needs no code.
+llama-family files may carry q/k/v biases or q/k norms, Mistral-style files a sliding window for
+every layer, Llama 3.1+ files `rope_freqs.weight` (per-pair RoPE frequency divisors, read by
+base.read_rope) and linear or YaRN scaling keys; each is read from the file, so a variant that only
+changes these needs no code.
 """
 
 from __future__ import annotations
