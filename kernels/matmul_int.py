@@ -36,6 +36,7 @@ from .simd_x512 import (
     BIT_TABLES,
     HAVE_AVX512,
     HAVE_VNNI,
+    q4_block_sums_avx512,
     q5_bit_tables_avx512,
     q5_high_sums_avx512,
     q8_block_sums16_avx512,
@@ -62,13 +63,14 @@ def nibble_sums(q3, xr, slo, shi) -> None:
 @overload(nibble_sums, jit_options={"cache": True})
 def _nibble_sums_impl(q3, xr, slo, shi):
     if HAVE_AVX2:
+        block = q4_block_sums_avx512 if HAVE_AVX512 else q4_block_sums_avx2
 
-        def avx2(q3, xr, slo, shi):
+        def simd(q3, xr, slo, shi):
             q, x, s0, s1 = q3.ctypes.data, xr.ctypes.data, slo.ctypes.data, shi.ctypes.data
             for b in range(q3.shape[0]):
-                q4_block_sums_avx2(q + b * 16 * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
+                block(q + b * 16 * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
 
-        return avx2
+        return simd
     return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi, True)
 
 

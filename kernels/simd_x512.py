@@ -181,3 +181,57 @@ def q5_high_sums_avx512(typingctx, qh_addr, t_addr, s_addr, unused):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+# ---- 4-bit nibbles x int8 activations (simd_x86.q4_block_sums_avx2 on 64 rows per register) -------
+_V64I8 = ir.VectorType(_i8, 64)
+# vpunpcklbw / vpunpckhbw interleave within each 128-bit lane: lane L pairs rows 16L..16L+7 (lo)
+# or 16L+8..16L+15 (hi) of the 64-row tile.
+_UNPACK64 = {
+    part: [
+        i for lane in range(4) for b in range(8) for i in (16 * lane + first + b, 64 + 16 * lane + first + b)
+    ]
+    for part, first in (("lo", 0), ("hi", 8))
+}
+# lo/hi int16 results back to row order: rows 0-31 from lanes 0-1, rows 32-63 from lanes 2-3
+_ROW_ORDER = [
+    [src + 8 * lane + i for lane in (2 * q, 2 * q + 1) for src in (0, 32) for i in range(8)] for q in range(2)
+]
+
+
+def _pair16(builder: ir.IRBuilder, xp: ir.Value, j: int) -> ir.Value:
+    """Pair j of an interleaved block (x[j], x[16 + j]), over 64 bytes."""
+    pair = _load(builder, xp, 2 * j, _i16)
+    v = builder.insert_element(ir.Constant(_V32I16, ir.Undefined), pair, _const(_i32, 0))
+    return builder.bitcast(builder.shuffle_vector(v, v, _const(_V32I16T, [0] * 32)), _V64I8)
+
+
+@intrinsic
+def q4_block_sums_avx512(typingctx, q_addr, x_addr, s0_addr, s1_addr):
+    """simd_x86.q4_block_sums_avx2 (the same int16 sums s0 over j < 8 and s1 over 8 <= j < 16 of
+    lo(q[j, r]) * x[j] + hi(q[j, r]) * x[16 + j]) with 512-bit registers."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        outs = [builder.inttoptr(a, _i8.as_pointer()) for a in args[2:4]]
+        mask = _const(_V64I8, [15] * 64)
+        acc: dict = {}
+        for j in range(16):
+            _prefetch(builder, qp, PREFETCH_AHEAD + j * TILE_ROWS)
+            v = _load(builder, qp, j * TILE_ROWS, _V64I8)
+            low, high = builder.and_(v, mask), builder.and_(builder.lshr(v, _const(_V64I8, [4] * 64)), mask)
+            xv = _pair16(builder, xp, j)
+            for part in ("lo", "hi"):
+                pairs = builder.shuffle_vector(low, high, _const(ir.VectorType(_i32, 64), _UNPACK64[part]))
+                p = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", _V32I16, [pairs, xv])
+                key = (j // 8, part)
+                acc[key] = builder.add(acc[key], p) if key in acc else p
+        for which in range(2):
+            for q in range(2):
+                rows = builder.shuffle_vector(
+                    acc[(which, "lo")], acc[(which, "hi")], _const(_V32I16T, _ROW_ORDER[q])
+                )
+                _store(builder, rows, outs[which], q * 64)
+        return context.get_dummy_value()
+
+    return _SIG, codegen

@@ -256,6 +256,53 @@ def test_q8_wide_kernels_equal_portable_ones(variant: str) -> None:
     np.testing.assert_array_equal(s_simd, s_port)
 
 
+NIBBLE_KERNELS = {  # 4-bit nibble block kernels (interleaved activations)
+    "avx2": (HAVE_AVX2, "simd_x86.q4_block_sums_avx2"),
+    "avx512": (HAVE_AVX512, "simd_x512.q4_block_sums_avx512"),
+}
+
+
+def nibble_kernel_loop(block):
+    """A loop calling one nibble block kernel for every block (as matmul_int.nibble_sums does)."""
+
+    @njit
+    def run(q3, xp, s0, s1):
+        q, x, a, b = q3.ctypes.data, xp.ctypes.data, s0.ctypes.data, s1.ctypes.data
+        for i in range(q3.shape[0]):
+            block(q + i * 16 * TILE_ROWS, x + i * 32, a + i * 2 * TILE_ROWS, b + i * 2 * TILE_ROWS)
+
+    return run
+
+
+@pytest.mark.parametrize("variant", list(NIBBLE_KERNELS))
+def test_nibble_kernels_equal_portable_ones(variant: str) -> None:
+    """Every SIMD variant of the single-row nibble sums this CPU runs: the portable loop's totals,
+    and the same int16 partials (s0: pairs j < 8, s1: j >= 8) as the numpy sums, extremes included."""
+    available, name = NIBBLE_KERNELS[variant]
+    if not available:
+        pytest.skip(f"needs a CPU with {variant}")
+    module, attr = name.split(".")
+    block = getattr({"simd_x86": simd_x86, "simd_x512": simd_x512}[module], attr)
+    rng = np.random.default_rng(17)
+    nb = 6
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    xr = rng.integers(-127, 128, nb * 32, dtype=np.int8)
+    q3[0], xr[:32] = 255, -127  # the largest partials: 8 * 2 * 15 * 127
+    xp = interleaved(xr)
+    port = [np.zeros((nb, TILE_ROWS), np.int16) for _ in range(2)]
+    simd = [np.ones((nb, TILE_ROWS), np.int16) for _ in range(2)]
+    mi.nibble_sums_portable(q3, xp, port[0], port[1], True)
+    nibble_kernel_loop(block)(q3, xp, simd[0], simd[1])
+    np.testing.assert_array_equal(simd[0].astype(np.int32) + simd[1], port[0].astype(np.int32) + port[1])
+    low, high = (q3 & 15).astype(np.int32), (q3 >> 4).astype(np.int32)
+    xb = xr.reshape(nb, 2, 16).astype(np.int32)
+    for half, js in enumerate((slice(0, 8), slice(8, 16))):
+        part = np.einsum("bjr,bj->br", low[:, js], xb[:, 0, js]) + np.einsum(
+            "bjr,bj->br", high[:, js], xb[:, 1, js]
+        )
+        np.testing.assert_array_equal(simd[half], part)
+
+
 @pytest.mark.skipif(not HAVE_AVX512, reason="needs an AVX-512 CPU")
 def test_fifth_bit_table_sums_equal_portable_ones() -> None:
     """Q5's fifth-bit sums by table lookups (AVX-512) equal the portable loop's, bit for bit, for
