@@ -35,7 +35,9 @@ def rope_frequencies(rope_dim: int, base: float, freq_scale: float = 1.0) -> np.
     return freq_scale * base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
 
 
-def rope_cos_sin(positions: np.ndarray, freqs: np.ndarray, mscale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def rope_cos_sin(
+    positions: np.ndarray, freqs: np.ndarray, mscale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin tables (T, len(freqs)) of pos * freqs[i], times mscale, rounded once to float32."""
     angles = positions.astype(np.float64)[:, None] * freqs[None, :]
     return (np.cos(angles) * mscale).astype(np.float32), (np.sin(angles) * mscale).astype(np.float32)
