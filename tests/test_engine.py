@@ -174,3 +174,14 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_any_kernel(tiny_mod
             engine.add_request(bad)
     assert not engine.has_unfinished()
     engine.add_request([5, vocab - 1])  # the last id is fine
+
+
+def test_a_context_past_the_trained_one_is_warned_about_once(tiny_model_path, index_dir, caplog):
+    """The tiny model was trained on 256 tokens and sets no RoPE scaling."""
+    with caplog.at_level("WARNING", logger="localllm"):
+        make_engine(tiny_model_path, index_dir, ctx_size=512)
+    assert [r.getMessage() for r in caplog.records if "exceeds the 256 tokens" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="localllm"):
+        make_engine(tiny_model_path, index_dir, ctx_size=256)
+    assert not [r for r in caplog.records if "exceeds" in r.getMessage()]

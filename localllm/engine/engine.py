@@ -4,6 +4,7 @@ API) drives this one engine through add_request / abort / step."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from localllm.sampling_params import (
 # (a mapping, or None for none), completed by the model's defaults and then the built-ins.
 Params = SamplingParams | Mapping[str, Any] | None
 
+log = logging.getLogger("localllm")
+
 
 @dataclass(slots=True)
 class _Request:
@@ -55,6 +58,8 @@ class LLMEngine:
         self.args = self.model.args
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
         self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
+        if (warning := self.args.context_warning(self.max_model_len)) is not None:
+            log.warning(warning)
         num_blocks = self._num_blocks()
         self.kv_cache = KVCache(
             self.backend,
