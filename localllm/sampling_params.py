@@ -62,6 +62,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return per token; 0 = only the chosen
     skip_special_tokens: bool = True
+    # End a reply that keeps repeating one span (finish_reason "repetition"); off with ignore_eos, which
+    # asks for exactly max_tokens tokens (benchmarks).  See localllm.engine.loop_guard.
+    loop_guard: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

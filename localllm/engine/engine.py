@@ -16,6 +16,7 @@ from localllm.config import EngineConfig
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.detokenizer import Detokenizer
 from localllm.engine.kv_cache import KVCache
+from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.model_runner import ModelRunner, SampledToken
 from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
 from localllm.engine.scheduler import Scheduler
@@ -41,6 +42,7 @@ class _Request:
     seq: Sequence
     detokenizer: Detokenizer
     stop_ids: frozenset[int]
+    guard: LoopGuard | None = None
 
 
 class LLMEngine:
@@ -123,7 +125,8 @@ class LLMEngine:
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )
         detok = Detokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
-        self.requests[request_id] = _Request(seq, detok, stop_ids)
+        guard = LoopGuard() if params.loop_guard and not params.ignore_eos else None
+        self.requests[request_id] = _Request(seq, detok, stop_ids, guard)
         self.scheduler.add(seq)
         return request_id
 
@@ -180,6 +183,9 @@ class LLMEngine:
         text, matched = request.detokenizer.add(token.token_id)
         if matched is not None:
             return self._finish(request, text, "stop", matched, logprob, now)
+        if request.guard is not None and request.guard.add(token.token_id):
+            tail = text + request.detokenizer.finish()
+            return self._finish(request, tail, "repetition", None, logprob, now)
         params = seq.params
         if (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens) or (
             seq.num_tokens >= self.max_model_len

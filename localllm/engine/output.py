@@ -21,7 +21,7 @@ class StepOutput:
     token_id: int | None  # the token sampled in this step (None when only finishing)
     logprob: TokenLogprob | None
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "repetition" (the loop guard) | "abort"
     prompt_tokens: int
     cached_tokens: int
     generated_tokens: int
