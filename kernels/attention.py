@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .kv import kv_get
 from .simd import f32, fast_exp
 
 ROWS_PER_ITEM = 16  # (query, head) rows per work item: queries per chunk = 16 // group size
@@ -77,7 +78,7 @@ def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc) -> None:
                     continue
                 s = f32(0.0)
                 for d in range(qc.shape[1]):
-                    s += qc[row, d] * keys[kr, d]
+                    s += qc[row, d] * kv_get(keys, kr, d)
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
                 sc[row, j - lo[row]] = s
@@ -114,7 +115,7 @@ def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc) -> None:
                     continue
                 w = sc[row, j - lo[row]]
                 for d in range(acc.shape[1]):
-                    acc[row, d] += w * values[vr, d]
+                    acc[row, d] += w * kv_get(values, vr, d)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .kv import kv_set_row
 from .simd import f32, fast_exp
 
 
@@ -102,5 +103,5 @@ def store_kv_rows(k_cache, v_cache, k, v, slot_mapping) -> None:
         if s < 0:
             continue
         blk, off = s // bs, s % bs
-        k_cache[blk, off] = k[t]
-        v_cache[blk, off] = v[t]
+        kv_set_row(k_cache, blk, off, k[t])
+        kv_set_row(v_cache, blk, off, v[t])

@@ -103,6 +103,49 @@ def f16_to_f32_soft(h):
     return normal if e != 0 else (-sub if sign else sub)
 
 
+@intrinsic
+def _f32_as_i32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _f32_to_f16_hw(typingctx, x):
+    """float32 -> IEEE half bits as LLVM's `fptrunc half` (vcvtps2ph with F16C: round to nearest even)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@njit(inline="always")
+def f32_to_f16(x):
+    """float32 -> IEEE half bits (uint16), rounded to nearest even like numpy's astype(float16)."""
+    if HAVE_F16C:
+        return _f32_to_f16_hw(f32(x))
+    return f32_to_f16_soft(f32(x))
+
+
+@njit(inline="always")
+def f32_to_f16_soft(x):
+    """The same in integer arithmetic: re-bias the exponent, round the mantissa to 10 bits (a carry
+    may bump the exponent, which is right), subnormals by rint(|x| * 2**24), overflow to inf."""
+    b = _f32_as_i32(x)
+    sign = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF
+    if a >= 0x7F800000:  # inf or nan
+        return np.uint16(sign | 0x7C00 | (0x200 if a > 0x7F800000 else 0))
+    if a >= 0x477FF000:  # rounds past 65504
+        return np.uint16(sign | 0x7C00)
+    if a < 0x38800000:  # below 2**-14: a half subnormal (or zero)
+        return np.uint16(sign | i32(np.rint(abs(x) * f32(16777216.0))))
+    e = a - 0x38000000
+    return np.uint16(sign | ((e + 0xFFF + ((e >> 13) & 1)) >> 13))
+
+
 @njit(inline="always")
 def bf16_to_f32(h):
     """bfloat16 bits -> float32: they are the top half of a float32."""

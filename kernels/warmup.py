@@ -15,10 +15,13 @@ from . import attention, layers, matmul
 from .packing import Q8_0, TILE_ROWS
 
 
-def warm_kernels(weights: list[Any], threads: int, layer_ops: bool = True) -> None:
+def warm_kernels(
+    weights: list[Any], threads: int, layer_ops: bool = True, kv_dtype: Any = np.float32
+) -> None:
     """layer_ops=False: only what a step uses around a fused layer stack (embedding, final norm, output
     projection); the stack itself is one kernel, loaded at its first call.  Each kernel loaded from
-    Numba's cache costs ~20 ms of start-up, so a fused model skips the op-by-op layer kernels."""
+    Numba's cache costs ~20 ms of start-up, so a fused model skips the op-by-op layer kernels.
+    kv_dtype: the KV cache's storage type (float32, or uint16 for f16)."""
     _warm_matmul(weights, threads, layer_ops)
     x = np.ones((2, 64), np.float32)
     layers.rms_norm_rows(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))
@@ -26,12 +29,12 @@ def warm_kernels(weights: list[Any], threads: int, layer_ops: bool = True) -> No
         return
     layers.swiglu_rows(x, x, np.empty_like(x))
     layers.geglu_rows(x, x, np.empty_like(x))
-    kc = np.zeros((2, 4, 2, 32), np.float32)
+    kc = np.zeros((2, 4, 2, 32), kv_dtype)
     qk, pos = x.reshape(2, 2, 32), np.arange(2, dtype=np.int64)
     cos, sin = np.empty((2, 16), np.float32), np.empty((2, 16), np.float32)
     layers.rope_rows(pos, np.ones(16), 1.0, np.full(2, -1, np.int64), cos, sin)
     layers.rope_store_kv(qk, qk, qk, cos, sin, 32, False, kc, kc, pos, np.empty_like(qk), np.empty_like(qk))
-    _warm_attention(threads)
+    _warm_attention(threads, kv_dtype)
 
 
 def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
@@ -62,8 +65,8 @@ def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
         matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), threads)
 
 
-def _warm_attention(threads: int) -> None:
-    k_cache = np.zeros((2, 4, 1, 8), np.float32)  # (blocks, block_size, kv_heads, head_dim)
+def _warm_attention(threads: int, kv_dtype: Any) -> None:
+    k_cache = np.zeros((2, 4, 1, 8), kv_dtype)  # (blocks, block_size, kv_heads, head_dim)
     q = np.ones((2, 2, 8), np.float32)
     qsl, ctx = np.array([0, 2], np.int64), np.array([2], np.int64)
     tables = np.zeros((1, 2), np.int64)

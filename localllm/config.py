@@ -43,6 +43,11 @@ def _sysfs_cores() -> int:
     return len(siblings)
 
 
+# The context a command gets when neither its flag nor models.toml sets one: the model's trained context up
+# to this, in run, chat, serve and the Python API alike (a bigger KV cache costs memory up front).
+DEFAULT_CONTEXT = 8192
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str  # path to a .gguf (already resolved)
@@ -56,7 +61,9 @@ class EngineConfig:
     num_kv_blocks: int = 0  # exact pool size, overriding the two above (tests, benchmarks)
     enable_prefix_caching: bool = True
     index_dir: Path | None = None  # where parsed GGUF indexes and repacked weights are cached
-    max_default_ctx: int = 4096
+    max_default_ctx: int = DEFAULT_CONTEXT
+    cache_type_k: str = "f16"  # KV cache element types (llama.cpp's --cache-type-k/-v): f16 or f32
+    cache_type_v: str = "f16"
     # The model's models.toml defaults (only the sampling keys are read): what a request that leaves a
     # sampling value unset gets, before the built-in default (see sampling_params.resolve_sampling).
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -64,6 +71,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("numba", "numpy", "torch"):
             raise ConfigError(f"unknown backend '{self.backend}' (choose numba, numpy or torch)")
+        for name in ("cache_type_k", "cache_type_v"):
+            if getattr(self, name) not in ("f16", "f32"):
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} {getattr(self, name)} is not supported (choose f16 or f32)"
+                )
         for name in ("threads", "ctx_size", "kv_cache_mb", "num_kv_blocks"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")

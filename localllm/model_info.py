@@ -5,8 +5,8 @@ works for architectures the engine does not run, and `localllm list` can afford 
 
 Memory, as this engine uses it:
   * weights: the file itself, memory-mapped (pages are read in as they are first touched);
-  * KV cache: keys and values for every layer, stored as float32 -
-    2 x n_layers x n_kv_heads x head_dim x 4 bytes per token of context.
+  * KV cache: keys and values for every layer, stored as f16 by default (--cache-type-k/-v) -
+    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KV_DTYPE_BYTES = 4  # the engine keeps K and V in float32
+from localllm.engine.kv_cache import CACHE_TYPE_BYTES, DEFAULT_CACHE_TYPE
+
+KV_DTYPE_BYTES = CACHE_TYPE_BYTES[DEFAULT_CACHE_TYPE]  # the engine's default K and V element size
 # Characters a terminal acts on instead of showing: C0/C1 controls and DEL (escape sequences that
 # clear the screen or set the window title start with ESC or the 8-bit CSI/OSC), and the bidi
 # overrides that make text read differently from what it is. Line separators count in one-line fields.

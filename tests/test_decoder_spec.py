@@ -70,9 +70,10 @@ def test_fused_stack_quantized_paths_agree(arch_models, arch: str, quant: str) -
 @pytest.mark.parametrize("arch", ARCHS)
 def test_numba_backend_matches_the_numpy_oracle(arch_models, arch: str) -> None:
     """The fused stack against float32 NumPy: to float rounding with float weights (a precise
-    projection on the float path once counted its input twice), within int8 activation rounding
+    projection on the float path once counted its input twice; f16 KV rounds a 1-ulp difference to
+    1e-3 of an element now and then), within int8 activation rounding
     with quantized ones."""
-    for quant, bound in (("F32", 1e-5), ("Q8_0", 0.05)):
+    for quant, bound in (("F32", 1e-4), ("Q8_0", 0.05)):
         ours = np.asarray(score_tokens(_engine(arch_models[arch, quant]), PROMPT))
         oracle = np.asarray(score_tokens(_engine(arch_models[arch, quant], "numpy"), PROMPT))
         assert rel_err(ours, oracle) < bound, quant

@@ -21,7 +21,7 @@ MATRICES = 1 + 7 * LAYERS  # token_embd + q, k, v, o, gate, up, down per layer (
 VECTORS = 1 + 2 * LAYERS  # output_norm + attn_norm, ffn_norm per layer (F32)
 MATRIX_PARAMS = VOCAB * DIM + LAYERS * (2 * DIM * DIM + 2 * KV_HEADS * HEAD_DIM * DIM + 3 * FFN * DIM)
 VECTOR_PARAMS = DIM * VECTORS
-KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4  # float32 K and V
+KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # f16 K and V (the default)
 
 
 @pytest.fixture

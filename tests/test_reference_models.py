@@ -1,8 +1,8 @@
 """The real models against llama.cpp, as ../shared/reference/README.md defines "matches llama.cpp".
 
 Reference data (llama.cpp b11312, all-fp32 attention `fa_off_kvf32`) is copied into tests/data/<model>/.
-SmolLM2 runs on the NumPy reference backend too; every model runs on the Numba kernels both fused and op
-by op.
+SmolLM2 runs on the NumPy reference backend too; every model runs on the Numba kernels both fused (with
+the default f16 KV cache) and op by op (with an f32 one).
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from localllm.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data"
-VARIANT = "fa_off_kvf32"  # all-fp32 attention: the closest llama.cpp setting to an fp32 engine
+# llama.cpp's all-fp32 attention. It is also the closer reference for our f16 KV cache: llama.cpp's
+# f16 setting (`fa_off`) rounds the queries and the attention weights to f16 as well, we keep those in
+# f32 (measured: all 32 fused f16 cases pass against fa_off_kvf32; against fa_off SmolLM2's
+# chat_capital agrees on 45 of 48 positions, 93.8% < 95%, every confident one included).
+VARIANT = "fa_off_kvf32"
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,15 @@ MODELS = {
     "qwen25c": ("qwen25c_path", Bounds()),
     "gemma3": ("gemma3_path", Bounds(overall=0.90, rms={"raw_gpl_long": 1.0}, default_rms=0.6)),
 }
-# "numba" runs each step's layers as one fused call; "numba-ops" runs the same specs op by op.
+# "numba" runs each step's layers as one fused call with the default f16 KV cache; "numba-ops" runs the
+# same specs op by op with an f32 cache (as does the NumPy oracle).
 RUNS = [("smollm2", "numpy")] + [
     (m, b) for m in ("smollm2", "qwen25c", "gemma3") for b in ("numba", "numba-ops")
 ]
+
+
+def kv_type(backend: str) -> str:
+    return "f16" if backend == "numba" else "f32"
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +68,8 @@ def engines(request, model_index_dir):
                 max_num_batched_tokens=1024,
                 index_dir=model_index_dir,
                 threads=2,
+                cache_type_k=kv_type(backend),
+                cache_type_v=kv_type(backend),
             )
             engine = built[(model, backend)] = LLMEngine(config)
             if engine.backend.name == "numba":

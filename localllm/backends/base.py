@@ -36,9 +36,11 @@ class Backend:
         raise NotImplementedError
 
     def allocate_kv(
-        self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int
-    ) -> tuple[Any, Any]:
-        """Key and value pools: (n_layers, num_blocks, block_size, kv_heads, head_dim) each."""
+        self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+        cache_types: tuple[str, str] = ("f32", "f32"),
+    ) -> tuple[Any, Any]:  # fmt: skip
+        """Key and value pools: (n_layers, num_blocks, block_size, kv_heads, head_dim) each, in the
+        element types named by cache_types (engine/kv_cache.py: "f32" or "f16")."""
         raise NotImplementedError
 
     # ---- operations -----------------------------------------------------------------------------
@@ -99,8 +101,8 @@ class Backend:
         """All of model's layers on x in one fused call, or None to have the model run them op by op."""
         return None
 
-    def warmup(self, model: Any) -> None:
-        """Compile (or load) what a step of `model` runs, so no request pays for it."""
+    def warmup(self, model: Any, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
+        """Compile (or load) what a step of `model` with such a KV cache runs, so no request pays."""
 
     @contextlib.contextmanager
     def weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Iterator[None]:

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from localllm.gguf_file import GGUFFile
     from localllm.models.spec import RopeSpec
 
+_KV_STORAGE = {"f32": np.float32, "f16": np.uint16}
+
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
 
@@ -103,9 +105,14 @@ class NumbaBackend(Backend):
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return _f32(dequantize(raw, ggml_type)).reshape(-1)  # a copy: F32 file data is read-only
 
-    def allocate_kv(self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
+    def allocate_kv(
+        self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+        cache_types: tuple[str, str] = ("f32", "f32"),
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """f16 is stored as IEEE half bits in uint16 (Numba has no float16 arrays; kernels/kv.py)."""
         shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        k, v = (np.zeros(shape, _KV_STORAGE[t]) for t in cache_types)
+        return k, v
 
     as_i64 = staticmethod(_i64)
 
@@ -271,7 +278,7 @@ class NumbaBackend(Backend):
 
     # ---- compilation -------------------------------------------------------------------------
 
-    def warmup(self, model: object | None = None) -> None:
+    def warmup(self, model: object | None = None, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load from Numba's cache) every kernel specialisation a model step uses, on
         tiny inputs, so no compilation ever happens inside a decode loop.  The per-type matmul
         kernels were already compiled by `prepare_weight`; this covers the launchers and layers
@@ -279,18 +286,18 @@ class NumbaBackend(Backend):
         from localllm.kernels.warmup import warm_kernels
 
         fused = model is not None and self.fused(model)
-        warm_kernels(list(self._prepared.values()), self.threads, layer_ops=not fused)
+        warm_kernels(list(self._prepared.values()), self.threads, not fused, _KV_STORAGE[cache_types[0]])
         if fused:
-            self._warm_stack(model)
+            self._warm_stack(model, cache_types)
 
-    def _warm_stack(self, model: object) -> None:
+    def _warm_stack(self, model: Any, cache_types: tuple[str, str]) -> None:
         """One token through the fused stack, on a private one-block KV cache: loads it from
         Numba's cache (needed by the first step anyway), or on a machine's first run compiles it
         here instead of inside the first request (~40 s there)."""
         from localllm.models.base import ForwardBatch
 
         a = model.args
-        k, v = self.allocate_kv(a.n_layers, 1, 16, a.n_kv_heads, a.head_dim)
+        k, v = self.allocate_kv(a.n_layers, 1, 16, a.n_kv_heads, a.head_dim, cache_types)
         one = np.zeros(1, np.int64)
         batch = ForwardBatch(one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one)
         x = np.zeros((1, a.dim), np.float32)

@@ -38,9 +38,13 @@ class NumpyBackend(Backend):
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return np.ascontiguousarray(dequantize(raw, ggml_type), dtype=np.float32).reshape(-1)
 
-    def allocate_kv(self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
+    def allocate_kv(
+        self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+        cache_types: tuple[str, str] = ("f32", "f32"),
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        k, v = (np.zeros(shape, {"f32": np.float32, "f16": np.float16}[t]) for t in cache_types)
+        return k, v
 
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
         return x.astype(np.float32) @ weight.dequantized().T

@@ -28,7 +28,7 @@ def info(
 ) -> None:
     """Show a model's metadata, tensor types, chat template and the memory it needs.
 
-    Memory is the file itself (memory-mapped weights) plus the KV cache: float32 keys and values,
+    Memory is the file itself (memory-mapped weights) plus the KV cache: f16 keys and values (the default),
     2 x layers x KV heads x head dim x 4 bytes per token of context.
 
     Examples:
@@ -111,8 +111,7 @@ def _print(summary, ctx_size: int | None, full: bool) -> None:
         mem.add_row(
             "KV cache / token",
             human_bytes(per_token),
-            f"2 x {summary.n_layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} "
-            "x 4 B (float32)",
+            f"2 x {summary.n_layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} x 2 B (f16)",
         )
         mem.add_row(
             f"KV cache @ {memory['context']:,}", human_bytes(memory["kv_cache_bytes"]), "tokens of context"

@@ -15,7 +15,7 @@ import numpy as np
 from localllm.config import EngineConfig
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.detokenizer import Detokenizer
-from localllm.engine.kv_cache import KVCache
+from localllm.engine.kv_cache import KVCache, kv_bytes_per_token
 from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.model_runner import ModelRunner, SampledToken
 from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
@@ -62,21 +62,24 @@ class LLMEngine:
         self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
         if (warning := self.args.context_warning(self.max_model_len)) is not None:
             log.warning(warning)
+        self.cache_types = (config.cache_type_k, config.cache_type_v)
         num_blocks = self._num_blocks()
+        a = self.args
         self.kv_cache = KVCache(
             self.backend,
-            self.args.n_layers,
+            a.n_layers,
             num_blocks,
             config.block_size,
-            self.args.n_kv_heads,
-            self.args.head_dim,
+            a.n_kv_heads,
+            a.head_dim,
+            self.cache_types,
         )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
-        self.backend.warmup(self.model)
+        self.backend.warmup(self.model, self.cache_types)
 
     def _load_model(self, load_model: Any) -> Any:
         """The model, its packed weights read from the backend's disk cache when it has one."""
@@ -90,11 +93,16 @@ class LLMEngine:
         if self.config.num_kv_blocks:
             return max(self.config.num_kv_blocks, -(-self.max_model_len // bs))
         if self.config.kv_cache_mb:
-            tokens = self.config.kv_cache_mb * 2**20 // self.args.kv_bytes_per_token
+            tokens = self.config.kv_cache_mb * 2**20 // self.kv_bytes_per_token
         else:
             tokens = self.max_model_len * self.config.max_num_seqs
         num_blocks = max(int(tokens) // bs, -(-self.max_model_len // bs))
         return num_blocks
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        a = self.args
+        return kv_bytes_per_token(a.n_layers, a.n_kv_heads, a.head_dim, self.cache_types)
 
     @property
     def kv_capacity_tokens(self) -> int:

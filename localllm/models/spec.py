@@ -99,11 +99,6 @@ class ModelArgs:
     fused_qkv: bool = False  # q, k, v stored as one attn_qkv tensor (phi3), split by rows at load
     fused_gate_up: bool = False  # gate and up stored as one ffn_up of 2 * ffn_dim rows (phi3)
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """float32 keys and values for every layer."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
-
     def context_warning(self, n_ctx: int) -> str | None:
         """One line when a context of n_ctx tokens exceeds the trained one and no layer's RoPE is scaled
         (positions past training are then extrapolated: quality degrades, it is no error)."""
