@@ -54,6 +54,7 @@ BodyTimeout = Annotated[
     float, typer.Option("--body-timeout", help="Seconds a client has to send a request's body.")
 ]
 MaxBodyMb = Annotated[float, typer.Option("--max-body-mb", help="Largest request body in MiB (else 413).")]
+WebUI = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at /.")]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 Model = Annotated[
@@ -80,11 +81,13 @@ def serve(
     header_timeout: HeaderTimeout = 10.0,
     body_timeout: BodyTimeout = 60.0,
     max_body_mb: MaxBodyMb = 4.0,
+    webui: WebUI = True,
     log_level: LogLevel = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says otherwise).
 
-    Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health, /metrics.
+    Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health, /metrics,
+    and a chat page at / (--no-webui turns it off).
 
     Examples:
 
@@ -118,6 +121,7 @@ def serve(
         chat_template=chat_template_source(chat_template, defaults.get("chat_template")),
         host=host,
         port=port,
+        webui=webui,
     )
     c.first_run_notice(backend)
     run_server(lambda: LLMEngine(engine_config), config, log_level, limits)

@@ -53,6 +53,7 @@ from localllm.server.protocol import (
     token_logprobs,
 )
 from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
+from localllm.server.webui import WEBUI_PATHS, add_webui_routes
 
 log = logging.getLogger("localllm.server")
 
@@ -86,6 +87,7 @@ class ServerConfig:
     chat_template: str | None = None  # Jinja text overriding the model's template
     host: str = "127.0.0.1"  # for the banner only; uvicorn binds
     port: int = 8080
+    webui: bool = True  # the chat page at / (--no-webui: 404 there)
     on_load_error: Callable[[BaseException], None] | None = None  # the CLI stops the server
 
     def accepts_model(self, name: str | None) -> bool:
@@ -187,6 +189,7 @@ def banner(config: ServerConfig, llm: LLMEngine, load_s: float) -> str:
         f"localllm serving {config.model_id} ({c.model}) | backend {c.backend}, {c.num_threads} threads | "
         f"context {llm.max_model_len} tokens, KV cache {llm.kv_capacity_tokens} tokens, "
         f"{c.max_num_seqs} parallel | loaded in {load_s:.1f} s | http://{config.host}:{config.port}/v1"
+        + (f" | chat page http://{config.host}:{config.port}/" if config.webui else "")
     )
 
 
@@ -564,12 +567,13 @@ async def on_unexpected(request: Request, e: Exception) -> JSONResponse:
 class ApiKeyMiddleware:
     """Bearer-token check as plain ASGI (a BaseHTTPMiddleware would break disconnect detection)."""
 
-    def __init__(self, app: ASGIApp, api_key: str):
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
         if secrets.compare_digest(given, self.expected):
@@ -656,6 +660,8 @@ def create_app(engine_factory: Callable[[], LLMEngine], config: ServerConfig) ->
     )
     app.state.server = state
     _routes(app)
+    if config.webui:
+        add_webui_routes(app)
     app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(LocalLLMError, on_localllm_error)
@@ -665,7 +671,9 @@ def create_app(engine_factory: Callable[[], LLMEngine], config: ServerConfig) ->
     # The last added runs first: origin/Host guard, CORS (preflights, before auth), body limit, auth.
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+        # The page's files hold no secret: it loads without the key, then asks for it on a 401.
+        open_paths = OPEN_PATHS | WEBUI_PATHS if config.webui else OPEN_PATHS
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, open_paths=open_paths)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.cors_origins:
         app.add_middleware(
