@@ -353,3 +353,103 @@ def assert_server_idle(serve: Serve) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("the stopped request is still running")
+
+
+MARKDOWN_REPLY = """## Reversing a list
+
+Use **slicing** or `reversed()`, see [the docs](https://docs.python.org/3/library/functions.html):
+
+1. `xs[::-1]` makes a *new* list
+2. `xs.reverse()` works in place
+
+```python
+def reverse(xs: list[int]) -> list[int]:
+    # a copy, reversed
+    return xs[::-1]  # O(n)
+```
+
+> Escaped, never run: <img src=x onerror="window.pwned=1"> <script>window.pwned=1</script>
+[bad link](javascript:window.pwned=1)
+"""
+SAVED_CHAT = {
+    "id": "c1",
+    "title": "Reverse a list in Python",
+    "created": 1,
+    "updated": 1,
+    "messages": [
+        {"role": "user", "content": "How do I reverse a list in Python?"},
+        {
+            "role": "assistant",
+            "content": MARKDOWN_REPLY,
+            "stats": "96 tokens · 41.3 tok/s · first token 85 ms · prompt 38 tokens, 0 cached",
+        },
+    ],
+}
+
+
+def test_markdown_phone_and_desktop(chromium: Any, serve: Serve) -> None:
+    b = open_page(chromium, serve.url + "/", width=390, height=844)
+    page = b.page
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate(
+        "chat => { localStorage.setItem('localllm.conversations', JSON.stringify([chat]));"
+        " localStorage.setItem('localllm.current', JSON.stringify(chat.id)); }",
+        SAVED_CHAT,
+    )
+    page.reload()
+    body = page.locator(".msg.assistant .body")
+    assert body.locator("h4").inner_text() == "Reversing a list"
+    assert body.locator("ol li").count() == 2 and body.locator("strong").inner_text() == "slicing"
+    assert body.locator("pre code .tok-k").first.inner_text() == "def"
+    assert body.locator("pre code .tok-c").first.inner_text() == "# a copy, reversed"
+    assert body.locator("a").count() == 1  # the javascript: link stays text
+    assert body.locator("a").get_attribute("href").startswith("https://docs.python.org/")
+    assert body.locator("img, script").count() == 0 and page.evaluate("window.pwned") is None
+    assert "<img src=x" in body.locator("blockquote").inner_text()
+    body.locator(".code-head button").click()
+    assert body.locator(".code-head button").inner_text() == "Copied"
+    assert page.evaluate("navigator.clipboard.readText()").startswith("def reverse(")
+
+    # Phone width: the panels are closed, nothing scrolls sideways, and focus is visible.
+    assert page.locator("#sidebar").is_hidden() and page.locator("#settings").is_hidden()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.focus("#prompt")
+    page.keyboard.press("Tab")
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "chat-390.png"))
+    page.click("#toggle-sidebar")
+    assert page.locator("#sidebar").is_visible()
+    page.screenshot(path=str(ARTIFACTS / "chat-390-conversations.png"))
+
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.reload()
+    assert page.locator("#sidebar").is_visible() and page.locator("#settings").is_visible()
+    page.screenshot(path=str(ARTIFACTS / "chat-1280.png"))
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(ARTIFACTS / "chat-1280-dark.png"))
+    assert b.errors == []
+
+
+def test_api_key_asked_and_kept(chromium: Any, tiny_model_path: Path, tmp_path: Path) -> None:
+    keyed = start_serve(tiny_model_path, tmp_path, "--api-key", "s3cret")
+    try:
+        assert httpx.get(f"{keyed.url}/v1/models").status_code == 401  # the API still wants the key
+        b = open_page(chromium, keyed.url + "/")
+        page = b.page
+        page.locator("#key-form").wait_for()
+        page.fill("#api-key", "wrong")
+        page.click("#key-form button")
+        page.locator("#key-form label").filter(has_text="refused").wait_for()
+        page.fill("#api-key", "s3cret")
+        page.press("#api-key", "Enter")
+        page.locator("#model-info").filter(has_text="context 256 tokens").wait_for()
+        set_settings(page, max_tokens="4")
+        send(page, "hi")
+        wait_reply_done(page)
+        page.reload()  # the key is kept: no form this time
+        page.locator("#model-info").filter(has_text="context 256 tokens").wait_for()
+        assert page.locator("#key-form").is_hidden()
+        assert b.expected_errors(401) == []
+    finally:
+        stop_serve(keyed)
