@@ -12,7 +12,8 @@ from localllm.errors import LocalLLMError
 # The keys a model may set defaults for (models.toml `[models.NAME.defaults]`, GGUF general.sampling.*).
 MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens")
 # Built-in defaults of `run` and the Python API where neither the caller nor the model sets a value
-# (llama.cpp's sampling).  `chat` differs only in max_tokens (a reply runs to the end of its turn).
+# (llama.cpp's sampling).  `chat` differs only in max_tokens: a reply runs to the end of its turn, up to
+# CHAT_MAX_TOKENS (a reply that never ends, as small models' greedy loops do, must not fill the context).
 BUILTIN_DEFAULTS: Mapping[str, Any] = {
     "temperature": 0.8,
     "top_p": 0.95,
@@ -21,7 +22,8 @@ BUILTIN_DEFAULTS: Mapping[str, Any] = {
     "repeat_penalty": 1.0,
     "max_tokens": 256,
 }
-CHAT_DEFAULTS: Mapping[str, Any] = {**BUILTIN_DEFAULTS, "max_tokens": None}
+CHAT_MAX_TOKENS = 2048
+CHAT_DEFAULTS: Mapping[str, Any] = {**BUILTIN_DEFAULTS, "max_tokens": CHAT_MAX_TOKENS}
 # The server's built-ins are OpenAI's: clients expect temperature 1, top_p 1 and no length limit.
 OPENAI_DEFAULTS: Mapping[str, Any] = {
     "temperature": 1.0,

@@ -78,6 +78,7 @@ def interrupt_a_reply(child) -> None:
     screen (so the chat is inside the streaming loop, where Ctrl-C stops the reply), then press Ctrl-C.
     Nothing here depends on timing: each step waits for what the terminal shows."""
     say(child, "/set temperature 0", "temperature = 0")  # greedy: no end-of-text sampled by chance
+    say(child, "/set loop_guard off", "loop_guard = off")  # the tiny model's greedy reply soon loops
     child.sendline("Tell me a very long story.")
     child.expect(REPLY_STARTED)
     child.sendintr()

@@ -524,12 +524,14 @@ def test_cli_pull_list_rm(cli_env, tmp_path, server):
     runner.invoke(app, ["pull", server.url, "-q"], env=cli_env)  # a URL lands in the cache as model.gguf
     result = runner.invoke(app, ["list"], env=cli_env)
     assert result.exit_code == 0, result.output
-    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
-    assert "yes" in lines["served"] and "Q8_0" in lines["served"] and "1.0 MiB" in lines["served"]
-    assert (
-        "no" in lines["smollm2-135m-instruct"] and "smollm2-135m-instruct *" in lines["smollm2-135m-instruct"]
-    )
-    assert "yes" in lines["model.gguf"]
+    # piped (as here): tab-separated records under a header
+    header, *lines = [line.split("\t") for line in result.stdout.splitlines()]
+    rows = {cells[0]: dict(zip(header, cells, strict=True)) for cells in lines}
+    served = rows["served"]
+    assert served["downloaded"] == "yes" and served["quant"] == "Q8_0" and served["size"] == "1.0 MiB"
+    default = rows["smollm2-135m-instruct"]
+    assert default["downloaded"] == "no" and default["default"] == "yes"
+    assert rows["model.gguf"]["downloaded"] == "yes"
 
     result = runner.invoke(app, ["rm", "served"], env=cli_env)
     assert result.exit_code == 0 and "removed" in result.stdout and not path.exists()

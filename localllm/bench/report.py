@@ -1,10 +1,12 @@
-"""Benchmark output: a Rich table, or Markdown / JSON / CSV for pasting and scripts."""
+"""Benchmark output: a Rich table on a terminal (tab-separated lines when piped), or Markdown / JSON / CSV /
+TSV for pasting and scripts."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import sys
 from typing import Any
 
 COLUMNS = [
@@ -39,6 +41,8 @@ def _cells(row: Any) -> list[str]:
 
 
 def print_offline(rows: list, ratios: list[tuple[str, int, float]], info: dict, output: str) -> None:
+    if output == "table" and not sys.stdout.isatty():
+        output = "tsv"  # piped: a Rich table would be folded to 80 columns
     if output == "json":
         print(
             json.dumps(
@@ -50,9 +54,9 @@ def print_offline(rows: list, ratios: list[tuple[str, int, float]], info: dict, 
                 indent=2,
             )
         )
-    elif output == "csv":
+    elif output in ("csv", "tsv"):
         buf = io.StringIO()
-        writer = csv.writer(buf)
+        writer = csv.writer(buf, delimiter="\t" if output == "tsv" else ",", lineterminator="\n")
         writer.writerow(COLUMNS)
         writer.writerows(_cells(r) for r in rows)
         print(buf.getvalue(), end="")

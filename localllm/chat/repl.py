@@ -39,7 +39,8 @@ COMMANDS = [
     (
         "/set [PARAM VALUE]",
         "show the sampling settings, or change one: "
-        + ", ".join(["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty"]),
+        + ", ".join(["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty"])
+        + ", loop_guard (on/off)",
     ),
     ("/stats", "context use, cache hits and speed so far"),
     ("/save FILE", "save the conversation as JSON"),
@@ -64,6 +65,13 @@ def _opt_int(value: str) -> int | None:
     return None if value.lower() in _NONE else int(value)
 
 
+def _on_off(value: str) -> bool:
+    word = value.lower()
+    if word not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+        raise ValueError(value)
+    return word in ("on", "true", "1", "yes")
+
+
 SETTABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "temperature": ("temperature", float),
     "temp": ("temperature", float),
@@ -74,8 +82,9 @@ SETTABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "n": ("max_tokens", _opt_int),
     "seed": ("seed", _opt_int),
     "repeat_penalty": ("repeat_penalty", float),
+    "loop_guard": ("loop_guard", _on_off),
 }
-SHOWN = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty")
+SHOWN = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty", "loop_guard")
 
 _MARKDOWN = re.compile(
     r"(^|\n)\s{0,3}(#{1,6}\s|```|~~~|[-*+]\s|\d+[.)]\s|>\s|\|.*\|)"  # headings, fences, lists, quotes, tables
@@ -234,8 +243,10 @@ class LiveReply:
 def format_stats(stats: TurnStats) -> str:
     """One line per reply, like mlx-lm's: speed, time to first token, context, cache hits."""
     ttft = _seconds(stats.ttft)
+    limit = f" (max {stats.max_tokens})" if stats.max_tokens else ""
     line = (
-        f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s | first token {ttft} | "
+        f"{stats.generated_tokens} tokens{limit}, {stats.decode_tokens_per_s:.1f} tok/s | "
+        f"first token {ttft} | "
         f"prompt {stats.prompt_tokens} tokens, {stats.cached_tokens} cached | "
         f"context {stats.context_used}/{stats.context_size}"
     )
@@ -243,7 +254,9 @@ def format_stats(stats: TurnStats) -> str:
         line += " | interrupted"
     elif stats.finish_reason == "length":
         full = stats.context_used >= stats.context_size
-        line += " | stopped: the context is full" if full else " | stopped at max_tokens"
+        line += " | stopped: the context is full" if full else " | stopped at max_tokens (/set max_tokens N)"
+    elif stats.finish_reason == "repetition":
+        line += " | stopped: the reply kept repeating itself (/set loop_guard off lets it run)"
     return line
 
 
@@ -479,14 +492,15 @@ def _plural(n: int, word: str) -> str:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return "none" if value is None else str(value)
 
 
 def _example(key: str) -> str:
-    return {"seed": "42", "max_tokens": "512", "top_k": "40"}.get(SETTABLE[key][0], "0.7")
+    examples = {"seed": "42", "max_tokens": "512", "top_k": "40", "loop_guard": "off"}
+    return examples.get(SETTABLE[key][0], "0.7")
 
 
 def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
-
-

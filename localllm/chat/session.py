@@ -63,6 +63,7 @@ class TurnStats:
     elapsed: float = 0.0
     finish_reason: str | None = None
     context_size: int = 0
+    max_tokens: int | None = None  # the reply's limit (None: the context)
 
     @property
     def interrupted(self) -> bool:
@@ -241,10 +242,17 @@ class ChatSession:
             if failed and last is None:
                 self.messages = prompt.undo
             else:
-                self._record(prompt, "".join(parts), token_ids, last)
+                self._record(prompt, "".join(parts), token_ids, last, params.max_tokens)
 
-    def _record(self, prompt: Prompt, text: str, token_ids: list[int], last: StepOutput | None) -> None:
-        stats = TurnStats(prompt_tokens=len(prompt.ids), context_size=self.max_model_len)
+    def _record(
+        self,
+        prompt: Prompt,
+        text: str,
+        token_ids: list[int],
+        last: StepOutput | None,
+        max_tokens: int | None = None,
+    ) -> None:
+        stats = TurnStats(len(prompt.ids), context_size=self.max_model_len, max_tokens=max_tokens)
         if last is not None:
             stats.cached_tokens = last.cached_tokens
             stats.generated_tokens = last.generated_tokens

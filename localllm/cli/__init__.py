@@ -29,17 +29,28 @@ def register_commands(argv: list[str]) -> None:
 
 
 def main() -> None:
+    from typer import Abort
+
+    from localllm.cli import help
     from localllm.cli.app import app
     from localllm.errors import LocalLLMError
 
     register_commands(sys.argv[1:])
     try:
-        app()
+        # Not standalone: usage errors come here, to be printed as one line (help.report).
+        status = app(prog_name="localllm", standalone_mode=False)
+        sys.exit(status if isinstance(status, int) else 0)
     except LocalLLMError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Abort):
         sys.exit(130)
+    except help.UsageProblem as e:
+        sys.exit(help.report(e))
+    except Exception as e:
+        if not help.is_click_error(e):
+            raise
+        sys.exit(help.report(e))
     finally:
         # Everything still alive is freed by the exit itself; frozen, it is not also scanned by the
         # interpreter's final collection (0.3 s after a model was loaded).

@@ -49,7 +49,9 @@ def offline(
     threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated.")] = "",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions per test.")] = 3,
     batch: Annotated[str, typer.Option("-b", "--batch", help="Extra decode rows with N sequences.")] = "",
-    output: Annotated[str, typer.Option("-o", "--output", help="table, md, json or csv.")] = "table",
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="table (tab-separated when piped), md, json, csv or tsv.")
+    ] = "table",
     llama_bench: Annotated[
         str | None, typer.Option("--llama-bench", help="llama-bench binary to compare with (or on PATH).")
     ] = None,

@@ -10,6 +10,7 @@ import typer
 
 from localllm.cli import common as c
 from localllm.cli.app import app
+from localllm.sampling_params import CHAT_MAX_TOKENS
 
 HINT = (
     "pass --chat-template with a Jinja template, a template file or 'chatml', or use "
@@ -37,9 +38,15 @@ def chat(
     seed: c.Seed = None,
     max_tokens: Annotated[
         int | None,
-        typer.Option("--max-tokens", "-n", help="Tokens per reply (default: until the model ends its turn)."),
+        typer.Option(
+            "--max-tokens",
+            "-n",
+            help=f"Most tokens per reply (default {CHAT_MAX_TOKENS}, or the model's; -1 = until the context "
+            "is full); /set max_tokens changes it.",
+        ),
     ] = None,
     stop: c.Stop = None,
+    loop_guard: c.LoopGuard = True,
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
@@ -74,9 +81,8 @@ def chat(
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
     template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
-    ctx = ctx_size or int(defaults.get("context") or 0)
-    engine = _load(c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1), interactive)
-    params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # a reply runs to the end of its turn
+    engine = _load(c.engine_config(path, backend, threads, ctx_size, defaults, max_num_seqs=1), interactive)
+    params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # to the end of its turn, or the limit
     session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
     runner = AsyncEngine(engine)
     counter = iter(range(1 << 62))
@@ -99,12 +105,13 @@ def _load(config, interactive: bool):
     """The engine, under a spinner on a terminal."""
     from localllm.engine.engine import LLMEngine
 
+    model = Path(config.model)
     if not interactive:
-        with c.loading(config.backend):
+        with c.loading(config.backend, model):
             return LLMEngine(config)
     from rich.console import Console
 
-    with Console(stderr=True).status(f"loading {Path(config.model).name} ..."), c.loading(config.backend):
+    with c.loading(config.backend, model), Console(stderr=True).status(f"loading {model.name} ..."):
         return LLMEngine(config)
 
 

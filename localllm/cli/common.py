@@ -6,15 +6,24 @@ import contextlib
 import gc
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from localllm.config import DEFAULT_CONTEXT
+
 Threads = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = physical cores).")]
 CtxSize = Annotated[
-    int, typer.Option("--ctx-size", "-c", help="Context length in tokens (0 = model default).")
+    int,
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        help="Context length in tokens; 0 = the model's models.toml context, else its trained one "
+        f"up to {DEFAULT_CONTEXT} (the same in run, chat and serve).",
+    ),
 ]
 Backend = Annotated[str, typer.Option("--backend", help="numba (CPU kernels), numpy (reference) or torch.")]
 Temperature = Annotated[
@@ -32,6 +41,13 @@ MaxTokens = Annotated[
     typer.Option("--max-tokens", "-n", help="Tokens to generate (default 256; -1 = until context)."),
 ]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")]
+LoopGuard = Annotated[
+    bool,
+    typer.Option(
+        "--loop-guard/--no-loop-guard",
+        help="End a reply that keeps repeating the same passage, with a notice.",
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -62,29 +78,51 @@ def engine_config(
         model=str(model_path),
         backend=backend,
         threads=threads,
-        ctx_size=ctx_size,
+        # One rule in every command: the flag, else the models.toml context, else the engine's
+        # (the trained context up to DEFAULT_CONTEXT).
+        ctx_size=ctx_size or int((defaults or {}).get("context") or 0),
         index_dir=model_home() / "index",
         sampling_defaults=dict(defaults or {}),
         **extra,
     )
 
 
-def first_run_notice(backend: str) -> None:
-    """On a terminal, say that the first run compiles the kernels: else a minute or two of silence."""
-    cache = Path(os.environ.get("NUMBA_CACHE_DIR", "."))
-    if backend == "numba" and sys.stderr.isatty() and (not cache.is_dir() or not any(cache.iterdir())):
-        print(
-            "first run of this localllm version: compiling its kernels for this CPU (~1-2 min)",
-            file=sys.stderr,
-        )
+def first_run_steps(backend: str, model: Path | None = None) -> list[str]:
+    """The one-time steps the next load will take: compiling the kernels (per localllm version and CPU),
+    repacking a model's weights for them (per model file).  Both are cached afterwards."""
+    cache = os.environ.get("NUMBA_CACHE_DIR")
+    if backend != "numba" or not cache:
+        return []
+    from localllm.kernels.cache import sources_digest
+
+    steps = []
+    kernels = Path(cache) / f"localllm-kernels-{sources_digest()}"
+    if not kernels.is_dir() or not any(kernels.glob("*.nbi")):
+        steps.append("compiling the kernels for this CPU")
+    if model is not None:
+        from localllm.backends.weight_cache import cache_files
+
+        if not cache_files(model, model_home() / "index"):
+            steps.append(f"repacking the weights of {model.name}")
+    return steps
+
+
+def first_run_notice(backend: str, model: Path | None = None) -> list[str]:
+    """On a terminal, say what a first run does and that it takes a while: else minutes of silence."""
+    steps = first_run_steps(backend, model) if sys.stderr.isatty() else []
+    if steps:
+        print(f"first run: {' and '.join(steps)} (about 1-2 min, once; cached after)", file=sys.stderr)
+    return steps
 
 
 @contextlib.contextmanager
-def loading(backend: str) -> Iterator[None]:
+def loading(backend: str, model: Path | None = None) -> Iterator[None]:
     """Around a command's one engine load: no garbage collection while it creates ~1M objects that live
     until exit (Numba's compiler state, the vocabulary, the model), then a freeze so no later collection
-    rescans them.  Collections during the load cost ~0.1 s of start-up."""
-    first_run_notice(backend)
+    rescans them.  Collections during the load cost ~0.1 s of start-up.  A first run says what it does
+    and, after, how long it took."""
+    steps = first_run_notice(backend, model)
+    start = time.perf_counter()
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -93,6 +131,11 @@ def loading(backend: str) -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+    if steps:
+        print(
+            f"{steps[0][0].upper()}{' and '.join(steps)[1:]}: done in {time.perf_counter() - start:.0f} s",
+            file=sys.stderr,
+        )
 
 
 SAMPLING_FLAGS = (
@@ -106,6 +149,7 @@ SAMPLING_FLAGS = (
     "seed",
     "max_tokens",
     "stop",
+    "loop_guard",
 )
 
 

@@ -96,15 +96,28 @@ def pull(
 
 
 @app.command("list")
-def list_models() -> None:
+def list_models(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+) -> None:
     """List the registry's models and the .gguf files in the cache.
+
+    On a terminal a table as wide as the terminal; piped, tab-separated lines with a header (--json for
+    JSON).
 
     Example: localllm list
     """
-    from rich.console import Console  # here, not at the top: every command pays for the CLI's imports
+    import sys
+
+    from localllm.cli.tables import print_records
 
     home, registry = default_home(), load_registry(default_user_registry())
-    Console().print(model_table(model_rows(registry, home), describe))
+    rows = model_rows(registry, home)
+    if as_json or not sys.stdout.isatty():
+        print_records(model_records(rows, describe), "json" if as_json else "tsv")
+        return
+    from rich.console import Console  # here, not at the top: every command pays for the CLI's imports
+
+    Console().print(model_table(rows, describe))
 
 
 @app.command()
@@ -142,6 +155,16 @@ def _entry_row(registry: Registry, name: str, home: Path) -> ModelRow:
         return ModelRow(name, path.name, path.stat().st_size, status, path, default)
     status = "missing" if entry.is_local else "partial" if part_path(path).exists() else "no"
     return ModelRow(name, entry.file_name, entry.size, status, None, default)
+
+
+def model_records(rows: list[ModelRow], describe: Describe | None = None) -> list[dict[str, object]]:
+    """The rows as plain records (for TSV and JSON): sizes in bytes, the default model flagged."""
+    records = []
+    for row in rows:
+        extra = describe(row.path) if describe and row.path else {}
+        record = {"name": row.name, "file": row.file, "size": human_size(row.size), "bytes": row.size}
+        records.append(record | {"downloaded": row.status, "default": row.default, **extra})
+    return records
 
 
 def model_table(rows: list[ModelRow], describe: Describe | None = None) -> Table:

@@ -15,8 +15,11 @@ from localllm.cli.app import app
 @app.command()
 def run(
     args: Annotated[
-        list[str], typer.Argument(help="[MODEL] PROMPT: a .gguf path or registry name, then the prompt.")
-    ],
+        list[str] | None,
+        typer.Argument(
+            metavar="[MODEL] PROMPT", help="A .gguf path or registry name (optional), then the prompt."
+        ),
+    ] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = True,
     system: Annotated[str | None, typer.Option("--system", help="System prompt (chat mode).")] = None,
     chat_template: c.ChatTemplateOption = None,
@@ -33,6 +36,7 @@ def run(
     seed: c.Seed = None,
     max_tokens: c.MaxTokens = None,
     stop: c.Stop = None,
+    loop_guard: c.LoopGuard = True,
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
@@ -51,14 +55,11 @@ def run(
     from localllm.tokenizer.chat_template import chat_template_source
 
     flags = c.sampling_flags(locals())
-    if len(args) > 2:
-        raise typer.BadParameter("expected [MODEL] PROMPT (quote a prompt that has spaces)")
-    model, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
+    model, prompt = _model_and_prompt(args or [])
     path, defaults = c.resolve(model)
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
-    ctx = ctx_size or defaults.get("context", 0)
-    config = c.engine_config(path, backend, threads, ctx, defaults, max_num_seqs=1)
-    with c.loading(backend):
+    config = c.engine_config(path, backend, threads, ctx_size, defaults, max_num_seqs=1)
+    with c.loading(backend, path):
         engine = LLMEngine(config)
     params = c.sampling_params(engine, flags)
     prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), template)
@@ -69,6 +70,16 @@ def run(
             sys.stdout.write(out.text)
             sys.stdout.flush()
     _report(outputs, prompt_ids, as_json)
+
+
+def _model_and_prompt(args: list[str]) -> tuple[str | None, str]:
+    from localllm.cli.help import UsageProblem
+
+    if not args:
+        raise UsageProblem('give a prompt: localllm run "Why is the sky blue?" (or: run MODEL "PROMPT")')
+    if len(args) > 2:
+        raise UsageProblem(f'expected [MODEL] PROMPT, got {len(args)} words: quote the prompt, "like this"')
+    return (args[0], args[1]) if len(args) == 2 else (None, args[0])
 
 
 def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, source: str | None) -> list[int]:
@@ -92,6 +103,10 @@ def _report(outputs: list, prompt_ids: list[int], as_json: bool) -> None:
         print(json.dumps(_as_dict(result), ensure_ascii=False))
         return
     sys.stdout.write("\n")
+    if result.finish_reason == "repetition":
+        from localllm.engine.loop_guard import loop_notice
+
+        print(loop_notice(result.generated_tokens), file=sys.stderr)
     print(
         f"prompt: {result.prompt_tokens} tokens ({result.cached_tokens} cached), "
         f"{result.prefill_tokens_per_s:.1f} tok/s | generated: {result.generated_tokens} tokens, "
