@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from localllm.cli import info as _info  # noqa: F401  (registers the command)
@@ -13,6 +15,7 @@ from localllm.cli import manage
 from localllm.cli.app import app
 from localllm.gguf_file import GGUFFile
 from localllm.model_info import format_params, human_bytes, kv_bytes_per_token, short_template, summarize
+from localllm.registry import load_registry
 
 # the tiny model's shape (tests/tiny_model.py)
 LAYERS, DIM, FFN, HEADS, KV_HEADS, VOCAB, CTX = 2, 64, 128, 4, 2, 3 + 256 + 10, 256
@@ -101,10 +104,16 @@ def test_list_describes_downloaded_models(tiny_model_path, tmp_path, env):
     assert manage.describe(models / "junk.Q4_K_M.gguf")["quant"] == "Q4_K_M"
     result = CliRunner().invoke(app, ["list"], env=env)
     assert result.exit_code == 0, result.output
-    header = next(line for line in result.stdout.splitlines() if "NAME" in line)
-    assert all(column in header for column in ("ARCH", "PARAMS", "QUANT", "CONTEXT"))
-    row = next(line for line in result.stdout.splitlines() if line.strip().startswith("tiny.gguf"))
-    assert "llama" in row and "Q8_0" in row and "256" in row
+    # piped (as here): tab-separated records under a header; on a terminal the same as a Rich table
+    header, *rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert all(column in header for column in ("arch", "params", "quant", "context"))
+    row = dict(zip(header, next(r for r in rows if r[0] == "tiny.gguf"), strict=True))
+    assert row["arch"] == "llama" and row["quant"] == "Q8_0" and row["context"] == "256"
+    console = Console(file=io.StringIO(), width=200)
+    listed = manage.model_rows(load_registry(None), tmp_path / "home")
+    console.print(manage.model_table(listed, manage.describe))
+    table = console.file.getvalue()
+    assert all(column in table for column in ("NAME", "ARCH", "PARAMS", "QUANT", "CONTEXT"))
 
 
 def test_help_has_examples(env):
