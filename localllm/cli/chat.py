@@ -50,6 +50,8 @@ def chat(
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
+    cache_type_k: c.CacheTypeK = "f16",
+    cache_type_v: c.CacheTypeV = "f16",
 ) -> None:
     """Chat with a model in the terminal, replies streamed as they are written.
 
@@ -81,7 +83,11 @@ def chat(
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
     template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
-    engine = _load(c.engine_config(path, backend, threads, ctx_size, defaults, max_num_seqs=1), interactive)
+    config = c.engine_config(
+        path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+    )  # fmt: skip
+    engine = _load(config, interactive)
     params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # to the end of its turn, or the limit
     session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
     runner = AsyncEngine(engine)

@@ -25,6 +25,12 @@ CtxSize = Annotated[
         f"up to {DEFAULT_CONTEXT} (the same in run, chat and serve).",
     ),
 ]
+CacheTypeK = Annotated[
+    str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for keys: f16 or f32.")
+]
+CacheTypeV = Annotated[
+    str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for values: f16 or f32.")
+]
 Backend = Annotated[str, typer.Option("--backend", help="numba (CPU kernels), numpy (reference) or torch.")]
 Temperature = Annotated[
     float | None, typer.Option("--temperature", "--temp", help="0 = greedy. [default: 0.8 or the model's]")

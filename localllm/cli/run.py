@@ -40,6 +40,8 @@ def run(
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
+    cache_type_k: c.CacheTypeK = "f16",
+    cache_type_v: c.CacheTypeV = "f16",
 ) -> None:
     """Generate a completion for PROMPT and stream it to stdout; stats go to stderr.
 
@@ -58,7 +60,10 @@ def run(
     model, prompt = _model_and_prompt(args or [])
     path, defaults = c.resolve(model)
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
-    config = c.engine_config(path, backend, threads, ctx_size, defaults, max_num_seqs=1)
+    config = c.engine_config(
+        path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+    )  # fmt: skip
     with c.loading(backend, path):
         engine = LLMEngine(config)
     params = c.sampling_params(engine, flags)

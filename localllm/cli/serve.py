@@ -72,6 +72,8 @@ def serve(
     kv_cache_mb: KvCacheMb = 0,
     threads: c.Threads = 0,
     backend: c.Backend = "numba",
+    cache_type_k: c.CacheTypeK = "f16",
+    cache_type_v: c.CacheTypeV = "f16",
     api_key: ApiKey = None,
     max_queue: MaxQueue = 256,
     cors_origins: CorsOrigins = None,
@@ -108,8 +110,9 @@ def serve(
     limits = ConnectionLimits(max_connections, header_timeout, body_timeout)
     path, defaults = c.resolve(model)
     engine_config = c.engine_config(
-        path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb
-    )
+        path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+    )  # fmt: skip
     config = ServerConfig(
         model_id=served_id(model, path),
         model_aliases=tuple({path.name, path.stem, *([model] if model else [])}),
