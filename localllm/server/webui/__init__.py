@@ -1,4 +1,4 @@
-"""The chat page at `/`: a few static files shipped as package data (localllm/server/webui/).
+"""The chat page at `/`: a few static files shipped as package data beside this module.
 
 The page is plain HTML, CSS and JavaScript with no build step and no outside host: it talks to this
 server's own /v1 API (same origin, so the BrowserGuard lets it through) and keeps conversations in the
@@ -38,7 +38,7 @@ SECURITY_HEADERS = {
 
 
 def read_file(name: str) -> bytes:
-    return resources.files("localllm.server").joinpath("webui", name).read_bytes()
+    return resources.files(__name__).joinpath(name).read_bytes()
 
 
 def _handler(content: bytes, media_type: str) -> Callable[[Request], Awaitable[Response]]:
