@@ -162,6 +162,13 @@ def test_cross_site_browser_requests_are_403(srv: Running) -> None:
     assert same.status_code == 200
 
 
+def test_a_link_from_another_site_opens_the_page_but_posts_stay_refused(srv: Running) -> None:
+    nav = {"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate", "sec-fetch-dest": "document"}
+    assert httpx.get(f"{srv.url}/", headers=nav).status_code == 200
+    posted = httpx.post(f"{srv.url}/v1/chat/completions", content=json.dumps(CHAT), headers=nav)
+    assert error_of(posted, 403)["code"] == "origin_not_allowed"
+
+
 def test_dns_rebinding_host_is_403(srv: Running) -> None:
     port = srv.url.rsplit(":", 1)[1]
     rebound = httpx.get(f"{srv.url}/v1/models", headers={"host": f"evil.example:{port}"})

@@ -87,13 +87,15 @@ class BrowserGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            refusal = self.refusal(Headers(scope=scope))
+            refusal = self.refusal(Headers(scope=scope), scope.get("method", "GET"))
             if refusal is not None:
                 return await refuse(scope, receive, send, 403, *refusal)
         await self.app(scope, receive, send)
 
-    def refusal(self, headers: Headers) -> tuple[str, str] | None:
-        """(message, code) when the request must be refused, else None."""
+    def refusal(self, headers: Headers, method: str = "GET") -> tuple[str, str] | None:
+        """(message, code) when the request must be refused, else None. A link followed from another
+        site (a top-level GET navigation) may open the chat page: the other site cannot read what it
+        loads, and the page's own requests are then same-origin."""
         host = headers.get("host", "")
         if self.check_host and host and not self.host_allowed(host_name(host).lower()):
             hint = f"start the server with --allowed-hosts {host_name(host)} to allow it"
@@ -101,7 +103,8 @@ class BrowserGuard:
             return message, "host_not_allowed"
         origin = headers.get("origin")
         if origin is None:
-            if headers.get("sec-fetch-site") in CROSS_SITE:
+            navigation = method == "GET" and headers.get("sec-fetch-mode") == "navigate"
+            if headers.get("sec-fetch-site") in CROSS_SITE and not navigation:
                 return "cross-site browser requests are refused; see --cors-origins", "origin_not_allowed"
             return None
         if self.any_origin or origin.rstrip("/").lower() in self.origins or _same_origin(origin, host):
