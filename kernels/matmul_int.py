@@ -43,6 +43,9 @@ from .simd_x512 import (
     q8_block_sums16_vnni,
 )
 
+# Up to this many rows, each row takes the direct nibble kernel rather than the unpack-once one
+# (with AVX-512 the direct kernel costs ~185 instructions a block, unpacking ~260 plus ~200 a row).
+DIRECT_ROWS = 4 if HAVE_AVX512 else 1
 # int16 entries of one activation row's fifth-bit tables per 32-block (see high_bit_sums_tables).
 BIT_TABLE_LEN = BIT_TABLES * 32 if HAVE_AVX512 else 0
 
@@ -261,15 +264,16 @@ def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, pairs) -> N
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
     sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.
-    bits: x8's bit_tables (five-bit kinds).  s16 (4, ROW_CHUNK, nb, R) int16 scratch.  A lone row
-    takes the direct kernel, several rows the unpack-once one; both give the same integer sums, and
+    bits: x8's bit_tables (five-bit kinds).  s16 (4, ROW_CHUNK, nb, R) int16 scratch.  A few rows
+    take the direct kernel, more rows the unpack-once one; both give the same integer sums, and
     the float step below is shared, so a row's result does not depend on how many rows came with it."""
     five = qh3.shape[0] > 0
     slo, shi, sh = s16[0], s16[1], s16[2, 0]
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
         t1 = min(x8.shape[0], t0 + ROW_CHUNK)
-        if t1 - t0 == 1:
-            nibble_sums(q3, x8p[t0], slo[0], shi[0])
+        if t1 - t0 <= DIRECT_ROWS:
+            for ti in range(t0, t1):
+                nibble_sums(q3, x8p[ti], slo[ti - t0], shi[ti - t0])
         else:
             nibble_sums_rows(q3, x8p, t0, t1, slo, shi, pairs)
         for ti in range(t0, t1):
