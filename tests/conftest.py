@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 from tiny_model import write_tiny_model
 
+from localllm.llm import default_numba_cache
+
 DATA = Path(__file__).parent / "data"
+
+# Kernels compile into (or load from) the folder named by a hash of all kernel sources, as the CLI and
+# the Python API do, before any test imports them: Numba's own cache only notices a change in a
+# function's own file, so after an edit to an inlined helper it could run stale machine code.
+default_numba_cache(Path(os.environ.get("LOCALLLM_HOME", "~/.cache/localllm")).expanduser())
 
 
 @pytest.fixture(scope="session")
