@@ -429,10 +429,13 @@ def test_bad_completion_requests_are_400(srv: Running) -> None:
         error_of(post(srv, "/v1/completions", body), 400)
 
 
-def test_unknown_model_is_400(srv: Running) -> None:
-    err = error_of(post(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": CHAT}), 400)
-    assert err["code"] == "model_not_found" and err["param"] == "model"
+def test_unknown_model_is_404(srv: Running) -> None:
+    err = error_of(post(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": CHAT}), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
+    error_of(post(srv, "/v1/completions", {"model": "gpt-4o", "prompt": "x"}), 404)
     error_of(httpx.get(f"{srv.url}/v1/models/gpt-4o"), 404)
+    with pytest.raises(openai.NotFoundError):
+        srv.client().chat.completions.create(model="gpt-4o", messages=CHAT, max_tokens=1)
 
 
 def test_context_length_exceeded(srv: Running) -> None:

@@ -54,6 +54,10 @@ BodyTimeout = Annotated[
     float, typer.Option("--body-timeout", help="Seconds a client has to send a request's body.")
 ]
 MaxBodyMb = Annotated[float, typer.Option("--max-body-mb", help="Largest request body in MiB (else 413).")]
+Alias = Annotated[
+    list[str] | None,
+    typer.Option("--alias", help="Also serve the model under this name (repeatable), e.g. gpt-4o-mini."),
+]
 WebUI = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at /.")]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -84,6 +88,7 @@ def serve(
     body_timeout: BodyTimeout = 60.0,
     max_body_mb: MaxBodyMb = 4.0,
     webui: WebUI = True,
+    alias: Alias = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says otherwise).
@@ -98,6 +103,8 @@ def serve(
       localllm serve smollm2-135m-instruct --port 8000 --parallel 4
 
       LOCALLLM_API_KEY=secret localllm serve model.gguf --host 0.0.0.0 --cors-origins '*'
+
+      localllm serve model.gguf --alias gpt-4o-mini --alias default
 
       curl localhost:8080/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hi"}'
     """
@@ -116,6 +123,7 @@ def serve(
     config = ServerConfig(
         model_id=served_id(model, path),
         model_aliases=tuple({path.name, path.stem, *([model] if model else [])}),
+        served_aliases=_split(alias),
         api_key=api_key or None,
         cors_origins=_split(cors_origins),
         allowed_hosts=_split(allowed_hosts),

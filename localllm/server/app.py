@@ -79,6 +79,7 @@ class ServerConfig:
 
     model_id: str  # the served name (registry name or file stem)
     model_aliases: tuple[str, ...] = ()  # other names accepted in `model` (e.g. the file name)
+    served_aliases: tuple[str, ...] = ()  # --alias: accepted and listed in /v1/models too
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted on a loopback bind besides localhost and IPs
@@ -93,7 +94,7 @@ class ServerConfig:
     def accepts_model(self, name: str | None) -> bool:
         if name is None:
             return True
-        names = {self.model_id, *self.model_aliases}
+        names = {self.model_id, *self.model_aliases, *self.served_aliases}
         return name in names or name.lower() in {n.lower() for n in names}
 
 
@@ -323,14 +324,17 @@ def check_request(
 ) -> AsyncEngine:
     engine = state.ready()
     if not state.config.accepts_model(body.model):
-        raise APIError(
-            f"the model '{body.model}' does not exist; this server serves '{state.config.model_id}'",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(state.config, body.model)
     if isinstance(body, SamplingRequest):
-        body.check_n()
+        body.check_supported()
     return engine
+
+
+def model_not_found(config: ServerConfig, name: str | None) -> APIError:
+    """OpenAI's 404 for a model name it does not know."""
+    served = ", ".join(f"'{n}'" for n in (config.model_id, *config.served_aliases))
+    message = f"The model '{name}' does not exist; this server serves {served}"
+    return APIError(message, 404, param="model", code="model_not_found")
 
 
 def check_context(llm: LLMEngine, num_prompt: int, max_tokens: int | None, param: str) -> None:
@@ -451,18 +455,21 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(_state(request))]}
+    state = _state(request)
+    names = dict.fromkeys((state.config.model_id, *state.config.served_aliases))
+    return {"object": "list", "data": [model_card(state, name) for name in names]}
 
 
 async def get_model(model: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     if not state.config.accepts_model(model):
-        raise APIError(f"the model '{model}' does not exist", 404, param="model", code="model_not_found")
-    return model_card(state)
+        raise model_not_found(state.config, model)
+    listed = model if model in state.config.served_aliases else state.config.model_id
+    return model_card(state, listed)
 
 
-def model_card(state: ServerState) -> dict[str, Any]:
-    card = {"id": state.config.model_id, "object": "model", "created": state.created, "owned_by": "localllm"}
+def model_card(state: ServerState, name: str) -> dict[str, Any]:
+    card = {"id": name, "object": "model", "created": state.created, "owned_by": "localllm"}
     if state.engine is not None:
         card["max_model_len"] = state.engine.engine.max_model_len
     return card
@@ -546,6 +553,8 @@ async def on_validation_error(request: Request, e: Exception) -> JSONResponse:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     message = f"{param or 'request body'}: {first.get('msg')}"
+    if first.get("type") == "extra_forbidden":  # nothing is dropped silently
+        message = f"Unrecognized request argument supplied: {param} (this server does not know it)"
     return _error(400, message, "invalid_request_error", param, request=request)
 
 
@@ -622,13 +631,12 @@ STREAMABLE = {
 
 
 def _routes(app: FastAPI) -> None:
-    post = {"methods": ["POST"], "responses": ERROR_RESPONSES, "response_model": None}
-    app.add_api_route(
-        "/v1/chat/completions", chat_completions, **{**post, "responses": STREAMABLE | ERROR_RESPONSES}
-    )
-    app.add_api_route("/v1/completions", completions, **{**post, "responses": STREAMABLE | ERROR_RESPONSES})
-    app.add_api_route("/v1/models", list_models, methods=["GET"], responses=ERROR_RESPONSES)
     not_found = {404: {"model": ErrorResponse, "description": "No such model"}}
+    post = {"methods": ["POST"], "responses": ERROR_RESPONSES | not_found, "response_model": None}
+    generating = {**post, "responses": STREAMABLE | ERROR_RESPONSES | not_found}
+    app.add_api_route("/v1/chat/completions", chat_completions, **generating)
+    app.add_api_route("/v1/completions", completions, **generating)
+    app.add_api_route("/v1/models", list_models, methods=["GET"], responses=ERROR_RESPONSES)
     app.add_api_route("/v1/models/{model}", get_model, methods=["GET"], responses=ERROR_RESPONSES | not_found)
     app.add_api_route("/tokenize", tokenize, **post)
     app.add_api_route("/detokenize", detokenize, **post)

@@ -1,16 +1,17 @@
 """The OpenAI wire format: pydantic request models, their mapping to SamplingParams, the error shape,
 and the non-streaming response bodies.
 
-Requests ignore fields they do not know (clients send `user`, `store`, `metadata`, ...), reject NaN and
-infinities, and bound every number the sampler could overflow on, so no client input reaches the engine
-thread in a form that can fail there.
+Nothing is silent: a request field is honoured, accepted as a documented no-op (NOOP_FIELDS: OpenAI fields
+with no local meaning), or refused with a 400 naming it (unknown fields, and OpenAI features not
+implemented yet: REFUSED_FIELDS). Numbers reject NaN and infinities and are bounded where the sampler
+could overflow, so no client input reaches the engine thread in a form that can fail there.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,14 +68,18 @@ class ErrorResponse(BaseModel):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
     include_usage: bool | None = False
+    include_obfuscation: bool | None = Field(None, description="Accepted; no padding is ever added.")
 
 
-class ContentPart(_Request):
+class ContentPart(BaseModel):
+    # Parts other than text are refused by type in message_text; their own keys are not checked here.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
     type: str
     text: str | None = None
 
@@ -88,6 +93,13 @@ class ChatMessage(BaseModel):
 
 
 Bias = Annotated[float, Field(ge=-100, le=100)]
+NOOP = "Accepted for compatibility; it has no effect locally."
+NOT_YET = "Not supported yet: a 400 naming it unless absent or the no-op value."
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def _refused(default: Any = None) -> Any:
+    return Field(default, description=NOT_YET)
 
 
 class SamplingRequest(_Request):
@@ -105,7 +117,7 @@ class SamplingRequest(_Request):
     logit_bias: dict[str, Bias] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(None, description=NOOP)
     top_k: int | None = Field(None, ge=-1, description="Extension: 0 or -1 = off.")
     min_p: float | None = Field(None, ge=0, le=1, description="Extension.")
     repeat_penalty: float | None = Field(None, ge=0.01, le=100, description="Extension (llama.cpp); 1 = off.")
@@ -113,6 +125,17 @@ class SamplingRequest(_Request):
         None, ge=0.01, le=100, description="vLLM's name for repeat_penalty."
     )
     ignore_eos: bool | None = Field(False, description="Extension: keep generating past end-of-text.")
+
+    # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
+    def check_supported(self) -> None:
+        """A 400 naming the first field asking for something this server does not do (yet)."""
+        self.check_n()
+        for name, accepted in self.REFUSED.items():
+            value = getattr(self, name)
+            if not any(value == ok for ok in accepted):
+                raise APIError(f"'{name}' is not supported by this server yet", param=name)
 
     def check_n(self) -> None:
         if self.n is not None and self.n != 1:
@@ -166,6 +189,50 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"} so far.')
+    # OpenAI fields with no local meaning: accepted and listed in the README
+    metadata: dict[str, str] | None = Field(None, description=NOOP)
+    store: bool | None = Field(None, description=NOOP)
+    service_tier: str | None = Field(None, description=NOOP)
+    safety_identifier: str | None = Field(None, description=NOOP)
+    prompt_cache_key: str | None = Field(None, description="Accepted; prefix caching is automatic.")
+    prompt_cache_retention: str | None = Field(None, description=NOOP)
+    parallel_tool_calls: bool | None = Field(None, description="Accepted; meaningless without tools.")
+    # OpenAI features not implemented yet
+    tools: Any = _refused()
+    tool_choice: Any = _refused()
+    functions: Any = _refused()
+    function_call: Any = _refused()
+    audio: Any = _refused()
+    modalities: Any = _refused()
+    prediction: Any = _refused()
+    reasoning_effort: Any = _refused()
+    verbosity: Any = _refused()
+    web_search_options: Any = _refused()
+
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "tools": (None, []),
+        "tool_choice": (None, "none"),
+        "functions": (None, []),
+        "function_call": (None, "none"),
+        "audio": (None,),
+        "modalities": (None, ["text"]),
+        "prediction": (None,),
+        "reasoning_effort": (None,),
+        "verbosity": (None,),
+        "web_search_options": (None,),
+    }
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        kind = (self.response_format or {"type": "text"}).get("type")
+        if kind == "text":
+            return
+        if kind in RESPONSE_FORMATS:
+            message = f"response_format {kind!r} is not supported yet (no constrained decoding); use 'text'"
+        else:
+            message = f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}; got {kind!r}"
+        raise APIError(message, param="response_format")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -183,6 +250,9 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     best_of: int | None = None
+    suffix: str | None = _refused()
+
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": (None, "")}
 
     def check_n(self) -> None:
         super().check_n()

@@ -1,0 +1,188 @@
+"""Nothing silent: every documented OpenAI request field of /v1/chat/completions and /v1/completions is
+honoured, accepted as a listed no-op, or refused with a 400 naming it; unknown fields are refused too.
+Also model names: --alias names are served and listed, unknown ones are OpenAI's 404."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from test_server import CHAT, MODEL_ID, Running, engine_factory, error_of, post, running_server
+
+from localllm.server.protocol import ChatCompletionRequest, CompletionRequest
+
+ALIASES = ("gpt-4o-mini", "my-model")
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+# OpenAI's documented request fields (API reference), each with a value a client would send.
+CHAT_HONOURED: dict[str, Any] = {
+    "model": MODEL_ID,
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "logit_bias": {"5": 1},
+    "logprobs": True,
+    "top_logprobs": 2,
+    "max_completion_tokens": 2,
+    "max_tokens": 2,
+    "n": 1,
+    "seed": 3,
+    "stop": ["zz"],
+    "stream": False,
+    "stream_options": {"include_usage": True, "include_obfuscation": False},
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "response_format": {"type": "text"},
+    "tool_choice": "none",
+    "modalities": ["text"],
+}
+CHAT_NOOPS: dict[str, Any] = {
+    "user": "u1",
+    "metadata": {"k": "v"},
+    "store": False,
+    "service_tier": "auto",
+    "safety_identifier": "s1",
+    "prompt_cache_key": "k1",
+    "prompt_cache_retention": "24h",
+    "parallel_tool_calls": False,
+}
+CHAT_REFUSED: list[tuple[str, Any]] = [
+    ("tools", [TOOL]),
+    ("tool_choice", "required"),
+    ("tool_choice", "auto"),
+    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("functions", [TOOL["function"]]),
+    ("function_call", "auto"),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}),
+    ("reasoning_effort", "low"),
+    ("verbosity", "low"),
+    ("web_search_options", {}),
+    ("n", 2),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("response_format", {"type": "sound"}),
+    ("unknown_field", 1),
+]
+COMPLETION_HONOURED: dict[str, Any] = {
+    "model": MODEL_ID,
+    "best_of": 1,
+    "echo": True,
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "logit_bias": {"5": 1},
+    "logprobs": 2,
+    "max_tokens": 2,
+    "n": 1,
+    "seed": 3,
+    "stop": "zz",
+    "stream": False,
+    "stream_options": {"include_usage": True},
+    "suffix": "",
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "user": "u1",
+}
+COMPLETION_REFUSED: list[tuple[str, Any]] = [
+    ("suffix", " return x"),
+    ("best_of", 2),
+    ("n", 2),
+    ("unknown_field", 1),
+]
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_model_path: Path, index_dir: Path) -> Iterator[Running]:
+    with running_server(engine_factory(tiny_model_path, index_dir), served_aliases=ALIASES) as running:
+        yield running
+
+
+def test_every_documented_field_is_declared() -> None:
+    """A documented field the models do not declare would be refused as unknown; none is."""
+    chat = set(CHAT_HONOURED) | set(CHAT_NOOPS) | {name for name, _ in CHAT_REFUSED} - {"unknown_field"}
+    assert chat <= set(ChatCompletionRequest.model_fields)
+    completion = set(COMPLETION_HONOURED) | {name for name, _ in COMPLETION_REFUSED} - {"unknown_field"}
+    assert completion <= set(CompletionRequest.model_fields)
+
+
+@pytest.mark.parametrize("name", sorted({**CHAT_HONOURED, **CHAT_NOOPS}))
+def test_chat_field_accepted(srv: Running, name: str) -> None:
+    body = {"messages": CHAT, "max_tokens": 2, name: {**CHAT_HONOURED, **CHAT_NOOPS}[name]}
+    if name == "top_logprobs":
+        body["logprobs"] = True
+    r = post(srv, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+
+
+def test_all_chat_fields_together(srv: Running) -> None:
+    r = post(srv, "/v1/chat/completions", {"messages": CHAT, **CHAT_HONOURED, **CHAT_NOOPS})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+
+
+@pytest.mark.parametrize(
+    "name,value", CHAT_REFUSED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CHAT_REFUSED)]
+)
+def test_chat_field_refused_by_name(srv: Running, name: str, value: Any) -> None:
+    for stream in (False, True):
+        r = post(
+            srv, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "stream": stream, name: value}
+        )
+        err = error_of(r, 400)
+        assert err["param"] == name and err["type"] == "invalid_request_error"
+        assert name in err["message"]
+
+
+def test_sound_response_format_message(srv: Running) -> None:
+    body = {"messages": CHAT, "response_format": {"type": "sound"}}
+    assert "json_schema" in error_of(post(srv, "/v1/chat/completions", body), 400)["message"]
+    body = {"messages": CHAT, "response_format": {"type": "json_object"}}
+    assert "not supported yet" in error_of(post(srv, "/v1/chat/completions", body), 400)["message"]
+
+
+def test_nested_unknown_field_refused(srv: Running) -> None:
+    body = {"messages": CHAT, "stream": True, "stream_options": {"include_usage": True, "bogus": 1}}
+    assert error_of(post(srv, "/v1/chat/completions", body), 400)["param"] == "stream_options.bogus"
+    assert error_of(post(srv, "/tokenize", {"prompt": "x", "bogus": 1}), 400)["param"] == "bogus"
+
+
+def test_completion_fields(srv: Running) -> None:
+    r = post(srv, "/v1/completions", {"prompt": "abc", **COMPLETION_HONOURED})
+    assert r.status_code == 200, r.text
+    for name, value in COMPLETION_REFUSED:
+        err = error_of(post(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 2, name: value}), 400)
+        assert err["param"] == name and name in err["message"]
+
+
+def test_openai_client_sees_refusals(srv: Running) -> None:
+    client = srv.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL_ID, messages=CHAT, tools=[TOOL], tool_choice="required")
+    assert e.value.param == "tools"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL_ID, messages=CHAT, extra_body={"frobnicate": True})
+    assert e.value.param == "frobnicate"
+
+
+def test_aliases_served_and_listed(srv: Running) -> None:
+    client = srv.client()
+    assert [m.id for m in client.models.list().data] == [MODEL_ID, *ALIASES]
+    assert client.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"
+    r = client.chat.completions.create(model="gpt-4o-mini", messages=CHAT, max_tokens=1)
+    assert r.choices[0].message.content is not None
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4o", prompt="x", max_tokens=1)
+    assert e.value.code == "model_not_found"
+
+
+def test_alias_flag_in_help() -> None:
+    from typer.testing import CliRunner
+
+    import localllm.cli.serve  # noqa: F401  (registers the command)
+    from localllm.cli.app import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0 and "--alias" in result.output
