@@ -13,6 +13,7 @@ COMMANDS = {
     "chat": "chat",
     "info": "info",
     "list": "manage",
+    "perplexity": "perplexity",
     "pull": "manage",
     "rm": "manage",
     "run": "run",
