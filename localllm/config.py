@@ -52,6 +52,7 @@ DEFAULT_CONTEXT = 8192
 class EngineConfig:
     model: str  # path to a .gguf (already resolved)
     backend: str = "numba"  # numba | numpy | torch
+    device: str = "auto"  # the torch backend's: auto (CUDA, then MPS, then CPU) | cuda | mps | cpu
     threads: int = 0  # 0 = physical cores
     ctx_size: int = 0  # 0 = the model's trained context, capped at max_default_ctx
     max_num_seqs: int = 16  # --parallel
@@ -71,6 +72,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("numba", "numpy", "torch"):
             raise ConfigError(f"unknown backend '{self.backend}' (choose numba, numpy or torch)")
+        if self.device not in ("auto", "cuda", "mps", "cpu"):
+            raise ConfigError(f"unknown device '{self.device}' (choose auto, cuda, mps or cpu)")
         for name in ("cache_type_k", "cache_type_v"):
             if getattr(self, name) not in ("f16", "f32"):
                 raise ConfigError(

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 from tiny_arch import ARCHS, write_arch_model
 
-from localllm.backends import make_backend, numba_stack
+from localllm.backends import numba_stack
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine, score_tokens
-from localllm.errors import ConfigError
 from localllm.models.spec import LayerSpec, RopeSpec, spec_fields
 
 PROMPT = list(range(5, 53))  # 48 tokens: three times the 16-token windows
@@ -113,8 +112,3 @@ def test_fused_stack_refuses_a_field_it_does_not_execute_by_name(monkeypatch) ->
     assert numba_stack.refusal((plain, plain)) is None
     capped = dataclasses.replace(plain, attn_softcap=50.0)
     assert "layer 1: LayerSpec.attn_softcap = 50.0" in numba_stack.refusal((plain, capped))
-
-
-def test_torch_backend_says_in_one_line_that_it_is_not_available() -> None:
-    with pytest.raises(ConfigError, match="torch backend is not available"):
-        make_backend("torch", 1)

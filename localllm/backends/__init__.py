@@ -7,7 +7,8 @@ from typing import Any
 from localllm.errors import ConfigError
 
 
-def make_backend(name: str, threads: int) -> Any:
+def make_backend(name: str, threads: int, device: str = "auto") -> Any:
+    """The backend `name`; `device` (auto, cuda, mps or cpu) is the torch backend's."""
     if name == "numpy":
         from localllm.backends.numpy_ref import NumpyBackend
 
@@ -17,7 +18,11 @@ def make_backend(name: str, threads: int) -> Any:
 
         return NumbaBackend(threads)
     if name == "torch":
-        raise ConfigError(
-            "the torch backend is not available yet in this version of localllm; use --backend numba"
-        )
-    raise ConfigError(f"unknown backend '{name}' (choose numba or numpy)")
+        try:
+            import torch  # noqa: F401  (only to tell a missing install from a broken backend)
+        except ImportError:
+            raise ConfigError("the torch backend needs PyTorch: pip install 'localllm[torch]'") from None
+        from localllm.backends.torch_backend import TorchBackend
+
+        return TorchBackend(threads, device)
+    raise ConfigError(f"unknown backend '{name}' (choose numba, numpy or torch)")

@@ -55,7 +55,7 @@ class LLMEngine:
         self.config = config
         self.gguf = GGUFFile.open(config.model, config.index_dir)
         self.tokenizer = load_tokenizer(self.gguf.metadata)
-        self.backend = make_backend(config.backend, config.num_threads)
+        self.backend = make_backend(config.backend, config.num_threads, config.device)
         self.model = self._load_model(load_model)
         self.args = self.model.args
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)

@@ -1,0 +1,279 @@
+"""The PyTorch backend: the shared decoder's operations as torch tensor ops on CUDA, Apple MPS or the CPU.
+
+Weights are dequantized once at load to dense device tensors: float32 on the CPU (torch's float32 GEMMs
+are its fastest CPU path, and the results track the NumPy oracle to float rounding), bf16 on CUDA where
+the card supports it (else fp16) and fp16 on MPS (half the memory, tensor-core GEMMs; activations, norms
+and attention stay float32). Keeping weights quantized on the device is not done yet.
+
+The paged KV cache is a pair of device tensors (n_layers, num_blocks, block_size, kv_heads, head_dim),
+written through slot_mapping and read through the block tables by a gather. `begin_step` uploads a
+step's index arrays once and plans its attention on the host (which tokens decode, how long each
+context is), so no layer reads a device value back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from localllm.backends.base import Backend
+from localllm.errors import ConfigError
+from localllm.models.base import ForwardBatch
+from localllm.models.spec import RopeSpec
+from localllm.quant import dequantize
+
+log = logging.getLogger("localllm")
+
+DEVICES = ("auto", "cuda", "mps", "cpu")
+CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: CUDA, then MPS, then the CPU; an explicit device that is not there is refused in one line."""
+    if name not in DEVICES:
+        raise ConfigError(f"unknown device '{name}' (choose {', '.join(DEVICES)})")
+    has = {"cuda": torch.cuda.is_available(), "mps": _has_mps(), "cpu": True}
+    if name == "auto":
+        name = next(d for d in ("cuda", "mps", "cpu") if has[d])
+    if not has[name]:
+        raise ConfigError(f"--device {name}: this PyTorch build sees no {name.upper()} device")
+    return torch.device(name)
+
+
+def _has_mps() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def weight_dtype(device: torch.device) -> torch.dtype:
+    """The dense weight type per device (see the module docstring for why)."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float16 if device.type == "mps" else torch.float32
+
+
+def _owned(a: np.ndarray) -> np.ndarray:
+    """A contiguous, writable float32 array: an F32 tensor dequantizes to a view of the read-only
+    memory map, which torch refuses to wrap without a copy."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    return a if a.flags.writeable else a.copy()
+
+
+@dataclass(slots=True)
+class _Group:
+    """Sequences attended together, each with Q queries: all decodes (Q = 1), or one prefill chunk
+    (S = 1), so no query row is padding. `tokens` (S*Q,) are their rows of q, at positions `q_pos`
+    (S, Q); keys up to `n_keys` are read through `tables` (S, blocks)."""
+
+    tokens: torch.Tensor
+    q_pos: torch.Tensor
+    ctx: torch.Tensor  # (S,) context length after this step
+    tables: torch.Tensor
+    n_keys: int
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, threads: int = 0, device: str = "auto"):
+        self.device = resolve_device(device)
+        self.dtype = weight_dtype(self.device)
+        if self.device.type == "cpu" and threads > 0:
+            torch.set_num_threads(threads)
+        self.weight_bytes = 0
+        self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._groups: list[_Group] = []
+        self._masks: dict[tuple[int, int], torch.Tensor] = {}
+        self._max_pos = 0
+
+    # ---- weights and memory ---------------------------------------------------------------------
+
+    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:
+        w = torch.from_numpy(_owned(dequantize(raw, ggml_type)))
+        w = w.to(self.device, self.dtype)
+        self.weight_bytes += w.numel() * w.element_size()
+        return w
+
+    def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:
+        return torch.from_numpy(_owned(dequantize(raw, ggml_type)).reshape(-1)).to(self.device)
+
+    def allocate_kv(
+        self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+        cache_types: tuple[str, str] = ("f32", "f32"),
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
+        k, v = (torch.zeros(shape, dtype=CACHE_DTYPES[t], device=self.device) for t in cache_types)
+        return k, v
+
+    def warmup(self, model: Any, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
+        """Nothing to compile; say where the weights went and what they take."""
+        log.info(
+            "torch backend: %.0f MiB of %s weights on %s",
+            self.weight_bytes / 2**20, str(self.dtype).removeprefix("torch."), self.device,
+        )  # fmt: skip
+
+    # ---- the step's batch -----------------------------------------------------------------------
+
+    def begin_step(self, batch: ForwardBatch) -> ForwardBatch:
+        """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
+        self._masks.clear()
+        self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
+        self._groups = self._plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
+
+        def up(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+
+        return replace(
+            batch, input_ids=up(batch.input_ids), positions=up(batch.positions),
+            slot_mapping=up(batch.slot_mapping), logits_indices=up(batch.logits_indices),
+        )  # fmt: skip
+
+    def _plan(self, qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray) -> list[_Group]:
+        """One group for all single-query sequences (decodes), one per multi-query sequence (prefill
+        chunks): padding decodes to a shared key length is cheap, padding prefills to each other is not."""
+        qlens = np.diff(qsl)
+        decodes = np.flatnonzero(qlens == 1)
+        groups = [self._group(qsl, ctx, tables, decodes, 1)] if len(decodes) else []
+        for s in np.flatnonzero(qlens > 1):
+            groups.append(self._group(qsl, ctx, tables, np.array([s]), int(qlens[s])))
+        return groups
+
+    def _group(
+        self, qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray, seqs: np.ndarray, q: int
+    ) -> _Group:
+        lens = ctx[seqs]
+        offsets = np.arange(q)[None, :]
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+
+        return _Group(
+            tokens=dev((qsl[seqs][:, None] + offsets).reshape(-1)), q_pos=dev(lens[:, None] - q + offsets),
+            ctx=dev(lens), tables=dev(tables[seqs]), n_keys=int(lens.max()),
+        )  # fmt: skip
+
+    # ---- operations -----------------------------------------------------------------------------
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(weight.dtype), weight).float()
+
+    def embedding(self, weight: torch.Tensor, ids: Any) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):  # a caller outside a step (tests, tools)
+            ids = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
+        return weight[ids].float()
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.float()
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
+
+    def geglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh") * up
+
+    def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
+        return torch.tanh(x / cap) * cap
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            return x.detach().float().cpu().numpy()
+        return np.asarray(x, dtype=np.float32)
+
+    # ---- RoPE and the paged cache ---------------------------------------------------------------
+
+    def _cos_sin(self, rope: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of every position up to this step's largest, per rotation, rounded to float32 once
+        from float64 angles as the reference does; grown by doubling, so a long generation rebuilds it
+        log(n) times."""
+        have = self._rope_tables.get(rope)
+        if have is not None and have[0].shape[0] > self._max_pos:
+            return have
+        n = max(256, 1 << int(self._max_pos).bit_length())
+        angles = np.arange(n, dtype=np.float64)[:, None] * rope.frequencies()[None, :]
+        mscale = rope.mscale()
+        cos, sin = ((f(angles) * mscale).astype(np.float32) for f in (np.cos, np.sin))
+        table = (torch.from_numpy(cos).to(self.device), torch.from_numpy(sin).to(self.device))
+        self._rope_tables[rope] = table
+        return table
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
+        """x (T, heads, D) rotated on its first rope.dim dims: NEOX halves or adjacent pairs."""
+        x = x.float()
+        out = x.clone()
+        d, half = rope.dim, rope.dim // 2
+        a, b = (x[..., :half], x[..., half:d]) if rope.neox else (x[..., 0:d:2], x[..., 1:d:2])
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        if rope.neox:
+            out[..., :half], out[..., half:d] = ra, rb
+        else:
+            out[..., 0:d:2], out[..., 1:d:2] = ra, rb
+        return out
+
+    def rope_store_kv(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rope: RopeSpec,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        cos_t, sin_t = self._cos_sin(rope)
+        cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]
+        q, k = self._rope(q, cos, sin, rope), self._rope(k, cos, sin, rope)
+        nb, bs = k_cache.shape[:2]
+        k_cache.view(nb * bs, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
+        v_cache.view(nb * bs, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+        return q, k
+
+    def paged_attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: Any,
+        context_lens: Any, block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0,
+    ) -> torch.Tensor:  # fmt: skip
+        """Causal grouped-query attention over the paged cache, per the step's plan (begin_step); the
+        index arguments are the plan's source and are not read again here."""
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for i, g in enumerate(self._groups):
+            rows = self._attend_group(q, k_cache, v_cache, g, self._mask(i, g, window), scale, softcap)
+            out[g.tokens] = rows
+        return out
+
+    def _mask(self, i: int, g: _Group, window: int) -> torch.Tensor:
+        """(S, 1, 1, Q, L) keys each query sees: its own and earlier positions, within `window`."""
+        key = (i, window)
+        if key not in self._masks:
+            k_pos = torch.arange(g.n_keys, device=self.device)[None, None, :]
+            q_pos = g.q_pos[:, :, None]
+            mask = (k_pos <= q_pos) & (k_pos < g.ctx[:, None, None])
+            if window > 0:
+                mask &= k_pos > q_pos - window
+            self._masks[key] = mask[:, None, None, :, :]
+        return self._masks[key]
+
+    def _attend_group(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: _Group, mask: torch.Tensor,
+        scale: float, softcap: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """(S*Q, H, D) attention outputs of the group's (padded) query rows."""
+        n_heads, kv_heads, dim = q.shape[1], k_cache.shape[2], q.shape[2]
+        s, nq = g.q_pos.shape
+        # (S, KVH, G, Q, D): query head h reads kv head h // G, as the reference groups them
+        qg = q[g.tokens].float().view(s, nq, kv_heads, n_heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
+        keys, values = (self._gather(c, g) for c in (k_cache, v_cache))  # (S, KVH, 1, L, D)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        out = torch.matmul(probs, values)  # (S, KVH, G, Q, D)
+        return out.permute(0, 3, 1, 2, 4).reshape(s * nq, n_heads, dim)
+
+    @staticmethod
+    def _gather(cache: torch.Tensor, g: _Group) -> torch.Tensor:
+        """The group's first n_keys positions, read through its block tables -> (S, KVH, 1, L, D)."""
+        bs = cache.shape[1]
+        n_blocks = -(-g.n_keys // bs)
+        blocks = cache[g.tables[:, :n_blocks]]  # (S, n_blocks, bs, KVH, D)
+        s = blocks.shape[0]
+        seq = blocks.reshape(s, n_blocks * bs, *cache.shape[2:])[:, : g.n_keys].float()
+        return seq.permute(0, 2, 1, 3)[:, :, None]

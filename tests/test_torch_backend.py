@@ -1,0 +1,177 @@
+"""The PyTorch backend against the NumPy oracle: every architecture's logits, greedy generation, and the
+engine's batching, prefix caching and preemption, on the CPU here; the same on CUDA/MPS where present."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from engine_scenarios import alone, run_with_arrivals
+from tiny_arch import ARCHS, write_arch_model
+
+from localllm.backends import make_backend
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine, score_tokens
+from localllm.errors import ConfigError
+from localllm.sampling_params import SamplingParams
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(
+    not HAS_TORCH, reason="PyTorch is not installed (pip install 'localllm[torch]')"
+)
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPT = list(range(5, 53))  # 48 tokens: three times the 16-token windows
+
+
+def _gpu() -> str | None:
+    if not HAS_TORCH:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else None
+
+
+needs_gpu = pytest.mark.skipif(_gpu() is None, reason="needs a CUDA or MPS device visible to PyTorch")
+
+
+def make_engine(path, backend: str = "torch", device: str = "cpu", **kw) -> LLMEngine:
+    kw.setdefault("max_num_seqs", 8)
+    kw.setdefault("ctx_size", 128)
+    return LLMEngine(EngineConfig(model=str(path), backend=backend, device=device, threads=1, **kw))
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts sharing prefixes of up to 20 tokens (prefix cache hits), of mixed lengths."""
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(3, 250, size=20).tolist()
+    return [
+        shared[: rng.integers(1, 20)] + rng.integers(3, 250, size=rng.integers(1, 40)).tolist()
+        for _ in range(n)
+    ]
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("torch-arch")
+    return {(a, q): write_arch_model(d / f"{a}-{q}.gguf", a, q) for a in ARCHS for q in ("F32", "Q8_0")}
+
+
+@pytest.fixture(scope="module")
+def numpy_engine(tiny_model_path) -> LLMEngine:
+    return make_engine(tiny_model_path, backend="numpy")
+
+
+# ---- without torch, or whatever the machine ---------------------------------------------------------
+
+
+def test_missing_torch_is_one_line(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(
+        ConfigError, match=r"^the torch backend needs PyTorch: pip install 'localllm\[torch\]'$"
+    ):
+        make_backend("torch", 1)
+
+
+def test_unknown_device_is_refused_by_the_config() -> None:
+    with pytest.raises(ConfigError, match="unknown device 'tpu'"):
+        EngineConfig(model="x.gguf", backend="torch", device="tpu")
+
+
+def test_import_localllm_does_not_import_torch() -> None:
+    code = "import sys, localllm, localllm.backends, localllm.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- CPU: against the NumPy oracle -------------------------------------------------------------------
+
+
+@needs_torch
+def test_auto_device_and_missing_devices() -> None:
+    import torch
+
+    from localllm.backends.torch_backend import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else _gpu() or "cpu"
+    assert resolve_device("auto").type == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device cuda"):
+            resolve_device("cuda")
+
+
+@needs_torch
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_the_numpy_oracle(arch_models, arch: str, quant: str) -> None:
+    """Same dequantized float32 weights, so only float rounding differs (sums in another order); the
+    prompt spans three sliding windows, and gemma3 covers q/k norms, post-norms, GeGLU and two RoPEs."""
+    path = arch_models[arch, quant]
+    expected = score_tokens(make_engine(path, backend="numpy"), PROMPT)
+    got = score_tokens(make_engine(path), PROMPT)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert rel_err(got, expected) < 5e-4
+    assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+@needs_torch
+@pytest.mark.parametrize("cache", ["f16", "f32"])
+def test_greedy_generation_equals_numpy(tiny_model_path, numpy_engine, cache: str) -> None:
+    types = {"cache_type_k": cache, "cache_type_v": cache}
+    engine = make_engine(tiny_model_path, **types)
+    reference = numpy_engine if cache == "f16" else make_engine(tiny_model_path, "numpy", **types)
+    for p in prompts(4, seed=7):
+        assert alone(engine, p, GREEDY) == alone(reference, p, GREEDY)
+
+
+@needs_torch
+def test_batching_prefix_cache_and_preemption_give_the_same_outputs(tiny_model_path, numpy_engine) -> None:
+    """Mixed prefill chunks and decodes in one step, cached prefixes and recomputed preempted sequences
+    all give each request what it gets alone on the oracle."""
+    ps = prompts(10, seed=3)
+    expected = {i: alone(numpy_engine, p, GREEDY) for i, p in enumerate(ps)}
+    cached = make_engine(tiny_model_path, max_num_batched_tokens=48)
+    assert run_with_arrivals(cached, ps, GREEDY, seed=1) == expected
+    no_cache = make_engine(tiny_model_path, enable_prefix_caching=False)
+    assert run_with_arrivals(no_cache, ps, GREEDY, seed=2) == expected
+    # 8 blocks of 16 tokens cannot hold 8 sequences of ~50 tokens: preemption must happen
+    tight = make_engine(tiny_model_path, num_kv_blocks=8, max_num_seqs=8)
+    assert run_with_arrivals(tight, ps, GREEDY, seed=4) == expected
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.block_manager.num_free_blocks == 8
+
+
+# ---- CUDA / MPS: the same checks on the device (skipped here) -----------------------------------------
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_logits_track_the_oracle(arch_models, arch: str) -> None:
+    """bf16/fp16 weights: not float rounding any more, but the same predictions almost everywhere."""
+    path = arch_models[arch, "F32"]
+    expected = score_tokens(make_engine(path, backend="numpy"), PROMPT)
+    got = score_tokens(make_engine(path, device=_gpu()), PROMPT)
+    assert rel_err(got, expected) < 0.05
+    assert (got.argmax(-1) == expected.argmax(-1)).mean() > 0.9
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_batching_prefix_cache_and_preemption_agree(tiny_model_path) -> None:
+    """On the device, each request gets the same tokens batched, cached, preempted as alone."""
+    ps = prompts(10, seed=3)
+    gpu = make_engine(tiny_model_path, device=_gpu())
+    expected = {i: alone(gpu, p, GREEDY) for i, p in enumerate(ps)}
+    assert run_with_arrivals(gpu, ps, GREEDY, seed=1) == expected
+    tight = make_engine(tiny_model_path, device=_gpu(), num_kv_blocks=8, max_num_seqs=8)
+    assert run_with_arrivals(tight, ps, GREEDY, seed=4) == expected
+    assert tight.scheduler.num_preemptions > 0
