@@ -25,6 +25,7 @@ from .packing import TILE_ROWS as R
 from .simd import add16, add32, f16_to_f32, f32, i16, i32, mul16, mul32
 from .simd_x86 import (
     HAVE_AVX2,
+    crumb_sums_avx2,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
     q4_pair_sums_avx2,
@@ -36,7 +37,9 @@ from .simd_x512 import (
     BIT_TABLES,
     HAVE_AVX512,
     HAVE_VNNI,
+    crumb_sums_avx512,
     q4_block_sums_avx512,
+    q4_block_sums_split_avx512,
     q5_bit_tables_avx512,
     q5_high_sums_avx512,
     q8_block_sums16_avx512,
@@ -86,14 +89,20 @@ def nibble_sums_split(q3, xr, slo, shi) -> None:
 @overload(nibble_sums_split, jit_options={"cache": True})
 def _nibble_sums_split_impl(q3, xr, slo, shi):
     if HAVE_AVX2:
-
-        def avx2(q3, xr, slo, shi):
-            q, x, s0, s1 = q3.ctypes.data, xr.ctypes.data, slo.ctypes.data, shi.ctypes.data
-            for b in range(q3.shape[0]):
-                q4_block_sums_split_avx2(q + b * 16 * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
-
-        return avx2
+        return _block_loop(q4_block_sums_split_avx512 if HAVE_AVX512 else q4_block_sums_split_avx2, 16)
     return lambda q3, xr, slo, shi: nibble_sums_portable(q3, xr, slo, shi, False)
+
+
+def _block_loop(block, q_rows):
+    """A loop calling block (q, x, s0, s1) for every 32-block of q3 (nb, q_rows, R) uint8 and plain
+    int8 x, into int16 sums (nb, R)."""
+
+    def loop(q3, xr, slo, shi):
+        q, x, s0, s1 = q3.ctypes.data, xr.ctypes.data, slo.ctypes.data, shi.ctypes.data
+        for b in range(q3.shape[0]):
+            block(q + b * q_rows * R, x + b * 32, s0 + b * 2 * R, s1 + b * 2 * R)
+
+    return loop
 
 
 def nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs) -> None:
@@ -202,8 +211,20 @@ def _high_bit_sums_tables_impl(qh3, xr, tables, sh):
     return lambda qh3, xr, tables, sh: high_bit_sums(qh3, xr, sh)
 
 
+def crumb_sums(q3, xr, slo, shi) -> None:
+    """crumb_sums_portable's sums for q3 = qh2, by an AVX-512 / AVX2 IR kernel where the CPU has one.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(crumb_sums, jit_options={"cache": True})
+def _crumb_sums_impl(q3, xr, slo, shi):
+    if HAVE_AVX2:
+        return _block_loop(crumb_sums_avx512 if HAVE_AVX512 else crumb_sums_avx2, 8)
+    return lambda q3, xr, slo, shi: crumb_sums_portable(q3, xr, slo, shi)
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
-def crumb_sums(qh2, xr, slo, shi) -> None:
+def crumb_sums_portable(qh2, xr, slo, shi) -> None:
     """Q6_K's 2-bit high parts: byte j of qh2[b, :, r] holds elements j, j+8, j+16, j+24 (bits 0-1,
     2-3, 4-5, 6-7); slo sums the first 16 elements' crumb * x, shi the last 16 (<= 6096)."""
     for b in range(qh2.shape[0]):

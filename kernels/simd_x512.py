@@ -15,7 +15,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .packing import TILE_ROWS
-from .simd_x86 import HAVE_AVX2, PREFETCH_AHEAD
+from .simd_x86 import HAVE_AVX2, PREFETCH_AHEAD, crumb_pairs, split_pairs, widened_pair_sums
 
 
 def _host_features() -> dict:
@@ -232,6 +232,30 @@ def q4_block_sums_avx512(typingctx, q_addr, x_addr, s0_addr, s1_addr):
                     acc[(which, "lo")], acc[(which, "hi")], _const(_V32I16T, _ROW_ORDER[q])
                 )
                 _store(builder, rows, outs[which], q * 64)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+# ---- Q6_K: nibble halves and 2-bit high parts, 32 rows per register (simd_x86.widened_pair_sums) ---
+@intrinsic
+def q4_block_sums_split_avx512(typingctx, q_addr, x_addr, s0_addr, s1_addr):
+    """simd_x86.q4_block_sums_split_avx2 (s0: low nibbles' sums, s1: high ones', plain-order x)
+    with 512-bit registers."""
+
+    def codegen(context, builder, signature, args):
+        widened_pair_sums(builder, args, 32, split_pairs, 16)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+@intrinsic
+def crumb_sums_avx512(typingctx, q_addr, x_addr, s0_addr, s1_addr):
+    """simd_x86.crumb_sums_avx2 (Q6_K's crumb sums) with 512-bit registers."""
+
+    def codegen(context, builder, signature, args):
+        widened_pair_sums(builder, args, 32, crumb_pairs, 8)
         return context.get_dummy_value()
 
     return _SIG, codegen

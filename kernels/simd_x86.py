@@ -313,3 +313,75 @@ def q8_block_sums16_avx2(typingctx, q_addr, x_addr, s_addr, unused):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+# ---- Q6_K: pairs widened to int16 lanes, so results come out in row order ---------------------------
+# Each row's byte is zero-extended to 16 bits; shifts and masks put one element in the low byte and
+# its partner in the high byte, and `vpmaddubsw` against the pair (x[a], x[b]) gives that row's
+# a * x[a] + b * x[b] in the same lane: no cross-row shuffles and no reorder before the stores.
+PMADDUBS = {16: "llvm.x86.avx2.pmadd.ub.sw", 32: "llvm.x86.avx512.pmaddubs.w.512"}
+
+
+def _widened(builder: ir.IRBuilder, qp: ir.Value, offset: int, lanes: int) -> ir.Value:
+    ptr = builder.bitcast(builder.gep(qp, [_const(_i32, offset)]), ir.VectorType(_i8, lanes).as_pointer())
+    return builder.zext(builder.load(ptr, align=1), ir.VectorType(_i16, lanes))
+
+
+def _splat(builder: ir.IRBuilder, v: ir.Value, value: int) -> ir.Constant:
+    return _const(v.type, [value] * v.type.count)
+
+
+def crumb_pairs(builder: ir.IRBuilder, qp: ir.Value, j: int, h: int, lanes: int) -> list:
+    """Q6_K's crumb byte j (elements j, 8+j, 16+j, 24+j in bits 0-1, 2-3, 4-5, 6-7) of rows
+    h*lanes..: pairs (j, 8+j) and (16+j, 24+j), one per int16 lane."""
+    v = _widened(builder, qp, j * TILE_ROWS + h * lanes, lanes)
+    lo = builder.or_(v, builder.shl(v, _splat(builder, v, 6)))
+    hi = builder.or_(builder.lshr(v, _splat(builder, v, 4)), builder.shl(v, _splat(builder, v, 2)))
+    m = _splat(builder, v, 0x0303)
+    return [(builder.and_(lo, m), (j, 8 + j)), (builder.and_(hi, m), (16 + j, 24 + j))]
+
+
+def split_pairs(builder: ir.IRBuilder, qp: ir.Value, j: int, h: int, lanes: int) -> list:
+    """Nibble bytes j and j+8 of rows h*lanes..: low nibbles (elements j, 8+j) and high ones
+    (16+j, 24+j) as pairs, one per int16 lane."""
+    a = _widened(builder, qp, j * TILE_ROWS + h * lanes, lanes)
+    b = _widened(builder, qp, (j + 8) * TILE_ROWS + h * lanes, lanes)
+    high_byte = _splat(builder, a, 0x0F00)
+    lo = builder.and_(a, _splat(builder, a, 15))
+    lo = builder.or_(lo, builder.and_(builder.shl(b, _splat(builder, b, 8)), high_byte))
+    hi = builder.lshr(a, _splat(builder, a, 4))
+    hi = builder.or_(hi, builder.and_(builder.shl(b, _splat(builder, b, 4)), high_byte))
+    return [(lo, (j, 8 + j)), (hi, (16 + j, 24 + j))]
+
+
+def widened_pair_sums(builder: ir.IRBuilder, args: list[ir.Value], lanes: int, pairs_of, lines: int) -> None:
+    """s0[r] / s1[r] = the int16 sums over j < 8 of the first / second pair pairs_of gives, times
+    plain-order x; `lines` 64-byte weight lines per block to prefetch."""
+    qp, xp, s0, s1 = _pointers(builder, args)
+    vb = ir.VectorType(_i8, 2 * lanes)
+    for line in range(lines):
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
+    for h in range(TILE_ROWS // lanes):
+        acc: list = [None, None]
+        for j in range(8):
+            for which, (pair, (ja, jb)) in enumerate(pairs_of(builder, qp, j, h, lanes)):
+                xv = _pair_broadcast(builder, xp, ja, jb)
+                if lanes == 32:
+                    xv = builder.shuffle_vector(xv, xv, _const(ir.VectorType(_i32, 64), list(range(32)) * 2))
+                p = _call(builder, PMADDUBS[lanes], pair.type, [builder.bitcast(pair, vb), xv])
+                acc[which] = p if acc[which] is None else builder.add(acc[which], p)
+        for dst, value in zip((s0, s1), acc, strict=True):
+            ptr = builder.gep(dst, [_const(_i32, h * lanes)])
+            builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=2)
+
+
+@intrinsic
+def crumb_sums_avx2(typingctx, q_addr, x_addr, s0_addr, s1_addr):
+    """One 32-block of a 64-row tile of Q6_K's crumbs (8 x 64 bytes) times plain-order int8 x:
+    s0[r] = sum of the first 16 elements' crumb * x, s1 the last 16's (int16, <= 16 * 3 * 128)."""
+
+    def codegen(context, builder, signature, args):
+        widened_pair_sums(builder, args, 16, crumb_pairs, 8)
+        return context.get_dummy_value()
+
+    return _SIG, codegen

@@ -303,6 +303,58 @@ def test_nibble_kernels_equal_portable_ones(variant: str) -> None:
         np.testing.assert_array_equal(simd[half], part)
 
 
+Q6_KERNELS = {  # Q6_K block kernels on plain-order activations: (needed CPU feature, kernel, bytes per row)
+    "split-avx2": (HAVE_AVX2, "simd_x86.q4_block_sums_split_avx2", 16),
+    "split-avx512": (HAVE_AVX512, "simd_x512.q4_block_sums_split_avx512", 16),
+    "crumbs-avx2": (HAVE_AVX2, "simd_x86.crumb_sums_avx2", 8),
+    "crumbs-avx512": (HAVE_AVX512, "simd_x512.crumb_sums_avx512", 8),
+}
+
+
+def q6_kernel_loop(block, q_rows: int):
+    """A loop calling one Q6_K block kernel for every block (as matmul_int._block_loop does)."""
+
+    @njit
+    def run(q3, xr, s0, s1):
+        q, x, a, b = q3.ctypes.data, xr.ctypes.data, s0.ctypes.data, s1.ctypes.data
+        for i in range(q3.shape[0]):
+            block(q + i * q_rows * TILE_ROWS, x + i * 32, a + i * 2 * TILE_ROWS, b + i * 2 * TILE_ROWS)
+
+    return run
+
+
+@pytest.mark.parametrize("variant", list(Q6_KERNELS))
+def test_q6_kernels_equal_portable_ones(variant: str) -> None:
+    """Every SIMD variant of Q6_K's nibble halves and crumb sums this CPU runs gives the portable
+    loop's int16 sums bit for bit (and numpy's), extremes included."""
+    available, name, q_rows = Q6_KERNELS[variant]
+    if not available:
+        pytest.skip(f"needs a CPU with {variant.split('-')[1]}")
+    module, attr = name.split(".")
+    block = getattr({"simd_x86": simd_x86, "simd_x512": simd_x512}[module], attr)
+    rng = np.random.default_rng(18)
+    nb = 6
+    q3 = rng.integers(0, 256, (nb, q_rows, TILE_ROWS), dtype=np.uint8)
+    xr = rng.integers(-127, 128, nb * 32, dtype=np.int8)
+    q3[0], xr[:32] = 255, -127  # the largest sums
+    q3[1], xr[32:64] = 255, 127
+    port = [np.zeros((nb, TILE_ROWS), np.int16) for _ in range(2)]
+    simd = [np.ones((nb, TILE_ROWS), np.int16) for _ in range(2)]
+    if q_rows == 16:
+        mi.nibble_sums_portable(q3, xr, port[0], port[1], False)
+        parts = np.stack([q3 & 15, q3 >> 4], axis=1)  # (nb, 2, 16, R): elements 16 * half + j
+    else:
+        mi.crumb_sums_portable(q3, xr, port[0], port[1])
+        crumbs = np.stack([(q3 >> (2 * i)) & 3 for i in range(4)], axis=1)  # element 8 * i + j
+        parts = crumbs.reshape(nb, 2, 16, TILE_ROWS)
+    q6_kernel_loop(block, q_rows)(q3, xr, simd[0], simd[1])
+    xb = xr.reshape(nb, 2, 16).astype(np.int32)
+    for half in range(2):
+        exact = np.einsum("bjr,bj->br", parts[:, half].astype(np.int32), xb[:, half])
+        np.testing.assert_array_equal(port[half], exact)
+        np.testing.assert_array_equal(simd[half], port[half])
+
+
 @pytest.mark.skipif(not HAVE_AVX512, reason="needs an AVX-512 CPU")
 def test_fifth_bit_table_sums_equal_portable_ones() -> None:
     """Q5's fifth-bit sums by table lookups (AVX-512) equal the portable loop's, bit for bit, for
