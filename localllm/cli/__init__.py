@@ -15,6 +15,7 @@ COMMANDS = {
     "list": "manage",
     "perplexity": "perplexity",
     "pull": "manage",
+    "quantize": "quantize",
     "rm": "manage",
     "run": "run",
     "serve": "serve",

@@ -1,0 +1,145 @@
+"""`localllm quantize` and the quantizers in quant/: bit-exact against gguf's reference quantizers, whole
+files with their metadata, tensor types llama.cpp's way, and loadable by the engine."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+from tiny_model import write_tiny_model
+from typer.testing import CliRunner
+
+from localllm.cli import quantize as _quantize  # noqa: F401  (registers the command)
+from localllm.cli.app import app
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine, score_tokens
+from localllm.errors import LocalLLMError
+from localllm.quant import dequantize
+from localllm.quant.quantize_gguf import FILE_TYPES, choose_type, convert_rows, quantize_file
+from localllm.quant.quantize_legacy import QUANTIZERS, _roundf
+
+LEGACY = list(QUANTIZERS)
+
+
+def _awkward_rows() -> np.ndarray:
+    """Random rows of very different scales, plus blocks that stress the edge cases."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((48, 256)) * rng.exponential(1.0, (48, 1))).astype(np.float32)
+    x[0, :32] = 0  # an all-zero block: d = 0
+    x[1, :32] = 2.5  # constant: max == min
+    x[2, :32] = -3.0  # ties for the largest magnitude
+    x[3, :32] = np.linspace(-1, 1, 32)  # values landing on halves of the grid
+    x[4, :64] = rng.integers(-127, 128, 64) / 127  # on Q8_0's grid exactly
+    x[5, 7], x[5, 40] = 1e-30, -1e4  # subnormal-ish and a huge outlier
+    return x
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_bit_exact_with_gguf_reference(name: str) -> None:
+    x = _awkward_rows()
+    qtype = gguf.GGMLQuantizationType[name]
+    ours = convert_rows(x, name)
+    np.testing.assert_array_equal(ours, gguf_quantize(x, qtype))
+    # and the round trip through our dequantizer is gguf's, within one quantization step of each block
+    back = dequantize(ours, qtype)
+    np.testing.assert_array_equal(back, gguf_dequantize(ours, qtype))
+    blocks = x.reshape(-1, 32)
+    step = np.abs(blocks).max(axis=1, keepdims=True) / {"4": 8, "5": 16, "8": 127}[name[1]]
+    assert (np.abs(back.reshape(-1, 32) - blocks) <= step * 1.01 + 1e-6).all()
+
+
+def test_roundf_rounds_halves_away_from_zero() -> None:
+    v = np.array([0.5, -0.5, 1.5, -2.5, 0.49999997, 2.4999998, 0.0], np.float32)
+    np.testing.assert_array_equal(_roundf(v), [1, -1, 2, -3, 0, 2, 0])
+
+
+def test_tensor_types_as_llama_cpp_chooses_them() -> None:
+    assert choose_type("blk.0.attn_norm.weight", (64,), "Q4_0", tied=True) == "F32"
+    assert choose_type("blk.0.attn_q.weight", (64, 64), "Q4_0", tied=True) == "Q4_0"
+    assert choose_type("token_embd.weight", (269, 64), "Q4_0", tied=True) == "Q8_0"  # doubles as output
+    assert choose_type("token_embd.weight", (269, 64), "Q4_0", tied=False) == "Q4_0"
+    assert choose_type("output.weight", (269, 64), "Q5_1", tied=False) == "Q8_0"
+    assert choose_type("blk.0.ffn_down.weight", (64, 48), "Q4_0", tied=True) == "F32"  # 48: not whole blocks
+    assert choose_type("output.weight", (269, 64), "F16", tied=False) == "F16"
+
+
+@pytest.fixture(scope="module")
+def f32_model(tmp_path_factory: pytest.TempPathFactory):
+    return write_tiny_model(tmp_path_factory.mktemp("f32") / "tiny-f32.gguf", quant="F32")
+
+
+def _engine(path) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(path), threads=2, ctx_size=64, max_num_seqs=1))
+
+
+@pytest.mark.parametrize("name", [*LEGACY, "F16"])
+def test_quantized_file_keeps_metadata_and_loads(f32_model, tmp_path, name: str) -> None:
+    out = tmp_path / f"tiny-{name}.gguf"
+    report = quantize_file(f32_model, out, name)
+    src, dst = gguf.GGUFReader(f32_model), gguf.GGUFReader(out)
+    changed = {"general.file_type", "general.quantization_version"}
+    kept = {k: f.contents() for k, f in src.fields.items() if not k.startswith("GGUF.") and k not in changed}
+    assert {k: dst.fields[k].contents() for k in kept} == kept
+    assert dst.fields["general.file_type"].contents() == FILE_TYPES[name]
+    types = {t.name: t.tensor_type.name for t in dst.tensors}
+    embd = "F16" if name == "F16" else "Q8_0"  # tied embeddings: the output projection stays high
+    assert types.pop("token_embd.weight") == embd and types.pop("output_norm.weight") == "F32"
+    assert {v for k, v in types.items() if "norm" in k} == {"F32"}
+    assert {v for k, v in types.items() if "norm" not in k} == {name}
+    for s, d in zip(src.tensors, dst.tensors, strict=True):
+        if d.tensor_type.name == name and name != "F16":
+            np.testing.assert_array_equal(d.data, gguf_quantize(s.data, d.tensor_type))
+    expected = Counter({"F32": 5, name: 14})
+    expected[embd] += 1
+    assert report.types == dict(expected)
+    ids = list(range(5, 40))
+    ref, ours = np.asarray(score_tokens(_engine(f32_model), ids)), np.asarray(score_tokens(_engine(out), ids))
+    # the int8 kernels also round the activations: close to the F32 model, not equal
+    tolerance = {"Q8_0": 0.05, "F16": 0.05}.get(name, 0.25)
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < tolerance
+
+
+def test_requantize_needs_the_flag_and_leaves_nothing_behind(tiny_model_path, tmp_path) -> None:
+    out = tmp_path / "re.gguf"
+    with pytest.raises(LocalLLMError, match="already quantized .* --allow-requantize"):
+        quantize_file(tiny_model_path, out, "Q4_0")
+    assert not out.exists() and not list(tmp_path.iterdir())
+    quantize_file(tiny_model_path, out, "q4_0", allow_requantize=True)
+    types = {t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert types == {"Q4_0", "Q8_0", "F32"}
+    with pytest.raises(LocalLLMError, match="exists; pass --force"):
+        quantize_file(tiny_model_path, out, "Q4_0", allow_requantize=True)
+    quantize_file(tiny_model_path, out, "F16", allow_requantize=True, force=True)
+    assert gguf.GGUFReader(out).fields["general.file_type"].contents() == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["re.gguf"]
+
+
+def test_a_failed_write_leaves_no_partial_file(f32_model, tmp_path, monkeypatch) -> None:
+    import localllm.quant.quantize_gguf as qg
+
+    def broken(*args):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(qg, "convert_tensor", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        quantize_file(f32_model, tmp_path / "out.gguf", "Q8_0")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli(f32_model, tmp_path) -> None:
+    out = tmp_path / "cli.gguf"
+    result = CliRunner().invoke(app, ["quantize", str(f32_model), str(out), "--type", "Q5_0"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{out}: Q5_0,") and "14 Q5_0" in result.stdout
+    bad = CliRunner().invoke(app, ["quantize", str(f32_model), str(tmp_path / "x.gguf"), "--type", "Q9_9"])
+    assert bad.exit_code != 0 and "unknown quantization type 'Q9_9' (choose Q4_0" in str(bad.exception)
+    missing = CliRunner().invoke(app, ["quantize", str(tmp_path / "nope.gguf"), str(tmp_path / "y.gguf")])
+    assert "no such file" in str(missing.exception)
+    not_gguf = tmp_path / "text.gguf"
+    not_gguf.write_text("hello")
+    result = CliRunner().invoke(app, ["quantize", str(not_gguf), str(tmp_path / "z.gguf")])
+    assert "not a readable GGUF file" in str(result.exception)
