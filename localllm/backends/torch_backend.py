@@ -261,11 +261,10 @@ class TorchBackend(Backend):
         # (S, KVH, G, Q, D): query head h reads kv head h // G, as the reference groups them
         qg = q[g.tokens].float().view(s, nq, kv_heads, n_heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
         keys, values = (self._gather(c, g) for c in (k_cache, v_cache))  # (S, KVH, 1, L, D)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale
         if softcap > 0:
-            scores = torch.tanh(scores / softcap) * softcap
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        out = torch.matmul(probs, values)  # (S, KVH, G, Q, D)
+            out = _softcapped_attention(qg, keys, values, mask, scale, softcap)
+        else:
+            out = _sdpa(qg, keys, values, mask, scale)
         return out.permute(0, 3, 1, 2, 4).reshape(s * nq, n_heads, dim)
 
     @staticmethod
@@ -277,3 +276,27 @@ class TorchBackend(Backend):
         s = blocks.shape[0]
         seq = blocks.reshape(s, n_blocks * bs, *cache.shape[2:])[:, : g.n_keys].float()
         return seq.permute(0, 2, 1, 3)[:, :, None]
+
+
+def _softcapped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+    softcap: float,
+) -> torch.Tensor:  # fmt: skip
+    """Scores through cap * tanh(score / cap) before the softmax (gemma2), which SDPA cannot do."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(probs, values)
+
+
+def _sdpa(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q (S, KVH, G, Q, D) against keys/values (S, KVH, 1, L, D) through torch's fused attention: the G
+    query heads sharing a kv head become G*Q rows of it, so no key is copied per head."""
+    s, kvh, group, nq, dim = q.shape
+    rows = mask.expand(s, 1, group, nq, mask.shape[-1]).reshape(s, 1, group * nq, -1)
+    out = F.scaled_dot_product_attention(
+        q.reshape(s, kvh, group * nq, dim), keys[:, :, 0], values[:, :, 0], attn_mask=rows, scale=scale
+    )
+    return out.view(s, kvh, group, nq, dim)

@@ -56,6 +56,7 @@ def offline(
         str | None, typer.Option("--llama-bench", help="llama-bench binary to compare with (or on PATH).")
     ] = None,
     backend: c.Backend = "numba",
+    device: c.Device = "auto",
     busy: Annotated[
         int, typer.Option("--busy", help="Run the tests while N other processes each keep a core busy.")
     ] = 0,
@@ -81,7 +82,8 @@ def offline(
     binary = llama_bench or shutil.which("llama-bench")
     with busy_load(busy):
         prompts, gens = _lengths(n_prompt), _lengths(n_gen)
-        rows = _run_localllm(path, prompts, gens, _threads(threads), reps, _int_list(batch), backend)
+        where = (backend, device)
+        rows = _run_localllm(path, prompts, gens, _threads(threads), reps, _int_list(batch), where)
         if binary:
             from localllm.bench.offline import run_llama_bench
 
@@ -102,7 +104,8 @@ def _threads(text: str) -> list[int]:
     return _int_list(text) or [physical_cores()]
 
 
-def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -> list:
+def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, where: tuple[str, str]) -> list:
+    """Rows for each thread count; `where` is (backend, device)."""
     from localllm.bench.offline import OfflineBench
     from localllm.config import EngineConfig
     from localllm.engine.engine import LLMEngine
@@ -112,7 +115,8 @@ def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, backend) -
     for threads in threads_list:
         config = EngineConfig(
             model=str(path),
-            backend=backend,
+            backend=where[0],
+            device=where[1],
             threads=threads,
             ctx_size=ctx,
             max_num_seqs=max(batches + [1]),

@@ -50,6 +50,7 @@ def chat(
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
+    device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
 ) -> None:
@@ -85,7 +86,7 @@ def chat(
     template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
     config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
+        cache_type_v=cache_type_v, device=device,
     )  # fmt: skip
     engine = _load(config, interactive)
     params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # to the end of its turn, or the limit

@@ -32,6 +32,9 @@ CacheTypeV = Annotated[
     str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for values: f16 or f32.")
 ]
 Backend = Annotated[str, typer.Option("--backend", help="numba (CPU kernels), numpy (reference) or torch.")]
+Device = Annotated[
+    str, typer.Option("--device", help="--backend torch: auto (CUDA, then MPS, then CPU), cuda, mps or cpu.")
+]
 Temperature = Annotated[
     float | None, typer.Option("--temperature", "--temp", help="0 = greedy. [default: 0.8 or the model's]")
 ]

@@ -40,6 +40,7 @@ def run(
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
+    device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
 ) -> None:
@@ -62,7 +63,7 @@ def run(
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
     config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
+        cache_type_v=cache_type_v, device=device,
     )  # fmt: skip
     with c.loading(backend, path):
         engine = LLMEngine(config)

@@ -76,6 +76,7 @@ def serve(
     kv_cache_mb: KvCacheMb = 0,
     threads: c.Threads = 0,
     backend: c.Backend = "numba",
+    device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
     api_key: ApiKey = None,
@@ -118,7 +119,7 @@ def serve(
     path, defaults = c.resolve(model)
     engine_config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device,
     )  # fmt: skip
     config = ServerConfig(
         model_id=served_id(model, path),
