@@ -10,7 +10,17 @@ from typing import Any
 
 import openai
 import pytest
-from test_server import CHAT, MODEL_ID, Running, engine_factory, error_of, post, running_server
+from test_server import (
+    BAN_END,
+    CHAT,
+    MODEL_ID,
+    Running,
+    engine_factory,
+    error_of,
+    post,
+    running_server,
+    sse_payloads,
+)
 
 from localllm.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -186,3 +196,60 @@ def test_alias_flag_in_help() -> None:
 
     result = CliRunner().invoke(app, ["serve", "--help"])
     assert result.exit_code == 0 and "--alias" in result.output
+
+
+# ------------------------------------------------------------------------------------ legacy completions
+
+
+def test_prompt_list_gives_a_choice_per_prompt_in_order(srv: Running) -> None:
+    client = srv.client()
+    prompts = ["The quick brown fox", "Once upon a time", "abc"]
+    kw = {"model": MODEL_ID, "max_tokens": 5, "temperature": 0}
+    singles = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+    batch = client.completions.create(prompt=prompts, **kw)
+    assert [c.index for c in batch.choices] == [0, 1, 2]
+    assert [c.text for c in batch.choices] == singles
+    ids = [srv.engine.tokenize_prompt(p) for p in prompts]
+    assert batch.usage.prompt_tokens == sum(map(len, ids))
+    assert client.completions.create(prompt=ids, **kw).choices[1].text == singles[1]
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(prompt=prompts, stream=True, **kw):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == singles
+    srv.wait_idle()
+
+
+def test_echo_with_logprobs_scores_the_prompt(srv: Running) -> None:
+    client = srv.client()
+    ids = srv.engine.tokenize_prompt("The quick brown fox")
+    kw = {"model": MODEL_ID, "temperature": 0, "logit_bias": BAN_END}
+    gen = client.completions.create(prompt=ids, max_tokens=3, logprobs=2, **kw).choices[0].logprobs
+    echo = client.completions.create(prompt=ids, max_tokens=3, logprobs=2, echo=True, **kw).choices[0]
+    lp = echo.logprobs
+    assert len(lp.tokens) == len(ids) + 3 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:]) and lp.token_logprobs[len(ids) :] == gen.token_logprobs
+    assert all(len(top) >= 2 for top in lp.top_logprobs[1:])
+    # scoring the prompt plus what greedy generated gives the logprobs the generation reported
+    generated = [srv.engine.tokenizer.encode(t, False, True)[0] for t in gen.tokens]
+    scored = client.completions.create(prompt=ids + generated, max_tokens=0, logprobs=0, echo=True, **kw)
+    assert scored.choices[0].logprobs.token_logprobs[-3:] == pytest.approx(gen.token_logprobs, abs=1e-4)
+    srv.wait_idle()
+
+
+def test_max_tokens_zero_with_echo_only_scores(srv: Running) -> None:
+    body = {"prompt": ["Hello world", "abc"], "max_tokens": 0, "echo": True, "logprobs": 1}
+    r = post(srv, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert [c["text"] for c in data["choices"]] == ["Hello world", "abc"]
+    assert all(c["finish_reason"] == "length" for c in data["choices"])
+    assert data["usage"]["completion_tokens"] == 0 and data["usage"]["prompt_tokens"] > 0
+    n = len(srv.engine.tokenize_prompt("Hello world"))
+    assert len(data["choices"][0]["logprobs"]["token_logprobs"]) == n
+    payloads = sse_payloads(post(srv, "/v1/completions", {**body, "stream": True}).text)
+    texts = {p["choices"][0]["index"]: p["choices"][0]["text"] for p in payloads if p["choices"][0]["text"]}
+    assert texts == {0: "Hello world", 1: "abc"}
+    plain = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 0}).json()["choices"][0]
+    assert plain["text"] == "" and plain["finish_reason"] == "length"
+    srv.wait_idle()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
+        self._calls: deque[Callable[[], None]] = deque()  # call_soon: run by the stepping thread
         self.backend.warmup(self.model, self.cache_types)
 
     def _load_model(self, load_model: Any) -> Any:
@@ -162,10 +164,17 @@ class LLMEngine:
         return self._output(request, "", None, None, time.perf_counter())
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._calls)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the thread that steps this engine, before its next step (thread-safe): work that
+        needs the model between steps, such as prompt_logprobs. `fn` reports its own errors."""
+        self._calls.append(fn)
 
     def step(self) -> list[StepOutput]:
         """Schedule, run one forward pass over the mixed batch, and turn sampled tokens into outputs."""
+        while self._calls:
+            self._calls.popleft()()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
@@ -319,3 +328,32 @@ def score_tokens(engine: LLMEngine, token_ids: list[int]) -> Any:
         return engine.backend.to_numpy(engine.model.forward(batch, engine.kv_cache))
     finally:
         engine.block_manager.free(seq)
+
+
+def prompt_logprobs(
+    engine: LLMEngine, token_ids: list[int], num_top: int = 0, chunk: int = 128
+) -> list[TokenLogprob | None]:
+    """The log-probability of each prompt token given the ones before it (None for the first), with the
+    `num_top` likeliest alternatives: one prefill in chunks of `chunk` positions, so that the logits held
+    at once stay small whatever the prompt's length. The blocks are freed after; nothing is cached."""
+    from localllm.engine.scheduler import ScheduledSeq
+    from localllm.sampler import log_softmax, top_logprobs
+
+    engine.check_prompt(len(token_ids))
+    seq = Sequence("prompt-logprobs", list(token_ids), SamplingParams(temperature=0))
+    if not engine.block_manager.allocate(seq, len(token_ids)):
+        raise LocalLLMError("not enough free KV cache blocks to score this prompt")
+    out: list[TokenLogprob | None] = [None]
+    try:
+        while seq.num_computed_tokens < len(token_ids):
+            start, n = seq.num_computed_tokens, min(chunk, len(token_ids) - seq.num_computed_tokens)
+            batch = engine.runner.prepare([ScheduledSeq(seq, n)])
+            batch.logits_indices = np.arange(n, dtype=np.int64)
+            logits = engine.backend.to_numpy(engine.model.forward(batch, engine.kv_cache))
+            for row, nxt in enumerate(token_ids[start + 1 : start + n + 1]):
+                logps = log_softmax(logits[row])  # as the sampler computes a generated token's
+                out.append(TokenLogprob(nxt, float(logps[nxt]), top_logprobs(logps, num_top)))
+            seq.num_computed_tokens += n
+    finally:
+        engine.block_manager.free(seq)
+    return out

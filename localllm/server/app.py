@@ -28,8 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localllm.engine.async_engine import AsyncEngine, QueueFull
-from localllm.engine.engine import LLMEngine
-from localllm.engine.output import StepOutput
+from localllm.engine.engine import LLMEngine, prompt_logprobs
+from localllm.engine.output import StepOutput, TokenLogprob
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
 from localllm.server.guards import BodyLimitMiddleware, BrowserGuard
@@ -46,11 +46,14 @@ from localllm.server.protocol import (
     chat_logprobs,
     chat_response,
     check_token_ids,
+    completion_choice,
     completion_logprobs,
     completion_response,
     error_body,
+    join_logprobs,
     message_dicts,
     token_logprobs,
+    usage_totals,
 )
 from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
 from localllm.server.webui import WEBUI_PATHS, add_webui_routes
@@ -262,57 +265,94 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def collect(job: Job, request: Request) -> list[StepOutput] | None:
-    """All outputs of a non-streaming request; None (and the request aborted) if the client left."""
-    gather = asyncio.ensure_future(_gather(job))
+async def collect(jobs: list[Job], request: Request) -> list[list[StepOutput]] | None:
+    """All outputs of each job of a non-streaming request; None (and the jobs aborted) if the client
+    left."""
+    gather = asyncio.ensure_future(asyncio.gather(*(_gather(job) for job in jobs)))
     gone = asyncio.ensure_future(_client_gone(request))
     try:
         await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gather.cancel()
         gone.cancel()
-        job.close()
+        for job in jobs:
+            job.close()
     if gather.done() and not gather.cancelled():
-        return gather.result()
+        return list(gather.result())
     return None
 
 
+async def merged(jobs: list[Job]) -> AsyncIterator[tuple[int, StepOutput]]:
+    """The outputs of several jobs as they come, each with its job's index."""
+    streams = [job.outputs() for job in jobs]
+    pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    out = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, out
+                pending[asyncio.ensure_future(anext(streams[index]))] = index
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+def total_usage(jobs: list[Job], prompt_lens: list[int] | None = None) -> dict[str, Any]:
+    """Usage summed over a request's jobs (`prompt_lens`: with max_tokens 0 there are no jobs)."""
+    lasts = [job.tracker.last for job in jobs]
+    prompt = sum(prompt_lens) if prompt_lens is not None else sum(len(job.prompt_ids) for job in jobs)
+    generated = sum(last.generated_tokens for last in lasts if last is not None)
+    cached = sum(last.cached_tokens for last in lasts if last is not None)
+    return usage_totals(prompt, generated, cached)
+
+
 class EventStream(StreamingResponse):
-    """SSE response that aborts its job however the response ends: finished, client gone (Starlette
+    """SSE response that aborts its jobs however the response ends: finished, client gone (Starlette
     cancels the body on http.disconnect), or never started."""
 
-    def __init__(self, content: AsyncIterator[bytes], job: Job):
+    def __init__(self, content: AsyncIterator[bytes], jobs: list[Job]):
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.job = job
+        self.jobs = jobs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.close()
+            for job in self.jobs:
+                job.close()
 
 
 async def events(
-    job: Job, chunks: ChunkBuilder, head: list[bytes], per_output: Callable[[StepOutput], Iterator[bytes]]
+    jobs: list[Job],
+    chunks: ChunkBuilder,
+    head: list[bytes],
+    per_output: Callable[[int, StepOutput], Iterator[bytes]],
+    totals: Callable[[], dict[str, Any]],
 ) -> AsyncIterator[bytes]:
     """head, a chunk (or two) per output, the usage chunk if asked for, then [DONE]."""
     try:
         for chunk in head:
             yield chunk
-        async for out in job.outputs():
-            for chunk in per_output(out):
+        async for index, out in merged(jobs):
+            for chunk in per_output(index, out):
                 yield chunk
-        for chunk in chunks.usage_tail(job.tracker.last):
+        for chunk in chunks.usage_tail(totals()):
             yield chunk
     except Exception as e:  # after the 200 header an error can only travel inside the stream
         code = getattr(e, "code", None)
         if code != "server_shutdown":  # begin_shutdown logged those once
-            log.warning("%s failed mid-stream: %s", job.id, e)
+            log.warning("%s failed mid-stream: %s", chunks.request_id, e)
         yield sse_error(
             str(e), "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error", code
         )
     finally:
-        job.close()
+        for job in jobs:
+            job.close()
     yield DONE
 
 
@@ -399,14 +439,79 @@ def chat_prompt_ids(
     return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt)
 
 
-def completion_prompt(state: ServerState, llm: LLMEngine, body: CompletionRequest) -> tuple[list[int], str]:
-    """The prompt's token ids and its text (for echo)."""
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        check_prompt_chars(state, len(prompt), body.max_tokens, "prompt")
-        return llm.tokenize_prompt(prompt), prompt
-    check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
-    return list(prompt), llm.tokenizer.decode(prompt)
+def completion_prompts(
+    state: ServerState, llm: LLMEngine, body: CompletionRequest
+) -> list[tuple[list[int], str]]:
+    """Each prompt's token ids and its text (for echo)."""
+    out = []
+    for prompt in body.prompts():
+        if isinstance(prompt, str):
+            check_prompt_chars(state, len(prompt), body.max_tokens, "prompt")
+            out.append((llm.tokenize_prompt(prompt), prompt))
+        else:
+            check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
+            out.append((list(prompt), llm.tokenizer.decode(prompt)))
+    return out
+
+
+async def score_prompt(state: ServerState, ids: list[int], num_top: int) -> list[TokenLogprob | None]:
+    """The prompt's own logprobs (None for its first token), computed on the engine thread between steps."""
+    engine = state.ready()
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[list[TokenLogprob | None]] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work() -> None:  # on the engine thread
+        try:
+            result, error = prompt_logprobs(engine.engine, ids, num_top), None
+        except Exception as e:
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+    engine.engine.call_soon(work)
+    engine.abort(f"wake-{uuid.uuid4().hex}")  # an idle engine thread waits for a command: any wakes it
+    try:
+        return await done
+    except LocalLLMError as e:  # no free KV blocks to score it now
+        raise APIError(
+            str(e), 503, "server_error", code="kv_cache_full", headers={"Retry-After": "1"}
+        ) from None
+
+
+async def echo_of(
+    state: ServerState, body: CompletionRequest, ids: list[int], text: str
+) -> tuple[str, dict[str, Any] | None]:
+    """What echo puts before a completion: the prompt's text and, with logprobs, its logprobs."""
+    if not body.echo:
+        return "", None
+    if body.logprobs is None:
+        return text, None
+    items = await score_prompt(state, ids, body.logprobs)
+    scored = [item for item in items if item is not None]
+    return text, completion_logprobs(state.llm.tokenizer, scored, 0, first_id=ids[0])
+
+
+def submit_all(state: ServerState, prompts: list[tuple[list[int], str]], params: SamplingParams) -> list[Job]:
+    """A job per prompt; if one cannot be submitted (queue full), the others are aborted."""
+    jobs: list[Job] = []
+    try:
+        for ids, _ in prompts:
+            jobs.append(Job(state, ids, params, "cmpl"))
+    except BaseException:
+        for job in jobs:
+            job.close()
+        raise
+    return jobs
 
 
 # -------------------------------------------------------------------------------------------- handlers
@@ -422,10 +527,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
         chunks.include_usage, chunks.logprobs = body.include_usage(), bool(body.logprobs)
-        return EventStream(events(job, chunks, [chunks.chat_role()], chunks.chat_output), job)
-    outs = await collect(job, request)
-    if outs is None:
+        stream = events(
+            [job],
+            chunks,
+            [chunks.chat_role()],
+            lambda _, out: chunks.chat_output(out),
+            lambda: total_usage([job]),
+        )
+        return EventStream(stream, [job])
+    results = await collect([job], request)
+    if results is None:
         return Response(status_code=CLIENT_CLOSED)
+    outs = results[0]
     logprobs = chat_logprobs(llm.tokenizer, token_logprobs(outs)) if body.logprobs else None
     return JSONResponse(chat_response(job.id, state.config.model_id, outs, logprobs))
 
@@ -433,25 +546,49 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
     llm = check_request(state, body).engine
-    prompt_ids, prompt_text = await run_in_threadpool(completion_prompt, state, llm, body)
-    params = build_params(llm, body, body.max_tokens, body.logprobs)
-    check_context(llm, len(prompt_ids), params.max_tokens, "prompt")
-    job = Job(state, prompt_ids, params, "cmpl")
-    echo = prompt_text if body.echo else ""
+    prompts = await run_in_threadpool(completion_prompts, state, llm, body)
+    generates = body.generates()
+    params = build_params(llm, body, body.max_tokens if generates else 1, body.logprobs)
+    for ids, _ in prompts:
+        check_context(llm, len(ids), params.max_tokens if generates else None, "prompt")
+    echoes = [await echo_of(state, body, ids, text) for ids, text in prompts]
+    jobs = submit_all(state, prompts, params) if generates else []
+    # the first job's id, so the response matches its log line
+    rid, lens = jobs[0].id if jobs else f"cmpl-{uuid.uuid4().hex}", [len(ids) for ids, _ in prompts]
     if body.stream:
-        chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "text_completion")
-        chunks.include_usage, chunks.logprobs = body.include_usage(), body.logprobs is not None
-        chunks.text_offset = len(echo)
-        head = [chunks.completion_text(echo)] if echo else []
-        return EventStream(events(job, chunks, head, chunks.completion_output), job)
-    outs = await collect(job, request)
-    if outs is None:
+        return completion_stream(state, body, rid, echoes, jobs, lens)
+    results = await collect(jobs, request) if generates else [[] for _ in prompts]
+    if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    logprobs = None
-    if body.logprobs is not None:
-        logprobs = completion_logprobs(llm.tokenizer, token_logprobs(outs), len(echo))
-    text = echo + "".join(o.text for o in outs)
-    return JSONResponse(completion_response(job.id, state.config.model_id, text, outs, logprobs))
+    choices = []
+    for i, ((echo, echo_lp), outs) in enumerate(zip(echoes, results, strict=True)):
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = join_logprobs(
+                echo_lp, completion_logprobs(llm.tokenizer, token_logprobs(outs), len(echo))
+            )
+        text = echo + "".join(o.text for o in outs)
+        choices.append(completion_choice(i, text, logprobs, outs[-1].finish_reason if outs else "length"))
+    totals = total_usage(jobs, lens)
+    return JSONResponse(completion_response(rid, state.config.model_id, choices, totals))
+
+
+def completion_stream(
+    state: ServerState,
+    body: CompletionRequest,
+    rid: str,
+    echoes: list[tuple[str, dict[str, Any] | None]],
+    jobs: list[Job],
+    lens: list[int],
+) -> EventStream:
+    """Echoed prompts first, then each choice's chunks as they come (`index` tells them apart)."""
+    chunks = ChunkBuilder(rid, state.config.model_id, state.llm.tokenizer, "text_completion")
+    chunks.include_usage, chunks.logprobs = body.include_usage(), body.logprobs is not None
+    head = [chunks.completion_text(text, i, lp) for i, (text, lp) in enumerate(echoes) if text]
+    if not jobs:  # max_tokens 0: nothing is generated
+        head += [chunks.completion_text("", i, None, "length") for i in range(len(echoes))]
+    stream = events(jobs, chunks, head, chunks.completion_output, lambda: total_usage(jobs, lens))
+    return EventStream(stream, jobs)
 
 
 async def list_models(request: Request) -> dict[str, Any]:

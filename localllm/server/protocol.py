@@ -128,6 +128,7 @@ class SamplingRequest(_Request):
 
     # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = None  # OpenAI's when the client gives none (None: no limit)
 
     def check_supported(self) -> None:
         """A 400 naming the first field asking for something this server does not do (yet)."""
@@ -166,7 +167,9 @@ class SamplingRequest(_Request):
             "ignore_eos": bool(self.ignore_eos),
             "logprobs": logprobs,
         }
-        return resolve_sampling(given, model_defaults, OPENAI_DEFAULTS)
+        return resolve_sampling(
+            given, model_defaults, {**OPENAI_DEFAULTS, "max_tokens": self.DEFAULT_MAX_TOKENS}
+        )
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -247,26 +250,35 @@ class ChatCompletionRequest(SamplingRequest):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(
+        None, ge=0, description="16 when absent, as OpenAI's; 0 scores the prompt."
+    )
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = _refused()
 
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": (None, "")}
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = 16  # OpenAI's legacy completions default
+    MAX_PROMPTS: ClassVar[int] = 256
 
     def check_n(self) -> None:
         super().check_n()
         if self.best_of is not None and self.best_of != 1:
             raise APIError("only best_of=1 is supported", param="best_of")
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt (OpenAI also allows a batch; a batch of one is accepted)."""
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request (OpenAI's batch form: a list of texts or of token lists)."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise APIError("only one prompt per request is supported", param="prompt")
-            prompt = prompt[0]
-        return prompt  # type: ignore[return-value]
+            if len(prompt) > self.MAX_PROMPTS:
+                raise APIError(f"at most {self.MAX_PROMPTS} prompts per request", param="prompt")
+            return list(prompt)
+        return [prompt]  # type: ignore[list-item]
+
+    def generates(self) -> bool:
+        """max_tokens 0 only scores (echo) the prompt: no completion is generated."""
+        return self.max_tokens != 0
 
 
 class TokenizeRequest(_Request):
@@ -322,13 +334,17 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def usage(last: StepOutput | None) -> dict[str, Any]:
-    prompt = last.prompt_tokens if last else 0
-    generated = last.generated_tokens if last else 0
+    if last is None:
+        return usage_totals(0, 0, 0)
+    return usage_totals(last.prompt_tokens, last.generated_tokens, last.cached_tokens)
+
+
+def usage_totals(prompt: int, generated: int, cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": generated,
         "total_tokens": prompt + generated,
-        "prompt_tokens_details": {"cached_tokens": last.cached_tokens if last else 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
@@ -363,20 +379,39 @@ def chat_logprobs(tokenizer: Any, items: list[TokenLogprob]) -> dict[str, Any]:
     return {"content": content}
 
 
-def completion_logprobs(tokenizer: Any, items: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
-    tokens, lps, tops, offsets = [], [], [], []
+def completion_logprobs(
+    tokenizer: Any, items: list[TokenLogprob], offset: int = 0, first_id: int | None = None
+) -> dict[str, Any]:
+    """The legacy logprobs object. `first_id`: a prompt's first token, which has no logprob (null, as
+    OpenAI answers for echo), put before `items`."""
+
+    def text_of(token_id: int) -> str:
+        return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    tokens: list[str] = []
+    lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    if first_id is not None:
+        tokens, lps, tops, offsets = [text_of(first_id)], [None], [None], [offset]
+        offset += len(tokens[0])
     for item in items:
-        text = tokenizer.token_bytes(item.token_id).decode("utf-8", errors="replace")
+        text = text_of(item.token_id)
         tokens.append(text)
         lps.append(_clamp(item.logprob))
         top = {text: _clamp(item.logprob)}
-        top.update(
-            {tokenizer.token_bytes(t).decode("utf-8", errors="replace"): _clamp(lp) for t, lp in item.top}
-        )
+        top.update({text_of(t): _clamp(lp) for t, lp in item.top})
         tops.append(top)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def join_logprobs(head: dict[str, Any] | None, tail: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Echoed prompt's logprobs followed by the completion's."""
+    if head is None or tail is None:
+        return head or tail
+    return {key: head[key] + tail[key] for key in head}
 
 
 def chat_response(rid: str, model: str, outs: list[StepOutput], logprobs: dict | None) -> dict[str, Any]:
@@ -398,22 +433,18 @@ def chat_response(rid: str, model: str, outs: list[StepOutput], logprobs: dict |
     }
 
 
+def completion_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
 def completion_response(
-    rid: str, model: str, text: str, outs: list[StepOutput], logprobs: dict | None
+    rid: str, model: str, choices: list[dict[str, Any]], totals: dict[str, Any]
 ) -> dict[str, Any]:
-    last = outs[-1] if outs else None
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": last.finish_reason if last else "stop",
-            }
-        ],
-        "usage": usage(last),
+        "choices": choices,
+        "usage": totals,
     }

@@ -17,11 +17,11 @@ from typing import Any
 from localllm.engine.output import StepOutput
 from localllm.server.protocol import (
     chat_logprobs,
+    completion_choice,
     completion_logprobs,
     error_body,
     finish_reason,
     is_stop_token,
-    usage,
 )
 
 DONE = b"data: [DONE]\n\n"
@@ -48,7 +48,7 @@ class ChunkBuilder:
     include_usage: bool = False
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
-    text_offset: int = 0  # completions: character offset of the next token, for text_offset
+    text_offsets: dict[int, int] = field(default_factory=dict)  # completions: next token's offset per choice
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
         chunk = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
@@ -57,12 +57,12 @@ class ChunkBuilder:
             chunk["usage"] = None
         return sse(chunk)
 
-    def usage_tail(self, last: StepOutput | None) -> list[bytes]:
+    def usage_tail(self, totals: dict[str, Any]) -> list[bytes]:
         """The usage chunk (`choices: []`), when the client asked for it with stream_options."""
         if not self.include_usage:
             return []
         chunk = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
-        return [sse({**chunk, "choices": [], "usage": usage(last)})]
+        return [sse({**chunk, "choices": [], "usage": totals})]
 
     # -- chat ---------------------------------------------------------------------------------------
 
@@ -88,19 +88,19 @@ class ChunkBuilder:
 
     # -- completions --------------------------------------------------------------------------------
 
-    def completion_text(self, text: str) -> bytes:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
-        return self._chunk([choice])
+    def completion_text(
+        self, text: str, index: int = 0, logprobs: dict[str, Any] | None = None, finish: str | None = None
+    ) -> bytes:
+        """A text chunk of choice `index` (the echoed prompt, with its logprobs when asked for)."""
+        self.text_offsets[index] = self.text_offsets.get(index, 0) + len(text)
+        return self._chunk([completion_choice(index, text, logprobs, finish)])
 
-    def completion_output(self, out: StepOutput) -> Iterator[bytes]:
+    def completion_output(self, index: int, out: StepOutput) -> Iterator[bytes]:
         lp = out.logprob if (self.logprobs and out.logprob is not None and not is_stop_token(out)) else None
         if out.text or lp is not None:
             logprobs = None
             if lp is not None:
-                logprobs = completion_logprobs(self.tokenizer, [lp], self.text_offset)
-            self.text_offset += len(out.text)
-            choice = {"index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": None}
-            yield self._chunk([choice])
+                logprobs = completion_logprobs(self.tokenizer, [lp], self.text_offsets.get(index, 0))
+            yield self.completion_text(out.text, index, logprobs)
         if out.finished:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(out)}
-            yield self._chunk([choice])
+            yield self._chunk([completion_choice(index, "", None, finish_reason(out))])
