@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 from arch_conformance import compare, greedy, greedy_problem, load_fixture, near_tie, teacher_forced
 from engine_scenarios import alone, run_with_arrivals
+from reference_check import first_near_tie, load_cases, logits_report
+from reference_check import teacher_forced as reference_agreement
+from test_reference_models import DATA, MODELS, VARIANT
 from tiny_arch import ARCHS, VARIANTS, write_arch_model, write_variant
 
 from localllm.backends import make_backend
@@ -170,6 +173,62 @@ def test_batching_prefix_cache_and_preemption_give_the_same_outputs(tiny_model_p
     assert run_with_arrivals(tight, ps, GREEDY, seed=4) == expected
     assert tight.scheduler.num_preemptions > 0
     assert tight.block_manager.num_free_blocks == 8
+
+
+# ---- the real models against llama.cpp, as tests/test_reference_models.py checks the Numba backend ----
+
+
+@pytest.fixture(scope="module")
+def real_engines(request, model_index_dir):
+    """One torch engine (CPU, default f16 KV cache) per real model, built on first use."""
+    built: dict[str, LLMEngine] = {}
+
+    def get(model: str) -> LLMEngine:
+        if model not in built:
+            path = request.getfixturevalue(MODELS[model][0])
+            built[model] = make_engine(
+                path, ctx_size=1024, max_num_seqs=1, max_num_batched_tokens=1024, index_dir=model_index_dir
+            )
+        return built[model]
+
+    return get
+
+
+def real_cases(kind: str) -> list:
+    out = []
+    for model in MODELS:
+        greedy_cases, top10 = load_cases(DATA / model)
+        for case in greedy_cases if kind == "greedy" else top10["prompts"]:
+            out.append(pytest.param(model, case, id=f"{model}-{case['name']}"))
+    return out
+
+
+@pytest.mark.slow
+@needs_torch
+@pytest.mark.parametrize("model,case", real_cases("greedy"))
+def test_real_model_teacher_forced_and_greedy(real_engines, model: str, case: dict) -> None:
+    engine, bounds, ref = real_engines(model), MODELS[model][1], case[VARIANT]
+    generated, margins = ref["generated_ids"], ref["top1_minus_top2"]
+    logits = score_tokens(engine, case["prompt_ids"] + generated)
+    agreement = reference_agreement(logits, case["n_prompt"], generated, margins)
+    assert agreement.confident_agree == agreement.confident_total, agreement
+    assert agreement.overall >= bounds.overall, agreement
+    params = SamplingParams(temperature=0, max_tokens=len(generated), ignore_eos=True)
+    ours = engine.generate([case["prompt_ids"]], params)[0].token_ids
+    n = first_near_tie(margins)
+    assert ours[:n] == generated[:n], f"diverged before the first near-tie at step {n}"
+
+
+@pytest.mark.slow
+@needs_torch
+@pytest.mark.parametrize("model,case", real_cases("top10"))
+def test_real_model_last_position_logits(real_engines, model: str, case: dict) -> None:
+    bounds = MODELS[model][1]
+    theirs = np.load(DATA / model / f"logits_{case['name']}.{VARIANT}.npy").astype(np.float32)
+    ours = score_tokens(real_engines(model), case["prompt_ids"])[-1]
+    rms, same_top1, _ = logits_report(ours, theirs)
+    assert rms <= bounds.rms.get(case["name"], bounds.default_rms), f"RMS {rms:.3f}"
+    assert same_top1
 
 
 # ---- CUDA / MPS: the same checks on the device (skipped here) -----------------------------------------
