@@ -40,6 +40,8 @@ from .simd_x512 import (
     crumb_sums_avx512,
     q4_block_sums_avx512,
     q4_block_sums_split_avx512,
+    q4_pair_sums_avx512,
+    q4_unpack_pairs_avx512,
     q5_bit_tables_avx512,
     q5_high_sums_avx512,
     q8_block_sums16_avx512,
@@ -115,18 +117,20 @@ def nibble_sums_rows(q3, x8, t0, t1, slo, shi, pairs) -> None:
 @overload(nibble_sums_rows, jit_options={"cache": True})
 def _nibble_sums_rows_impl(q3, x8, t0, t1, slo, shi, pairs):
     if HAVE_AVX2:
+        unpack = q4_unpack_pairs_avx512 if HAVE_AVX512 else q4_unpack_pairs_avx2
+        pair_sums = q4_pair_sums_avx512 if HAVE_AVX512 else q4_pair_sums_avx2
 
-        def avx2(q3, x8, t0, t1, slo, shi, pairs):
+        def simd(q3, x8, t0, t1, slo, shi, pairs):
             q, p, x = q3.ctypes.data, pairs.ctypes.data, x8.ctypes.data
             k, s0, s1 = x8.shape[1], slo.ctypes.data, shi.ctypes.data
             row = slo.shape[1] * R * 2  # bytes of one row's sums
             for b in range(q3.shape[0]):
-                q4_unpack_pairs_avx2(q + b * 16 * R, p)
+                unpack(q + b * 16 * R, p)
                 for ti in range(t0, t1):
                     o = (ti - t0) * row + b * 2 * R
-                    q4_pair_sums_avx2(p, x + ti * k + b * 32, s0 + o, s1 + o)
+                    pair_sums(p, x + ti * k + b * 32, s0 + o, s1 + o)
 
-        return avx2
+        return simd
 
     def portable(q3, x8, t0, t1, slo, shi, pairs):
         for ti in range(t0, t1):
@@ -212,7 +216,8 @@ def _high_bit_sums_tables_impl(qh3, xr, tables, sh):
 
 
 def crumb_sums(q3, xr, slo, shi) -> None:
-    """crumb_sums_portable's sums for q3 = qh2, by an AVX-512 / AVX2 IR kernel where the CPU has one.  (Numba only.)"""
+    """crumb_sums_portable's sums for q3 = qh2, by an AVX-512 / AVX2 IR kernel where the CPU has
+    one.  (Numba only.)"""
     raise NotImplementedError
 
 

@@ -206,32 +206,80 @@ def _pair16(builder: ir.IRBuilder, xp: ir.Value, j: int) -> ir.Value:
     return builder.bitcast(builder.shuffle_vector(v, v, _const(_V32I16T, [0] * 32)), _V64I8)
 
 
+def _nibble_pairs(builder: ir.IRBuilder, qp: ir.Value, j: int) -> dict:
+    """Byte j of the block's 64 rows as (lo, hi) nibble pairs, rows in _UNPACK64's lane order."""
+    mask = _const(_V64I8, [15] * 64)
+    v = _load(builder, qp, j * TILE_ROWS, _V64I8)
+    low, high = builder.and_(v, mask), builder.and_(builder.lshr(v, _const(_V64I8, [4] * 64)), mask)
+    order = ir.VectorType(_i32, 64)
+    return {part: builder.shuffle_vector(low, high, _const(order, _UNPACK64[part])) for part in ("lo", "hi")}
+
+
+def _nibble_sums(builder: ir.IRBuilder, args: list[ir.Value], pairs_of) -> None:
+    """s0 (pairs j < 8) and s1 (j >= 8) of pairs_of(j)'s products with x's interleaved pairs."""
+    xp = builder.inttoptr(args[1], _i8.as_pointer())
+    outs = [builder.inttoptr(a, _i8.as_pointer()) for a in args[2:4]]
+    acc: dict = {}
+    for j in range(16):
+        xv = _pair16(builder, xp, j)
+        for part, pairs in pairs_of(j).items():
+            p = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", _V32I16, [pairs, xv])
+            key = (j // 8, part)
+            acc[key] = builder.add(acc[key], p) if key in acc else p
+    for which in range(2):
+        for q in range(2):
+            rows = builder.shuffle_vector(
+                acc[(which, "lo")], acc[(which, "hi")], _const(_V32I16T, _ROW_ORDER[q])
+            )
+            _store(builder, rows, outs[which], q * 64)
+
+
 @intrinsic
 def q4_block_sums_avx512(typingctx, q_addr, x_addr, s0_addr, s1_addr):
     """simd_x86.q4_block_sums_avx2 (the same int16 sums s0 over j < 8 and s1 over 8 <= j < 16 of
     lo(q[j, r]) * x[j] + hi(q[j, r]) * x[16 + j]) with 512-bit registers."""
 
     def codegen(context, builder, signature, args):
-        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
-        outs = [builder.inttoptr(a, _i8.as_pointer()) for a in args[2:4]]
-        mask = _const(_V64I8, [15] * 64)
-        acc: dict = {}
+        qp = builder.inttoptr(args[0], _i8.as_pointer())
+
+        def pairs_of(j):
+            _prefetch(builder, qp, PREFETCH_AHEAD + j * TILE_ROWS)
+            return _nibble_pairs(builder, qp, j)
+
+        _nibble_sums(builder, args, pairs_of)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+# Many activation rows: a block's pairs unpacked once into PAIRS_BYTES of scratch (as simd_x86's
+# AVX2 twins), then 32 `vpmaddubsw` + adds per row on 512-bit registers.
+@intrinsic
+def q4_unpack_pairs_avx512(typingctx, q_addr, p_addr):
+    """One 32-block of a 64-row tile -> (lo, hi) nibble pairs in q4_pair_sums_avx512's order."""
+
+    def codegen(context, builder, signature, args):
+        qp, pp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
         for j in range(16):
             _prefetch(builder, qp, PREFETCH_AHEAD + j * TILE_ROWS)
-            v = _load(builder, qp, j * TILE_ROWS, _V64I8)
-            low, high = builder.and_(v, mask), builder.and_(builder.lshr(v, _const(_V64I8, [4] * 64)), mask)
-            xv = _pair16(builder, xp, j)
-            for part in ("lo", "hi"):
-                pairs = builder.shuffle_vector(low, high, _const(ir.VectorType(_i32, 64), _UNPACK64[part]))
-                p = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", _V32I16, [pairs, xv])
-                key = (j // 8, part)
-                acc[key] = builder.add(acc[key], p) if key in acc else p
-        for which in range(2):
-            for q in range(2):
-                rows = builder.shuffle_vector(
-                    acc[(which, "lo")], acc[(which, "hi")], _const(_V32I16T, _ROW_ORDER[q])
-                )
-                _store(builder, rows, outs[which], q * 64)
+            for i, pairs in enumerate(_nibble_pairs(builder, qp, j).values()):
+                _store(builder, pairs, pp, (2 * j + i) * 64)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+@intrinsic
+def q4_pair_sums_avx512(typingctx, p_addr, x_addr, s0_addr, s1_addr):
+    """q4_block_sums_avx512 from q4_unpack_pairs_avx512's pairs: the same int16 sums."""
+
+    def codegen(context, builder, signature, args):
+        pp = builder.inttoptr(args[0], _i8.as_pointer())
+
+        def pairs_of(j):
+            return {part: _load(builder, pp, (2 * j + i) * 64, _V64I8) for i, part in enumerate(("lo", "hi"))}
+
+        _nibble_sums(builder, args, pairs_of)
         return context.get_dummy_value()
 
     return _SIG, codegen
