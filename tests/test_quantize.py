@@ -143,3 +143,15 @@ def test_cli(f32_model, tmp_path) -> None:
     not_gguf.write_text("hello")
     result = CliRunner().invoke(app, ["quantize", str(not_gguf), str(tmp_path / "z.gguf")])
     assert "not a readable GGUF file" in str(result.exception)
+
+
+@pytest.mark.slow
+def test_smollm2_requantized_to_q8_0_predicts_like_the_original(smollm2_path, tmp_path) -> None:
+    out = tmp_path / "smollm2-q8_0.gguf"
+    report = quantize_file(smollm2_path, out, "Q8_0", allow_requantize=True)
+    assert report.types["Q8_0"] == 211 and report.types["F32"] == 61
+    original = _engine(smollm2_path)
+    ids = original.tokenizer.encode("The capital of France is Paris, and the capital of Italy is")
+    ref = np.asarray(score_tokens(original, ids))
+    ours = np.asarray(score_tokens(_engine(out), ids))
+    assert (ref.argmax(-1) == ours.argmax(-1)).mean() >= 0.9
