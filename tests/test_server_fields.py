@@ -4,6 +4,7 @@ Also model names: --alias names are served and listed, unknown ones are OpenAI's
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ CHAT_NOOPS: dict[str, Any] = {
     "safety_identifier": "s1",
     "prompt_cache_key": "k1",
     "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"ttl": "1h"},
     "parallel_tool_calls": False,
 }
 CHAT_REFUSED: list[tuple[str, Any]] = [
@@ -71,6 +73,7 @@ CHAT_REFUSED: list[tuple[str, Any]] = [
     ("reasoning_effort", "low"),
     ("verbosity", "low"),
     ("web_search_options", {}),
+    ("moderation", {"model": "omni-moderation-latest"}),
     ("n", 2),
     ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
@@ -116,6 +119,18 @@ def test_every_documented_field_is_declared() -> None:
     assert chat <= set(ChatCompletionRequest.model_fields)
     completion = set(COMPLETION_HONOURED) | {name for name, _ in COMPLETION_REFUSED} - {"unknown_field"}
     assert completion <= set(CompletionRequest.model_fields)
+
+
+def test_the_openai_clients_fields_are_all_covered() -> None:
+    """Every parameter the installed `openai` package can send is in the lists above, so a field added
+    to OpenAI's API shows up here instead of being refused as unknown without anyone deciding."""
+    from openai.types import completion_create_params as legacy
+    from openai.types.chat import completion_create_params as chat
+
+    chat_listed = {*CHAT_HONOURED, *CHAT_NOOPS, *(name for name, _ in CHAT_REFUSED), "messages"}
+    assert set(typing.get_type_hints(chat.CompletionCreateParamsBase)) <= chat_listed
+    legacy_listed = {*COMPLETION_HONOURED, "prompt"}
+    assert set(typing.get_type_hints(legacy.CompletionCreateParamsBase)) <= legacy_listed
 
 
 @pytest.mark.parametrize("name", sorted({**CHAT_HONOURED, **CHAT_NOOPS}))
@@ -195,7 +210,7 @@ def test_alias_flag_in_help() -> None:
     from localllm.cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--help"])
-    assert result.exit_code == 0 and "--alias" in result.output
+    assert result.exit_code == 0 and "--alias" in result.output and '"max_tokens": 32' in result.output
 
 
 # ------------------------------------------------------------------------------------ legacy completions

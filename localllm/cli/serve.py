@@ -107,7 +107,9 @@ def serve(
 
       localllm serve model.gguf --alias gpt-4o-mini --alias default
 
-      curl localhost:8080/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hi"}'
+      curl localhost:8080/v1/completions -d '{"prompt": "Once upon a time", "max_tokens": 32}'
+
+    /v1/completions stops at 16 tokens without max_tokens (OpenAI's default); chat runs to the context.
     """
     from localllm.engine.engine import LLMEngine
     from localllm.server.app import ServerConfig

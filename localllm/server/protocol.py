@@ -200,6 +200,9 @@ class ChatCompletionRequest(SamplingRequest):
     safety_identifier: str | None = Field(None, description=NOOP)
     prompt_cache_key: str | None = Field(None, description="Accepted; prefix caching is automatic.")
     prompt_cache_retention: str | None = Field(None, description=NOOP)
+    prompt_cache_options: dict[str, Any] | None = Field(
+        None, description="Accepted; prefix caching is automatic."
+    )
     parallel_tool_calls: bool | None = Field(None, description="Accepted; meaningless without tools.")
     # OpenAI features not implemented yet
     tools: Any = _refused()
@@ -212,6 +215,7 @@ class ChatCompletionRequest(SamplingRequest):
     reasoning_effort: Any = _refused()
     verbosity: Any = _refused()
     web_search_options: Any = _refused()
+    moderation: Any = _refused()
 
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
         "tools": (None, []),
@@ -224,6 +228,7 @@ class ChatCompletionRequest(SamplingRequest):
         "reasoning_effort": (None,),
         "verbosity": (None,),
         "web_search_options": (None,),
+        "moderation": (None,),
     }
 
     def check_supported(self) -> None:
