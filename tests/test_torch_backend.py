@@ -175,6 +175,25 @@ def test_batching_prefix_cache_and_preemption_give_the_same_outputs(tiny_model_p
     assert tight.block_manager.num_free_blocks == 8
 
 
+@needs_torch
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_decode_stack_matches_the_oracle(arch_models, tiny_model_path, arch: str) -> None:
+    """The fixed-shape decode stack CUDA captures as graphs, run eagerly here: padded batch buckets,
+    scratch-slot padding rows, windows over whole block tables; batched, preempted and alone alike."""
+    path = arch_models[arch, "F32"]
+    reference = make_engine(path, backend="numpy")
+    engine = make_engine(path)
+    engine.backend.static_decode = True
+    ps = prompts(8, seed=5)
+    expected = {i: alone(reference, p, GREEDY) for i, p in enumerate(ps)}
+    assert run_with_arrivals(engine, ps, GREEDY, seed=1) == expected
+    tight = make_engine(path, num_kv_blocks=8, max_num_seqs=8)
+    tight.backend.static_decode = True
+    assert run_with_arrivals(tight, ps, GREEDY, seed=4) == expected
+    assert tight.scheduler.num_preemptions > 0
+    assert len(engine.backend._static) > 1  # several batch buckets were built and used
+
+
 # ---- the real models against llama.cpp, as tests/test_reference_models.py checks the Numba backend ----
 
 
@@ -257,3 +276,17 @@ def test_gpu_batching_prefix_cache_and_preemption_agree(tiny_model_path) -> None
     tight = make_engine(tiny_model_path, device=_gpu(), num_kv_blocks=8, max_num_seqs=8)
     assert run_with_arrivals(tight, ps, GREEDY, seed=4) == expected
     assert tight.scheduler.num_preemptions > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu() != "cuda", reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_decode_equals_the_paged_path(arch_models) -> None:
+    """Decode replayed from captured graphs gives the tokens the op-by-op paged path gives."""
+    for arch in ARCHS:
+        graphs = make_engine(arch_models[arch, "F32"], device="cuda")
+        assert graphs.backend.static_decode
+        eager = make_engine(arch_models[arch, "F32"], device="cuda")
+        eager.backend.static_decode = False
+        ps = prompts(8, seed=6)
+        assert run_with_arrivals(graphs, ps, GREEDY, seed=1) == run_with_arrivals(eager, ps, GREEDY, seed=1)
+        assert graphs.backend._static

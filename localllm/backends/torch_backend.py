@@ -14,7 +14,8 @@ context is), so no layer reads a device value back.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,14 @@ import torch.nn.functional as F
 from localllm.backends.base import Backend
 from localllm.errors import ConfigError
 from localllm.models.base import ForwardBatch
+from localllm.models.layers import decoder_layer
 from localllm.models.spec import RopeSpec
 from localllm.quant import dequantize
 
 log = logging.getLogger("localllm")
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
+MAX_STATIC_BATCH = 64  # decode batches up to this many sequences take the static (graph) path
 CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16}
 
 
@@ -77,6 +80,27 @@ class _Group:
     n_keys: int
 
 
+@dataclass(slots=True)
+class _StaticDecode:
+    """A decode step's layer stack over fixed buffers: B sequences (padding rows write to a scratch
+    slot past the pool) and W blocks of keys each. On CUDA it is captured once as a graph and replayed;
+    elsewhere the same code runs eagerly, which is how the tests check it."""
+
+    x: torch.Tensor  # (B, dim)
+    positions: torch.Tensor  # (B,)
+    slots: torch.Tensor  # (B,)
+    tables: torch.Tensor  # (B, W)
+    ctx: torch.Tensor  # (B,)
+    scratch: int  # the slot padding rows write
+    run: Callable[[], torch.Tensor] | None = None
+    keep: list[Any] = field(default_factory=list)  # tensors a graph reads that Python must keep alive
+
+
+def _bucket(n: int, floor: int = 1) -> int:
+    """The power of two >= n (at least floor): few shapes, so few graphs."""
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -90,6 +114,13 @@ class TorchBackend(Backend):
         self._groups: list[_Group] = []
         self._masks: dict[tuple[int, int], torch.Tensor] = {}
         self._max_pos = 0
+        self._host: ForwardBatch | None = None  # this step's batch as the engine gave it (NumPy)
+        # Decode steps over fixed shapes, replayed as CUDA graphs (on by default on CUDA only: on the CPU
+        # and MPS nothing is captured, and the paged path reads fewer keys).
+        self.static_decode = self.device.type == "cuda"
+        self._static: dict[tuple[int, int], _StaticDecode] = {}
+        self._static_batch: ForwardBatch | None = None  # set while a static stack runs
+        self._graph_pool: Any = None
 
     # ---- weights and memory ---------------------------------------------------------------------
 
@@ -106,7 +137,8 @@ class TorchBackend(Backend):
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
+        # one block more than the engine's pool: the scratch block static decode's padding rows write
+        shape = (n_layers, num_blocks + 1, block_size, kv_heads, head_dim)
         k, v = (torch.zeros(shape, dtype=CACHE_DTYPES[t], device=self.device) for t in cache_types)
         return k, v
 
@@ -122,6 +154,7 @@ class TorchBackend(Backend):
     def begin_step(self, batch: ForwardBatch) -> ForwardBatch:
         """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
         self._masks.clear()
+        self._host = batch
         self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
         self._groups = self._plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
 
@@ -156,6 +189,11 @@ class TorchBackend(Backend):
             tokens=dev((qsl[seqs][:, None] + offsets).reshape(-1)), q_pos=dev(lens[:, None] - q + offsets),
             ctx=dev(lens), tables=dev(tables[seqs]), n_keys=int(lens.max()),
         )  # fmt: skip
+
+    def run_layers(self, model: Any, x: Any, batch: ForwardBatch, kv: Any) -> Any | None:
+        """Decode-only steps through a fixed-shape stack (a CUDA graph on CUDA) when static_decode is on;
+        else None, and the model runs its layers op by op over the paged path."""
+        return _static_run_layers(self, model, x, kv) if self.static_decode else None
 
     # ---- operations -----------------------------------------------------------------------------
 
@@ -233,11 +271,21 @@ class TorchBackend(Backend):
     ) -> torch.Tensor:  # fmt: skip
         """Causal grouped-query attention over the paged cache, per the step's plan (begin_step); the
         index arguments are the plan's source and are not read again here."""
+        if self._static_batch is not None:
+            g = self._static_group(self._static_batch, k_cache.shape[1])
+            return self._attend_group(q, k_cache, v_cache, g, self._mask(-1, g, window), scale, softcap)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for i, g in enumerate(self._groups):
             rows = self._attend_group(q, k_cache, v_cache, g, self._mask(i, g, window), scale, softcap)
             out[g.tokens] = rows
         return out
+
+    def _static_group(self, batch: ForwardBatch, block_size: int) -> _Group:
+        """The static batch as one decode group over all W blocks of every table (device values only)."""
+        b, w = batch.block_tables.shape
+        tokens = torch.arange(b, device=self.device)
+        q_pos = (batch.context_lens - 1)[:, None]
+        return _Group(tokens, q_pos, batch.context_lens, batch.block_tables, w * block_size)
 
     def _mask(self, i: int, g: _Group, window: int) -> torch.Tensor:
         """(S, 1, 1, Q, L) keys each query sees: its own and earlier positions, within `window`."""
@@ -300,3 +348,103 @@ def _sdpa(
         q.reshape(s, kvh, group * nq, dim), keys[:, :, 0], values[:, :, 0], attn_mask=rows, scale=scale
     )
     return out.view(s, kvh, group, nq, dim)
+
+
+# ---- decode over fixed shapes (CUDA graphs) ---------------------------------------------------------
+
+
+def _static_run_layers(b: TorchBackend, model: Any, x: torch.Tensor, kv: Any) -> torch.Tensor | None:
+    """A decode-only step (one query per sequence, at most MAX_STATIC_BATCH) through the static stack of
+    its (batch, key blocks) bucket, built on first use; None for any other step (the paged path)."""
+    host = b._host
+    if host is None or len(host.input_ids) != len(host.context_lens) or x.shape[0] > MAX_STATIC_BATCH:
+        return None
+    s, width = len(host.context_lens), host.block_tables.shape[1]
+    key = (_bucket(s), _bucket(width, 4))
+    entry = b._static.get(key) or _build_static(b, model, kv, key)
+    _load_static(b, entry, x, host)
+    assert entry.run is not None
+    return entry.run()[:s]
+
+
+def _build_static(b: TorchBackend, model: Any, kv: Any, key: tuple[int, int]) -> _StaticDecode:
+    n, width = key
+    dev, bs = b.device, kv.block_size
+    scratch = kv.num_blocks * bs  # the extra block allocate_kv added
+    entry = _StaticDecode(
+        x=torch.zeros(n, model.args.dim, device=dev), positions=torch.zeros(n, dtype=torch.int64, device=dev),
+        slots=torch.full((n,), scratch, dtype=torch.int64, device=dev),
+        tables=torch.zeros(n, width, dtype=torch.int64, device=dev),
+        ctx=torch.ones(n, dtype=torch.int64, device=dev), scratch=scratch,
+    )  # fmt: skip
+    # RoPE tables must cover every position the buffers can hold before anything is captured
+    b._max_pos = max(b._max_pos, width * bs)
+    entry.keep = [b._cos_sin(spec.rope) for spec in model.args.layers]
+
+    def stack() -> torch.Tensor:
+        return _static_layers(b, model, kv, entry)
+
+    entry.run = stack
+    if dev.type == "cuda":
+        try:
+            entry.run = _capture(b, stack)
+        except RuntimeError as e:  # a capture this build or driver refuses: the same stack, eagerly
+            log.warning("torch backend: CUDA graph capture failed (%s); decoding without graphs", e)
+    b._static[key] = entry
+    return entry
+
+
+def _static_layers(b: TorchBackend, model: Any, kv: Any, entry: _StaticDecode) -> torch.Tensor:
+    """Every layer on entry.x, reading only entry's buffers (so a captured graph replays correctly)."""
+    batch = ForwardBatch(
+        input_ids=entry.positions, positions=entry.positions, slot_mapping=entry.slots,
+        query_start_loc=entry.positions, context_lens=entry.ctx, block_tables=entry.tables,
+        logits_indices=entry.positions,
+    )  # fmt: skip
+    saved, b._masks, b._static_batch = b._masks, {}, batch  # masks built here belong to this run
+    try:
+        x = entry.x
+        for il, lw in enumerate(model.layers):
+            x = decoder_layer(b, model.args, il, lw, x, batch, kv)
+        return x
+    finally:
+        b._masks, b._static_batch = saved, None
+
+
+def _load_static(b: TorchBackend, entry: _StaticDecode, x: torch.Tensor, host: ForwardBatch) -> None:
+    """This step's decode batch into entry's buffers; padding rows attend to one key and write scratch."""
+    s, (n, width) = x.shape[0], entry.tables.shape
+    tables = np.zeros((n, width), np.int64)
+    tables[:s, : host.block_tables.shape[1]] = host.block_tables
+    ctx = np.ones(n, np.int64)
+    ctx[:s] = host.context_lens
+    pos = np.zeros(n, np.int64)
+    pos[:s] = host.positions
+    slots = np.full(n, entry.scratch, np.int64)
+    slots[:s] = host.slot_mapping
+    entry.x[:s].copy_(x)
+    entry.x[s:].zero_()
+    for buf, a in ((entry.tables, tables), (entry.ctx, ctx), (entry.positions, pos), (entry.slots, slots)):
+        buf.copy_(torch.from_numpy(a), non_blocking=False)
+
+
+def _capture(b: TorchBackend, stack: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """UNTESTED on real hardware: stack captured as a CUDA graph (warmed up on a side stream first, as
+    capture requires), replayed per step. Every buffer it reads is static; the output tensor is reused."""
+    if b._graph_pool is None:
+        b._graph_pool = torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # allocator and cuBLAS workspaces settle outside the graph
+            stack()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=b._graph_pool):
+        out = stack()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
