@@ -156,7 +156,10 @@ class TorchBackend(Backend):
         self._masks.clear()
         self._host = batch
         self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
-        self._groups = self._plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
+        static = self.static_decode and _static_eligible(batch)
+        self._groups = (
+            [] if static else self._plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
+        )
 
         def up(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
@@ -357,7 +360,7 @@ def _static_run_layers(b: TorchBackend, model: Any, x: torch.Tensor, kv: Any) ->
     """A decode-only step (one query per sequence, at most MAX_STATIC_BATCH) through the static stack of
     its (batch, key blocks) bucket, built on first use; None for any other step (the paged path)."""
     host = b._host
-    if host is None or len(host.input_ids) != len(host.context_lens) or x.shape[0] > MAX_STATIC_BATCH:
+    if host is None or not _static_eligible(host):
         return None
     s, width = len(host.context_lens), host.block_tables.shape[1]
     key = (_bucket(s), _bucket(width, 4))
@@ -365,6 +368,11 @@ def _static_run_layers(b: TorchBackend, model: Any, x: torch.Tensor, kv: Any) ->
     _load_static(b, entry, x, host)
     assert entry.run is not None
     return entry.run()[:s]
+
+
+def _static_eligible(host: ForwardBatch) -> bool:
+    """Decode only (one query per sequence), and few enough sequences for a captured bucket."""
+    return len(host.input_ids) == len(host.context_lens) <= MAX_STATIC_BATCH
 
 
 def _build_static(b: TorchBackend, model: Any, kv: Any, key: tuple[int, int]) -> _StaticDecode:
