@@ -2,10 +2,11 @@
 
 All metadata is copied (general.file_type and general.quantization_version updated); 1-D tensors, norms
 and the tensors llama.cpp never quantizes stay float (F32); a tensor whose rows are not whole blocks of
-its type stays F32; the output projection (the token embedding when it is tied) gets Q8_0 unless the
-target is F16/F32 (llama.cpp gives it Q6_K where rows are a multiple of 256, else Q8_0; we have no
-Q6_K quantizer yet).  The file is written under a temporary name and renamed into place at the end,
-so a failed or interrupted run never leaves a half-written file under the output name.
+its type stays F32 (a Q6_K one whose rows are not whole super-blocks gets Q8_0, as llama.cpp falls
+back); the output projection (the token embedding when it is tied) gets Q6_K, or Q8_0 when the target
+is Q8_0 or its rows are not whole super-blocks, as llama.cpp chooses; F16/F32 targets convert all.
+The file is written under a temporary name and renamed into place at the end, so a failed or
+interrupted run never leaves a half-written file under the output name.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import LocalLLMError
-from . import dequantize, is_supported, type_name
+from . import dequantize, is_supported, quantize_k, quantize_legacy, type_name
 from .ggml import BLOCK_KERNELS
-from .quantize_legacy import QUANTIZERS
 from .types import QUANT_BY_NAME
 
+QUANTIZERS = {**quantize_legacy.QUANTIZERS, **quantize_k.QUANTIZERS}
 FLOAT_TARGETS = ("F32", "F16")
 TARGETS = (*QUANTIZERS, *FLOAT_TARGETS)
 # llama_ftype of a file whose tensors are mostly of that type (general.file_type)
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q6_K": 18}
 FLOAT_SOURCES = ("F32", "F16", "BF16")
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION, written by llama-quantize
 _CHUNK_ELEMENTS = 1 << 20  # rows are converted this many elements at a time
@@ -69,7 +70,9 @@ def choose_type(name: str, shape: tuple[int, ...], target: str, tied: bool) -> s
     if not _quantizable(name, shape):
         return "F32"
     if target not in FLOAT_TARGETS and (name == "output.weight" or (tied and name == "token_embd.weight")):
-        target = "Q8_0"  # the output projection is the most sensitive tensor: llama.cpp keeps it high
+        target = "Q8_0" if target == "Q8_0" else "Q6_K"  # the most sensitive tensor: llama.cpp keeps it high
+    if target == "Q6_K" and shape[-1] % QUANT_BY_NAME["Q6_K"].block_size:
+        target = "Q8_0"  # llama.cpp's fallback for rows that are not whole super-blocks
     return target if shape[-1] % QUANT_BY_NAME[target].block_size == 0 else "F32"
 
 

@@ -65,6 +65,9 @@ def test_tensor_types_as_llama_cpp_chooses_them() -> None:
     assert choose_type("output.weight", (269, 64), "Q5_1", tied=False) == "Q8_0"
     assert choose_type("blk.0.ffn_down.weight", (64, 48), "Q4_0", tied=True) == "F32"  # 48: not whole blocks
     assert choose_type("output.weight", (269, 64), "F16", tied=False) == "F16"
+    assert choose_type("output.weight", (269, 512), "Q4_0", tied=False) == "Q6_K"  # whole super-blocks
+    assert choose_type("output.weight", (269, 512), "Q8_0", tied=False) == "Q8_0"
+    assert choose_type("blk.0.ffn_down.weight", (64, 576), "Q6_K", tied=True) == "Q8_0"  # 576 = 2.25 x 256
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +158,61 @@ def test_smollm2_requantized_to_q8_0_predicts_like_the_original(smollm2_path, tm
     ref = np.asarray(score_tokens(original, ids))
     ours = np.asarray(score_tokens(_engine(out), ids))
     assert (ref.argmax(-1) == ours.argmax(-1)).mean() >= 0.9
+
+
+def _scalar_q6_k_levels(block: np.ndarray) -> tuple[float, list[int], list[int]]:
+    """ggml's quantize_row_q6_K_ref for one super-block, one float32 operation at a time: (d, scales, L)."""
+    f32 = np.float32
+
+    def trial(x, iscale, nmax):
+        levels, sumlx, suml2 = [], f32(0), f32(0)
+        for v in x:
+            q = int(min(max(np.rint(iscale * v), -nmax), nmax - 1))
+            levels.append(q + nmax)
+            sumlx, suml2 = f32(sumlx + v * v * v * f32(q)), f32(suml2 + v * v * f32(q) * f32(q))
+        return levels, sumlx, suml2
+
+    def make_qx(x, nmax=32):
+        top = max(x, key=abs)  # the first of the largest magnitude
+        if abs(top) < f32(1e-15):
+            return f32(0), [0] * len(x)
+        levels, lx, l2 = trial(x, f32(-nmax) / top, nmax)
+        scale = lx / l2 if l2 else f32(0)
+        best = scale * lx
+        for step in [s for s in range(-9, 10) if s]:
+            cand, lx, l2 = trial(x, -(f32(nmax) + f32(0.1) * f32(step)) / top, nmax)
+            if l2 > 0 and lx * lx > best * l2:
+                levels, scale = cand, lx / l2
+                best = scale * lx
+        return scale, levels
+
+    subs = [make_qx(list(block[i : i + 16])) for i in range(0, 256, 16)]
+    max_scale = max((s for s, _ in subs), key=abs)
+    iscale = f32(-128) / max_scale
+    d = np.float16(f32(1) / iscale)
+    scales = [int(min(127, np.rint(iscale * s))) for s, _ in subs]
+    levels = []
+    for (_, sub_levels), sc, i in zip(subs, scales, range(0, 256, 16), strict=True):
+        sub_d = f32(d) * f32(sc)
+        if not sub_d:
+            levels += sub_levels
+            continue
+        levels += [int(min(max(np.rint(v / sub_d), -32), 31)) + 32 for v in block[i : i + 16]]
+    return float(d), scales, levels
+
+
+def test_q6_k_matches_a_scalar_transcription_of_ggml() -> None:
+    from localllm.quant.quantize_k import quantize_q6_k
+
+    x = _awkward_rows()[:3].reshape(-1, 256)  # 3 super-blocks with the zero/constant/tied blocks in them
+    x[1, 16:32] = 0  # a zero sub-block inside a non-zero super-block
+    blocks = quantize_q6_k(x)
+    back = dequantize(blocks.view(np.uint8).reshape(len(x), -1), gguf.GGMLQuantizationType.Q6_K)
+    for i, row in enumerate(x):
+        d, scales, levels = _scalar_q6_k_levels(row)
+        assert float(blocks["d"][i]) == d and blocks["scales"][i].tolist() == scales
+        expected = np.array(levels, np.float32).reshape(16, 16) - 32
+        expected *= np.float32(d) * np.array(scales, np.float32)[:, None]
+        np.testing.assert_array_equal(back[i].reshape(16, 16), expected)
+    assert np.abs(back - x).max() <= np.abs(x).max() / 31  # within about one of 63 levels
+    np.testing.assert_array_equal(quantize_q6_k(np.zeros((1, 256), np.float32)).view(np.uint8), 0)
