@@ -14,6 +14,7 @@ context is), so no layer reads a device value back.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from localllm.backends.base import Backend
+from localllm.backends.threads import ThreadGovernor
 from localllm.errors import ConfigError
 from localllm.models.base import ForwardBatch
 from localllm.models.layers import decoder_layer
@@ -107,8 +109,13 @@ class TorchBackend(Backend):
     def __init__(self, threads: int = 0, device: str = "auto"):
         self.device = resolve_device(device)
         self.dtype = weight_dtype(self.device)
-        if self.device.type == "cpu" and threads > 0:
-            torch.set_num_threads(threads)
+        # On the CPU, each step's thread count is learned from step times, as the Numba backend does
+        # (threads.py): a busy core makes torch's parallel regions wait, 2 threads slower than 1.
+        self.governor = (
+            ThreadGovernor(threads or torch.get_num_threads()) if self.device.type == "cpu" else None
+        )
+        self.threads = torch.get_num_threads()
+        self._step: tuple[int, int, float] | None = None  # (tokens, threads, start) of the open step
         self.weight_bytes = 0
         self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self._groups: list[_Group] = []
@@ -155,6 +162,7 @@ class TorchBackend(Backend):
         """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
         self._masks.clear()
         self._host = batch
+        self._start_step(len(batch.input_ids))
         self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
         static = self.static_decode and _static_eligible(batch)
         self._groups = (
@@ -222,9 +230,21 @@ class TorchBackend(Backend):
         return torch.tanh(x / cap) * cap
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        if isinstance(x, torch.Tensor):
-            return x.detach().float().cpu().numpy()
-        return np.asarray(x, dtype=np.float32)
+        out = x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float32)
+        if self._step is not None and self.governor is not None:  # the step's logits: it is over
+            tokens, threads, start = self._step
+            self.governor.record(tokens, threads, time.perf_counter() - start)
+        self._step = None
+        return out
+
+    def _start_step(self, n_tokens: int) -> None:
+        if self.governor is None:
+            return
+        n = self.governor.choose(n_tokens)
+        if n != self.threads:
+            torch.set_num_threads(n)
+            self.threads = n
+        self._step = (n_tokens, n, time.perf_counter())
 
     # ---- RoPE and the paged cache ---------------------------------------------------------------
 
