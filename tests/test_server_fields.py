@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from test_server import (
@@ -267,4 +268,19 @@ def test_max_tokens_zero_with_echo_only_scores(srv: Running) -> None:
     assert texts == {0: "Hello world", 1: "abc"}
     plain = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 0}).json()["choices"][0]
     assert plain["text"] == "" and plain["finish_reason"] == "length"
+    srv.wait_idle()
+
+
+def test_scoring_between_steps_of_running_requests(srv: Running) -> None:
+    """Prompt scoring runs on the engine thread between steps: busy or idle, the same numbers."""
+    body = {"prompt": "score me while busy", "max_tokens": 0, "echo": True, "logprobs": 0}
+    idle = post(srv, "/v1/completions", body).json()["choices"][0]["logprobs"]["token_logprobs"]
+    long = {"prompt": "keep busy", "max_tokens": 200, "stream": True, "logit_bias": BAN_END}
+    with httpx.stream("POST", f"{srv.url}/v1/completions", json=long, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)  # generation is under way
+        busy = post(srv, "/v1/completions", body).json()["choices"][0]["logprobs"]["token_logprobs"]
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]" and len(rest) > 100  # the stream went on to its end
+    assert busy == pytest.approx(idle, abs=1e-5)
     srv.wait_idle()

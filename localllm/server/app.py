@@ -116,6 +116,7 @@ class ServerState:
         self.metrics = ServerMetrics(lambda: self.engine)
         self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
         self.jobs: set[Job] = set()  # submitted and not yet closed: told when the server shuts down
+        self.scoring: set[asyncio.Future] = set()  # prompt scores awaited from the engine thread: likewise
         self._closing = False
 
     @property
@@ -174,6 +175,9 @@ class ServerState:
             log.info("shutting down: ending %d open request(s) with an error", len(self.jobs))
         for job in list(self.jobs):
             job.interrupt(shutting_down())
+        for future in list(self.scoring):  # the engine thread may stop before it scores them
+            if not future.done():
+                future.set_exception(shutting_down())
 
     def shutdown(self) -> None:
         self._closing = True
@@ -480,12 +484,15 @@ async def score_prompt(state: ServerState, ids: list[int], num_top: int) -> list
 
     engine.engine.call_soon(work)
     engine.abort(f"wake-{uuid.uuid4().hex}")  # an idle engine thread waits for a command: any wakes it
+    state.scoring.add(done)
     try:
         return await done
     except LocalLLMError as e:  # no free KV blocks to score it now
         raise APIError(
             str(e), 503, "server_error", code="kv_cache_full", headers={"Retry-After": "1"}
         ) from None
+    finally:
+        state.scoring.discard(done)
 
 
 async def echo_of(
@@ -527,13 +534,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
         chunks.include_usage, chunks.logprobs = body.include_usage(), bool(body.logprobs)
-        stream = events(
-            [job],
-            chunks,
-            [chunks.chat_role()],
-            lambda _, out: chunks.chat_output(out),
-            lambda: total_usage([job]),
-        )
+        stream = events([job], chunks, [chunks.chat_role()], chunks.chat_output, lambda: total_usage([job]))
         return EventStream(stream, [job])
     results = await collect([job], request)
     if results is None:

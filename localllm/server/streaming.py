@@ -75,7 +75,7 @@ class ChunkBuilder:
         }
         return self._chunk([choice])
 
-    def chat_output(self, out: StepOutput) -> Iterator[bytes]:
+    def chat_output(self, _index: int, out: StepOutput) -> Iterator[bytes]:
         """A content delta when there is text (or a logprob to report), then the finish chunk if done."""
         lp = out.logprob if (self.logprobs and out.logprob is not None and not is_stop_token(out)) else None
         if out.text or lp is not None:
