@@ -554,24 +554,29 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         check_context(llm, len(ids), params.max_tokens if generates else None, "prompt")
     echoes = [await echo_of(state, body, ids, text) for ids, text in prompts]
     jobs = submit_all(state, prompts, params) if generates else []
-    # the first job's id, so the response matches its log line
-    rid, lens = jobs[0].id if jobs else f"cmpl-{uuid.uuid4().hex}", [len(ids) for ids, _ in prompts]
+    rid = jobs[0].id if jobs else f"cmpl-{uuid.uuid4().hex}"  # the first job's: matches its log line
+    lens = [len(ids) for ids, _ in prompts]
     if body.stream:
         return completion_stream(state, body, rid, echoes, jobs, lens)
     results = await collect(jobs, request) if generates else [[] for _ in prompts]
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    choices = []
-    for i, ((echo, echo_lp), outs) in enumerate(zip(echoes, results, strict=True)):
-        logprobs = None
-        if body.logprobs is not None:
-            logprobs = join_logprobs(
-                echo_lp, completion_logprobs(llm.tokenizer, token_logprobs(outs), len(echo))
-            )
-        text = echo + "".join(o.text for o in outs)
-        choices.append(completion_choice(i, text, logprobs, outs[-1].finish_reason if outs else "length"))
-    totals = total_usage(jobs, lens)
-    return JSONResponse(completion_response(rid, state.config.model_id, choices, totals))
+    pairs = enumerate(zip(echoes, results, strict=True))
+    choices = [completion_choice_of(llm, body, i, echo, outs) for i, (echo, outs) in pairs]
+    return JSONResponse(completion_response(rid, state.config.model_id, choices, total_usage(jobs, lens)))
+
+
+def completion_choice_of(
+    llm: LLMEngine, body: CompletionRequest, index: int, echo: tuple[str, dict | None], outs: list[StepOutput]
+) -> dict[str, Any]:
+    """One choice: the echoed prompt (and its logprobs) followed by the completion."""
+    echo_text, echo_logprobs = echo
+    logprobs = None
+    if body.logprobs is not None:
+        generated = completion_logprobs(llm.tokenizer, token_logprobs(outs), len(echo_text))
+        logprobs = join_logprobs(echo_logprobs, generated)
+    text = echo_text + "".join(o.text for o in outs)
+    return completion_choice(index, text, logprobs, outs[-1].finish_reason if outs else "length")
 
 
 def completion_stream(
