@@ -1,14 +1,16 @@
 """The PyTorch backend: the shared decoder's operations as torch tensor ops on CUDA, Apple MPS or the CPU.
 
-Weights are dequantized once at load to dense device tensors: float32 on the CPU (torch's float32 GEMMs
-are its fastest CPU path, and the results track the NumPy oracle to float rounding), bf16 on CUDA where
-the card supports it (else fp16) and fp16 on MPS (half the memory, tensor-core GEMMs; activations, norms
-and attention stay float32). Keeping weights quantized on the device is not done yet.
+Weights are dequantized once at load to dense device tensors (the size is logged): float32 on the CPU,
+so results track the NumPy oracle to float rounding (bf16 measured ~2x faster there on AVX512-BF16
+CPUs, but it rounds every weight to an 8-bit mantissa); bf16 on CUDA where the card supports it (else
+fp16) and fp16 on MPS: half the memory and the tensor cores, with activations, norms and attention in
+float32. Keeping weights quantized on the device is not done yet.
 
-The paged KV cache is a pair of device tensors (n_layers, num_blocks, block_size, kv_heads, head_dim),
-written through slot_mapping and read through the block tables by a gather. `begin_step` uploads a
-step's index arrays once and plans its attention on the host (which tokens decode, how long each
-context is), so no layer reads a device value back.
+The paged KV cache is a pair of device tensors (n_layers, num_blocks + 1, block_size, kv_heads,
+head_dim), written through slot_mapping and read through the block tables by a gather; the extra block
+is scratch for padding rows. `begin_step` uploads a step's index arrays once and plans its attention on
+the host (which tokens decode, how long each context is), so no layer reads a device value back. On
+CUDA, decode-only steps run a fixed-shape copy of the stack captured as CUDA graphs (`run_layers`).
 """
 
 from __future__ import annotations
