@@ -46,6 +46,7 @@ from .simd_x512 import (
     q5_high_sums_avx512,
     q8_block_sums16_avx512,
     q8_block_sums16_vnni,
+    q8_block_sums_vnni,
 )
 
 # Up to this many rows, each row takes the direct nibble kernel rather than the unpack-once one
@@ -261,6 +262,8 @@ def _q8_sums_impl(q4, xr, s32):
         block = q8_block_sums16_avx2 if wide else q8_block_sums_avx2
         if wide and HAVE_AVX512:
             block = q8_block_sums16_vnni if HAVE_VNNI else q8_block_sums16_avx512
+        elif HAVE_VNNI:
+            block = q8_block_sums_vnni
         x_bytes = 64 if wide else 32  # one 32-block of activations
 
         def avx2(q4, xr, s32):

@@ -37,6 +37,7 @@ _V16I32, _V32I16, _V32I8, _V8I64 = (
     ir.VectorType(_i64, 8),
 )
 _SIG = types.void(types.int64, types.int64, types.int64, types.int64)
+_V64I8 = ir.VectorType(_i8, 64)
 
 
 def _const(ty: ir.Type, values) -> ir.Constant:
@@ -124,6 +125,40 @@ def q8_block_sums16_avx512(typingctx, q_addr, x_addr, s_addr, unused):
     return _SIG, codegen
 
 
+# ---- Q8_0 weights x int8 activations: `vpdpbusd` multiplies unsigned by signed bytes, so the weights
+# are biased to w + 128 (one xor) and 128 * sum(x) of the block comes off once at the start.
+@intrinsic
+def q8_block_sums_vnni(typingctx, q_addr, x_addr, s_addr, unused):
+    """simd_x86.q8_block_sums_avx2 with AVX512-VNNI: one Q8_0 32-block of a 64-row tile (quad
+    layout) times 32 int8 activations, s[r] = sum_e q[r, e] * x[e] (int32)."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        sp = builder.inttoptr(args[2], _i8.as_pointer())
+        xs = builder.sext(_load(builder, xp, 0, _V32I8), ir.VectorType(_i32, 32))
+        total = _call(builder, "llvm.vector.reduce.add.v32i32", _i32, [xs])
+        bias = builder.mul(total, _const(_i32, -128))
+        v = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), bias, _const(_i32, 0))
+        start = builder.shuffle_vector(v, v, _const(_V16I32, [0] * 16))
+        acc = [start] * (TILE_ROWS // 16)
+        flip = _const(_V64I8, [-128] * 64)
+        for g in range(8):
+            quad = builder.insert_element(
+                ir.Constant(_V16I32, ir.Undefined), _load(builder, xp, 4 * g, _i32), _const(_i32, 0)
+            )
+            xq = builder.shuffle_vector(quad, quad, _const(_V16I32, [0] * 16))
+            for m in range(TILE_ROWS // 16):
+                _prefetch(builder, qp, PREFETCH_AHEAD + (g * TILE_ROWS + m * 16) * 4)
+                w = builder.xor(_load(builder, qp, (g * TILE_ROWS + m * 16) * 4, _V64I8), flip)
+                args3 = [acc[m], builder.bitcast(w, _V16I32), xq]
+                acc[m] = _call(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, args3)
+        for m in range(TILE_ROWS // 16):
+            _store(builder, acc[m], sp, m * 64)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
 # ---- Q5's fifth bits: per row, the sum of x over the elements whose bit is set ---------------------
 # A row's 16-bit word of fifth bits is cut into 5-bit groups; each group indexes a 32-entry table of
 # the sums of x over its subsets, and `vpermw` looks up 32 rows at once (it reads an index's low 5
@@ -184,7 +219,6 @@ def q5_high_sums_avx512(typingctx, qh_addr, t_addr, s_addr, unused):
 
 
 # ---- 4-bit nibbles x int8 activations (simd_x86.q4_block_sums_avx2 on 64 rows per register) -------
-_V64I8 = ir.VectorType(_i8, 64)
 # vpunpcklbw / vpunpckhbw interleave within each 128-bit lane: lane L pairs rows 16L..16L+7 (lo)
 # or 16L+8..16L+15 (hi) of the 64-row tile.
 _UNPACK64 = {

@@ -256,6 +256,34 @@ def test_q8_wide_kernels_equal_portable_ones(variant: str) -> None:
     np.testing.assert_array_equal(s_simd, s_port)
 
 
+Q8_KERNELS = {  # int8-activation Q8_0 block kernels
+    "avx2": (HAVE_AVX2, "simd_x86.q8_block_sums_avx2"),
+    "vnni": (HAVE_VNNI, "simd_x512.q8_block_sums_vnni"),
+}
+
+
+@pytest.mark.parametrize("variant", list(Q8_KERNELS))
+def test_q8_kernels_equal_portable_ones(variant: str) -> None:
+    """Every SIMD variant of the int8-activation Q8_0 sums this CPU runs gives the portable loop's
+    integer sums, bit for bit, extremes included."""
+    available, name = Q8_KERNELS[variant]
+    if not available:
+        pytest.skip(f"needs a CPU with {variant}")
+    module, attr = name.split(".")
+    block = getattr({"simd_x86": simd_x86, "simd_x512": simd_x512}[module], attr)
+    rng = np.random.default_rng(20)
+    nb = 7
+    q4 = rng.integers(-128, 128, (nb, 8, TILE_ROWS, 4), dtype=np.int8)
+    x8 = rng.integers(-127, 128, nb * 32, dtype=np.int8)
+    q4[0], x8[:32] = -128, -127
+    q4[1], x8[32:64] = 127, 127
+    q4[2], x8[64:96] = -128, 127
+    s_port, s_simd = np.zeros((nb, TILE_ROWS), np.int32), np.ones((nb, TILE_ROWS), np.int32)
+    mi.q8_sums_portable(q4, x8, s_port)
+    block_kernel_loop(block, 32)(q4, x8, s_simd)
+    np.testing.assert_array_equal(s_simd, s_port)
+
+
 NIBBLE_KERNELS = {  # 4-bit nibble block kernels (interleaved activations)
     "avx2": (HAVE_AVX2, "simd_x86.q4_block_sums_avx2"),
     "avx512": (HAVE_AVX512, "simd_x512.q4_block_sums_avx512"),
