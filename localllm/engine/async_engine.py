@@ -53,6 +53,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run fn on the engine thread before its next step (see LLMEngine.call_soon); wakes it if idle."""
+        self._commands.put(("call", fn))
+
     def shutdown(self) -> None:
         self._stopping = True
         self._commands.put(("stop",))
@@ -98,6 +102,8 @@ class AsyncEngine:
             sink = self._sinks.pop(command[1], None)
             if out is not None and sink is not None:
                 sink(out)
+        elif kind == "call":
+            self.engine.call_soon(command[1])
         elif kind == "stop":
             self._stopping = True
 

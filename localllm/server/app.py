@@ -482,8 +482,7 @@ async def score_prompt(state: ServerState, ids: list[int], num_top: int) -> list
         except RuntimeError:  # the event loop is gone (shutdown)
             pass
 
-    engine.engine.call_soon(work)
-    engine.abort(f"wake-{uuid.uuid4().hex}")  # an idle engine thread waits for a command: any wakes it
+    engine.call_soon(work)
     state.scoring.add(done)
     try:
         return await done
