@@ -5,6 +5,9 @@ and the tensors llama.cpp never quantizes stay float (F32); a tensor whose rows 
 its type stays F32 (a Q6_K one whose rows are not whole super-blocks gets Q8_0, as llama.cpp falls
 back); the output projection (the token embedding when it is tied) gets Q6_K, or Q8_0 when the target
 is Q8_0 or its rows are not whole super-blocks, as llama.cpp chooses; F16/F32 targets convert all.
+The Q4_K_M/Q5_K_M mixes give attn_v and ffn_down Q6_K in the layers llama.cpp picks (_use_more_bits)
+and fall back to Q5_0/Q5_1 where rows are not whole super-blocks; on SmolLM2 every tensor comes out
+byte-identical to llama-quantize's (Q4_0 ... Q8_0, Q6_K, Q4_K_M, Q5_K_M).
 The file is written under a temporary name and renamed into place at the end, so a failed or
 interrupted run never leaves a half-written file under the output name.
 """
@@ -26,9 +29,15 @@ from .types import QUANT_BY_NAME
 
 QUANTIZERS = {**quantize_legacy.QUANTIZERS, **quantize_k.QUANTIZERS}
 FLOAT_TARGETS = ("F32", "F16")
-TARGETS = (*QUANTIZERS, *FLOAT_TARGETS)
-# llama_ftype of a file whose tensors are mostly of that type (general.file_type)
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q6_K": 18}
+# llama.cpp's mixes: their base type, some tensors raised to Q6_K (see choose_type); Q4_K/Q5_K name them
+MIXES = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}
+ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize reads them
+TARGETS = (*QUANTIZERS, *MIXES, *FLOAT_TARGETS)
+# llama_ftype of a file of that type (general.file_type)
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
+FILE_TYPES |= {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+# llama.cpp's stand-in when rows are not whole 256-element super-blocks
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 FLOAT_SOURCES = ("F32", "F16", "BF16")
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION, written by llama-quantize
 _CHUNK_ELEMENTS = 1 << 20  # rows are converted this many elements at a time
@@ -55,7 +64,7 @@ class QuantizeReport:
 
 
 def check_target(target: str) -> str:
-    name = target.upper()
+    name = ALIASES.get(target.upper(), target.upper())
     if name not in TARGETS:
         raise LocalLLMError(f"unknown quantization type '{target}' (choose {', '.join(TARGETS)})")
     return name
@@ -65,27 +74,67 @@ def _quantizable(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) >= 2 and name.endswith(".weight") and not any(k in name for k in _KEEP_FLOAT)
 
 
-def choose_type(name: str, shape: tuple[int, ...], target: str, tied: bool) -> str:
-    """The output type of one tensor when the file's type is `target`."""
+def _use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice of the layers that get more bits in the _M mixes: the first and last eighth,
+    and every third one between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _role(name: str) -> str | None:
+    """The tensors whose type the _M mixes vary by layer: V projections (fused QKV too) and ffn_down."""
+    if any(f".{k}.weight" in name for k in ("attn_v", "attn_qkv", "attn_kv_b")):
+        return "attn_v"
+    return "ffn_down" if name.endswith(".ffn_down.weight") else None
+
+
+def choose_type(
+    name: str, shape: tuple[int, ...], target: str, tied: bool, layer: tuple[int, int] | None = None
+) -> str:
+    """The output type of one tensor when the file's type is `target`; `layer` is the tensor's index
+    among those of its role (_role) in the file, and how many there are."""
     if not _quantizable(name, shape):
         return "F32"
+    mix, target = target, MIXES.get(target, target)
     if target not in FLOAT_TARGETS and (name == "output.weight" or (tied and name == "token_embd.weight")):
         target = "Q8_0" if target == "Q8_0" else "Q6_K"  # the most sensitive tensor: llama.cpp keeps it high
-    if target == "Q6_K" and shape[-1] % QUANT_BY_NAME["Q6_K"].block_size:
-        target = "Q8_0"  # llama.cpp's fallback for rows that are not whole super-blocks
+    elif mix in MIXES and layer is not None and _use_more_bits(*layer):
+        target = "Q6_K"
+    if shape[-1] % QUANT_BY_NAME[target].block_size:
+        target = _FALLBACK.get(target, target)
     return target if shape[-1] % QUANT_BY_NAME[target].block_size == 0 else "F32"
 
 
+def _block_number(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else None
+
+
+def _layers(names: list[str]) -> dict[str, tuple[int, int]]:
+    """Per tensor of a varying role: (its layer, the count of that role's tensors).  llama.cpp visits
+    tensors in layer order whatever the file's order (blk.10 may come before blk.2), so the index is the
+    block number, or the position in the file for a tensor outside the blocks."""
+    by_role: dict[str, list[str]] = {}
+    for name in names:
+        if (role := _role(name)) is not None:
+            by_role.setdefault(role, []).append(name)
+    out = {}
+    for group in by_role.values():
+        for i, name in enumerate(group):
+            block = _block_number(name)
+            out[name] = (i if block is None else block, len(group))
+    return out
+
+
 def make_plan(reader: Any, target: str, allow_requantize: bool) -> list[Plan]:
-    names = {t.name for t in reader.tensors}
-    tied = "output.weight" not in names
+    names = [t.name for t in reader.tensors]
+    tied, layers = "output.weight" not in names, _layers(names)
     plans = []
     for t in reader.tensors:
         source = type_name(t.tensor_type)
         if not is_supported(t.tensor_type):
             raise LocalLLMError(f"tensor {t.name} has type {source}, which localllm cannot read")
         shape = tuple(int(n) for n in reversed(t.shape))
-        target_type = choose_type(t.name, shape, target, tied)
+        target_type = choose_type(t.name, shape, target, tied, layers.get(t.name))
         if source not in FLOAT_SOURCES and not allow_requantize and _quantizable(t.name, shape):
             raise LocalLLMError(
                 f"the input is already quantized (tensor {t.name} is {source}); pass --allow-requantize "

@@ -216,3 +216,87 @@ def test_q6_k_matches_a_scalar_transcription_of_ggml() -> None:
         np.testing.assert_array_equal(back[i].reshape(16, 16), expected)
     assert np.abs(back - x).max() <= np.abs(x).max() / 31  # within about one of 63 levels
     np.testing.assert_array_equal(quantize_q6_k(np.zeros((1, 256), np.float32)).view(np.uint8), 0)
+
+
+def _scalar_qkx2(x: list, w: list, nmax: int, rmin: float, nstep: int) -> tuple[float, float]:
+    """ggml's make_qkx2_quants (squared error), one float32 operation at a time: (scale, -min)."""
+    f = np.float32
+    low, high, sum_w, sum_x = min(f(0), min(x)), max(x), w[0], w[0] * x[0]
+    for xi, wi in zip(x[1:], w[1:], strict=True):
+        sum_w, sum_x = f(sum_w + wi), f(sum_x + wi * xi)
+    if high == low:
+        return 0.0, float(-low)
+
+    def levels(iscale, low):
+        return [f(min(max(np.rint(iscale * (xi - low)), 0), nmax)) for xi in x]
+
+    def error(scale, low, ls):
+        total = f(0)
+        for xi, wi, li in zip(x, w, ls, strict=True):
+            total = f(total + wi * ((scale * li + low - xi) * (scale * li + low - xi)))
+        return total
+
+    iscale = f(nmax) / (high - low)
+    scale = f(1) / iscale
+    best = error(scale, low, levels(iscale, low))
+    for step in range(nstep + 1):
+        ls = levels((f(rmin) + f(0.1) * f(step) + f(nmax)) / (high - low), low)
+        sl = sl2 = sxl = f(0)
+        for xi, wi, li in zip(x, w, ls, strict=True):
+            sl, sl2, sxl = f(sl + wi * li), f(sl2 + wi * li * li), f(sxl + wi * li * xi)
+        det = sum_w * sl2 - sl * sl
+        if det > 0:
+            this_scale, this_min = (sum_w * sxl - sum_x * sl) / det, (sl2 * sum_x - sl * sxl) / det
+            if this_min > 0:
+                this_scale, this_min = sxl / sl2, f(0)
+            if (cur := error(this_scale, this_min, ls)) < best:
+                best, scale, low = cur, this_scale, this_min
+    return float(scale), float(-low)
+
+
+@pytest.mark.parametrize(("nmax", "rmin", "nstep"), [(15, -1.0, 20), (31, -0.5, 15)])
+def test_k_quant_scale_search_matches_a_scalar_transcription(nmax, rmin, nstep) -> None:
+    from localllm.quant.quantize_k import make_qkx2_quants
+
+    x = _awkward_rows()[:6].reshape(-1, 32)[::3]  # 16 sub-blocks, the edge cases among them
+    w = np.sqrt(np.cumsum(x * x, axis=1, dtype=np.float32)[:, -1] / np.float32(32))[:, None] + np.abs(x)
+    scales, mins, _ = make_qkx2_quants(x, w, nmax, rmin, nstep)
+    for i in range(len(x)):
+        assert (float(scales[i]), float(mins[i])) == _scalar_qkx2(list(x[i]), list(w[i]), nmax, rmin, nstep)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_k_quants_round_trip(name: str) -> None:
+    from localllm.quant.quantize_k import QUANTIZERS as K_QUANTIZERS
+
+    x = _awkward_rows().reshape(-1, 256)
+    blocks = K_QUANTIZERS[name](x).view(np.uint8).reshape(len(x), -1)
+    back = gguf_dequantize(blocks, gguf.GGMLQuantizationType[name])
+    np.testing.assert_array_equal(back, dequantize(blocks, gguf.GGMLQuantizationType[name]))
+    # random rows (the edge-case rows 0-5 aside): the error is a small part of the signal
+    error, signal = np.sqrt(((back - x)[6:] ** 2).mean(axis=1)), np.sqrt((x[6:] ** 2).mean(axis=1))
+    assert (error < signal * (0.12 if name == "Q4_K" else 0.06)).all()
+
+
+def test_k_mixes_raise_the_layers_llama_cpp_raises() -> None:
+    # SmolLM2's 30 layers under llama-quantize Q4_K_M: attn_v and ffn_down get Q6_K in these layers
+    raised = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
+    for mix, base in (("Q4_K_M", "Q4_K"), ("Q5_K_M", "Q5_K")):
+        got = [choose_type(f"blk.{i}.attn_v.weight", (64, 512), mix, True, (i, 30)) for i in range(30)]
+        assert [i for i, t in enumerate(got) if t == "Q6_K"] == raised and set(got) == {"Q6_K", base}
+        assert choose_type("blk.3.attn_q.weight", (64, 512), mix, True, None) == base
+    assert choose_type("blk.3.attn_q.weight", (64, 576), "Q4_K_M", True) == "Q5_0"  # llama.cpp's fallback
+    assert choose_type("blk.3.attn_q.weight", (64, 576), "Q5_K_M", True) == "Q5_1"
+    assert choose_type("blk.0.ffn_down.weight", (64, 576), "Q4_K_M", True, (0, 30)) == "Q8_0"
+
+
+def test_k_mix_file_loads(f32_model, tmp_path) -> None:
+    out = tmp_path / "tiny-q4_k_m.gguf"
+    report = quantize_file(f32_model, out, "Q4_K")  # llama-quantize's alias of Q4_K_M
+    assert report.target == "Q4_K_M" and gguf.GGUFReader(out).fields["general.file_type"].contents() == 15
+    # 64-wide rows are not whole super-blocks: llama.cpp's fallbacks (Q4_K -> Q5_0, Q6_K -> Q8_0)
+    # Q8_0: token_embd, and layer 1's attn_v and ffn_down (the last eighth gets more bits)
+    assert report.types == {"F32": 5, "Q5_0": 12, "Q8_0": 3}
+    ids = list(range(5, 40))
+    ref, ours = np.asarray(score_tokens(_engine(f32_model), ids)), np.asarray(score_tokens(_engine(out), ids))
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 0.25

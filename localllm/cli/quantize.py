@@ -14,7 +14,10 @@ def quantize(
     source: Annotated[str, typer.Argument(metavar="IN", help="The GGUF to quantize (F32, F16 or BF16).")],
     output: Annotated[str, typer.Argument(metavar="OUT", help="The GGUF file to write.")],
     qtype: Annotated[
-        str, typer.Option("--type", "-q", help="Q8_0, Q6_K, Q5_1, Q5_0, Q4_1, Q4_0, or F16 / F32.")
+        str,
+        typer.Option(
+            "--type", "-q", help="Q8_0, Q6_K, Q5_K_M, Q4_K_M (= Q5_K, Q4_K), Q5_1, Q5_0, Q4_1, Q4_0, F16, F32"
+        ),
     ] = "Q8_0",
     allow_requantize: Annotated[
         bool,
