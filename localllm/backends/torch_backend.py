@@ -127,6 +127,7 @@ class TorchBackend(Backend):
         # Decode steps over fixed shapes, replayed as CUDA graphs (on by default on CUDA only: on the CPU
         # and MPS nothing is captured, and the paged path reads fewer keys).
         self.static_decode = self.device.type == "cuda"
+        self.cuda_graphs = True  # off: the static stack runs eagerly on CUDA too (tests compare the two)
         self._static: dict[tuple[int, int], _StaticDecode] = {}
         self._static_batch: ForwardBatch | None = None  # set while a static stack runs
         self._graph_pool: Any = None
@@ -415,7 +416,7 @@ def _build_static(b: TorchBackend, model: Any, kv: Any, key: tuple[int, int]) ->
         return _static_layers(b, model, kv, entry)
 
     entry.run = stack
-    if dev.type == "cuda":
+    if dev.type == "cuda" and b.cuda_graphs:
         try:
             entry.run = _capture(b, stack)
         except RuntimeError as e:  # a capture this build or driver refuses: the same stack, eagerly
