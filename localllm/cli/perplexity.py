@@ -23,6 +23,7 @@ def perplexity(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
     threads: c.Threads = 0,
     backend: c.Backend = "numba",
+    device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
 ) -> None:
@@ -47,7 +48,7 @@ def perplexity(
     # The engine's context is a cap that a prompt must stay under, so a full chunk needs one more.
     config = c.engine_config(
         path, backend, threads, ctx_size + 1, defaults, max_num_seqs=1, enable_prefix_caching=False,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device,
     )  # fmt: skip
     with c.loading(backend, path):
         engine = LLMEngine(config)
