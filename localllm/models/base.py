@@ -9,25 +9,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.errors import ModelFormatError
-from localllm.models.spec import LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (ModelArgs re-exported)
+from localllm.models.spec import Hyper, LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from localllm.gguf_file import GGUFFile
-
-
-@dataclass(frozen=True, slots=True)
-class Hyper:
-    """The hyper-parameters every architecture stores under `<arch>.*`."""
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn_dim: int
-    norm_eps: float
-    context_length: int
 
 
 def read_hyper(gf: GGUFFile) -> Hyper:

@@ -77,10 +77,9 @@ class LayerSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelArgs:
-    """A model's hyper-parameters and per-layer specs: all the model code needs besides weights."""
+class Hyper:
+    """The hyper-parameters every architecture stores under `<arch>.*`."""
 
-    architecture: str
     vocab_size: int
     dim: int
     n_layers: int
@@ -90,6 +89,13 @@ class ModelArgs:
     ffn_dim: int
     norm_eps: float
     context_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArgs(Hyper):
+    """A model's hyper-parameters and per-layer specs: all the model code needs besides weights."""
+
+    architecture: str
     attn_scale: float
     layers: tuple[LayerSpec, ...]
     embedding_scale: float = 1.0  # gemma multiplies embeddings by sqrt(dim)
