@@ -15,7 +15,15 @@ from numba import types
 from numba.extending import intrinsic
 
 from .packing import TILE_ROWS
-from .simd_x86 import HAVE_AVX2, PREFETCH_AHEAD, crumb_pairs, split_pairs, widened_pair_sums
+from .simd_x86 import (
+    HAVE_AVX2,
+    PREFETCH_AHEAD,
+    _call,
+    _const,
+    crumb_pairs,
+    split_pairs,
+    widened_pair_sums,
+)
 
 
 def _host_features() -> dict:
@@ -38,17 +46,6 @@ _V16I32, _V32I16, _V32I8, _V8I64 = (
 )
 _SIG = types.void(types.int64, types.int64, types.int64, types.int64)
 _V64I8 = ir.VectorType(_i8, 64)
-
-
-def _const(ty: ir.Type, values) -> ir.Constant:
-    return ir.Constant(ty, values)
-
-
-def _call(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fn = builder.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
 
 
 def _load(builder: ir.IRBuilder, base: ir.Value, offset: int, ty: ir.Type) -> ir.Value:

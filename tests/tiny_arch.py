@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tiny_model import CHATML, vocabulary
+from tiny_model import CHATML, RandomTensors, vocabulary
 
 DIM, FFN, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 4, 2, 16
 ARCHS = ("llama", "qwen2", "gemma3")
@@ -52,22 +52,12 @@ def write_arch_model(path: Path, arch: str, quant: str = "Q8_0", n_layers: int =
     """A random `arch` model; `window` applies to every llama layer and to gemma3's local layers,
     `rope_scale` is llama's linear RoPE scaling factor."""
     import gguf
-    from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, n_layers, window, rope_scale)
-    qtype = getattr(gguf.GGMLQuantizationType, quant)
-
-    def matrix(name: str, rows: int, cols: int) -> None:
-        data = (rng.standard_normal((rows, cols)) * 0.5 / np.sqrt(cols)).astype(np.float32)
-        if quant == "F32":
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
-    def vector(name: str, n: int, spread: float = 0.1) -> None:
-        w.add_tensor(name, (1.0 + spread * rng.standard_normal(n)).astype(np.float32))
+    t = RandomTensors(w, rng, quant)
+    matrix, vector = t.matrix, t.vector
 
     matrix("token_embd.weight", len(vocabulary()[0]), DIM)
     vector("output_norm.weight", DIM)
@@ -137,7 +127,6 @@ def write_variant(
     """A random-weight file of one of VARIANTS, peaky enough that most next tokens are clear; `extra`
     adds tensors no model reads."""
     import gguf
-    from gguf.quants import quantize
 
     arch, default_quant, _ = VARIANTS[variant]
     quant = quant or default_quant
@@ -145,17 +134,8 @@ def write_variant(
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     _variant_metadata(w, variant, arch, n_layers, head_dim)
-    qtype = getattr(gguf.GGMLQuantizationType, quant)
-
-    def matrix(name: str, rows: int, cols: int, scale: float = 0.5) -> None:
-        data = (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
-        if quant == "F32":
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
-    def vector(name: str, n: int, spread: float = 0.1) -> None:
-        w.add_tensor(name, (1.0 + spread * rng.standard_normal(n)).astype(np.float32))
+    t = RandomTensors(w, rng, quant)
+    matrix, vector = t.matrix, t.vector
 
     n_vocab = len(vocabulary()[0])
     matrix("token_embd.weight", n_vocab, DIM, GEMMA2_EMBD_SCALE if arch == "gemma2" else 1.0)

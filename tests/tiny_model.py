@@ -36,12 +36,34 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, MERGES
 
 
+class RandomTensors:
+    """Random weights into a GGUFWriter: matrices (quantized to `quant` unless F32) and vectors near 1,
+    in the order asked (test files are reproducible from their seed)."""
+
+    def __init__(self, writer, rng: np.random.Generator, quant: str):
+        import gguf
+
+        self.w, self.rng, self.quant = writer, rng, quant
+        self.qtype = getattr(gguf.GGMLQuantizationType, quant)
+
+    def matrix(self, name: str, rows: int, cols: int, scale: float = 0.5) -> None:
+        from gguf.quants import quantize
+
+        data = (self.rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+        if self.quant == "F32":
+            self.w.add_tensor(name, data)
+        else:
+            self.w.add_tensor(name, quantize(data, self.qtype), raw_dtype=self.qtype)
+
+    def vector(self, name: str, n: int, spread: float = 0.1) -> None:
+        self.w.add_tensor(name, (1.0 + spread * self.rng.standard_normal(n)).astype(np.float32))
+
+
 def write_tiny_model(
     path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: int = 2, extra_metadata: dict | None = None
 ) -> Path:
     """extra_metadata: more string keys, e.g. {"general.name": ...} (keys not written above)."""
     import gguf
-    from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
     dim, ffn, heads, kv_heads = 64, 128, 4, 2
@@ -70,17 +92,8 @@ def write_tiny_model(
     w.add_chat_template(CHATML)
     for key, value in (extra_metadata or {}).items():
         w.add_string(key, value)
-    qtype = getattr(gguf.GGMLQuantizationType, quant)
-
-    def matrix(name: str, rows: int, cols: int) -> None:
-        data = (rng.standard_normal((rows, cols)) * 0.5 / np.sqrt(cols)).astype(np.float32)
-        if quant == "F32":
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
-    def vector(name: str, n: int) -> None:
-        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+    t = RandomTensors(w, rng, quant)
+    matrix, vector = t.matrix, t.vector
 
     matrix("token_embd.weight", len(tokens), dim)
     vector("output_norm.weight", dim)
