@@ -55,12 +55,19 @@ def info(
 
 def _print(summary, ctx_size: int | None, full: bool) -> None:
     from rich.console import Console
+
+    console = Console()
+    for part in (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size)):
+        console.print(part)
+        console.print()
+    _print_template(console, summary, full)
+
+
+def _facts(summary):
     from rich.table import Table
     from rich.text import Text
 
-    from localllm.model_info import format_params, human_bytes, short_template
-
-    console = Console()
+    from localllm.model_info import format_params, human_bytes
 
     def n(value) -> str:
         return "?" if value is None else f"{value:,}"
@@ -84,9 +91,14 @@ def _print(summary, ctx_size: int | None, full: bool) -> None:
     rows += [(key.replace("_", " "), str(value)) for key, value in summary.extra.items()]
     for key, value in rows:
         facts.add_row(key, Text(value))
-    console.print(facts)
+    return facts
 
-    console.print()
+
+def _tensor_types(summary):
+    from rich.table import Table
+
+    from localllm.model_info import human_bytes
+
     types = Table(title="tensor types", title_justify="left", box=None, header_style="bold")
     for column in ("TYPE", "TENSORS", "PARAMETERS", "SIZE", "SHARE"):
         types.add_column(column, justify="left" if column == "TYPE" else "right")
@@ -95,9 +107,14 @@ def _print(summary, ctx_size: int | None, full: bool) -> None:
         types.add_row(
             t.type, str(t.count), f"{t.parameters:,}", human_bytes(t.bytes), f"{100 * t.bytes / total:.1f}%"
         )
-    console.print(types)
+    return types
 
-    console.print()
+
+def _memory(summary, ctx_size: int | None):
+    from rich.table import Table
+
+    from localllm.model_info import human_bytes
+
     memory = summary.memory(ctx_size)
     mem = Table(title="memory", title_justify="left", box=None, header_style="bold", show_header=False)
     mem.add_column(style="bold")
@@ -107,19 +124,20 @@ def _print(summary, ctx_size: int | None, full: bool) -> None:
     per_token = memory["kv_bytes_per_token"]
     if per_token is None:
         mem.add_row("KV cache", "?", "the metadata lacks layer or head counts")
-    else:
-        mem.add_row(
-            "KV cache / token",
-            human_bytes(per_token),
-            f"2 x {summary.n_layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} x 2 B (f16)",
-        )
-        mem.add_row(
-            f"KV cache @ {memory['context']:,}", human_bytes(memory["kv_cache_bytes"]), "tokens of context"
-        )
-        mem.add_row("total", human_bytes(memory["total_bytes"]), "")
-    console.print(mem)
+        return mem
+    shape = f"2 x {summary.n_layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} x 2 B (f16)"
+    mem.add_row("KV cache / token", human_bytes(per_token), shape)
+    at_ctx = f"KV cache @ {memory['context']:,}"
+    mem.add_row(at_ctx, human_bytes(memory["kv_cache_bytes"]), "tokens of context")
+    mem.add_row("total", human_bytes(memory["total_bytes"]), "")
+    return mem
 
-    console.print()
+
+def _print_template(console, summary, full: bool) -> None:
+    from rich.text import Text
+
+    from localllm.model_info import short_template
+
     if summary.chat_template is None:
         console.print("[bold]chat template[/bold]: none (a base model? `chat` needs --chat-template)")
         return
