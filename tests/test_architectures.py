@@ -120,3 +120,23 @@ def test_a_tensor_no_model_reads_is_refused(tmp_path) -> None:
     )
     with pytest.raises(ModelFormatError, match="attn_sinks.weight.*does not use"):
         engine(path)
+
+
+def test_phi3_long_factors_past_the_original_context(files) -> None:
+    """LongRoPE as llama.cpp picks it: the short factors up to rope.scaling.original_context_length (64
+    in phi3_long), the long ones past it. The phi3_long fixture (llama.cpp at 512 tokens: long) fails
+    when run with the short factors."""
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+    from localllm.models.base import read_factors
+
+    path = files["phi3_long"]
+    e64 = LLMEngine(EngineConfig(model=str(path), backend="numpy", ctx_size=64))
+    short, long = (read_factors(e64.gguf, f"rope_factors_{k}.weight") for k in ("short", "long"))
+    assert short != long and e64.args.layers[0].rope.factors == short
+    e = engine(path, fuse=False)
+    assert e.max_model_len == 128 and all(s.rope.factors == long for s in e.args.layers)
+    ref = load_fixture("phi3_long")
+    assert failures(teacher_forced(e, ref), ref) == []
+    e.model.args = dataclasses.replace(e.args, layers=tuple(_rope(s, factors=short) for s in e.args.layers))
+    assert failures(teacher_forced(e, ref), ref) != []

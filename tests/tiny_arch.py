@@ -92,6 +92,8 @@ VARIANTS = {
     "gemma2": ("gemma2", "F32", "attention and final soft-caps, even layers windowed, post-norms, GeGLU"),
     "phi3": ("phi3", "Q8_0", "fused attn_qkv and gate+up ffn_up, LongRoPE short factors, attn_factor"),
     "llama_yarn": ("llama", "F32", "YaRN RoPE scaling (factor 4 over a 16-token original context)"),
+    # phi3's weights with a 64-token original context: the tests' 128 (llama.cpp's 512) take the long factors
+    "phi3_long": ("phi3", "Q8_0", "LongRoPE long factors (context over the original one)"),
 }
 V_HEAD_DIM = {"qwen3": 32}
 SOFTCAPS = {"attn": 1.5, "final": 30.0}  # attention's small enough that dropping it changes the answer
@@ -110,10 +112,10 @@ def _variant_metadata(w, variant: str, arch: str, n_layers: int, head_dim: int) 
     if variant == "gemma2":
         w.add_float32(f"{arch}.attn_logit_softcapping", SOFTCAPS["attn"])
         w.add_float32(f"{arch}.final_logit_softcapping", SOFTCAPS["final"])
-    if variant == "phi3":
+    if arch == "phi3":
         w.add_rope_dimension_count(head_dim)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
-        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 512)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 64 if variant == "phi3_long" else 512)
     if variant == "llama_yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
@@ -144,7 +146,7 @@ def write_variant(
     vector("output_norm.weight", DIM)
     if variant == "llama3":
         w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 6.0, head_dim // 2).astype(np.float32))
-    if variant == "phi3":
+    if arch == "phi3":
         for kind in ("short", "long"):
             factors = rng.uniform(1.0, 6.0, head_dim // 2).astype(np.float32)
             w.add_tensor(f"rope_factors_{kind}.weight", factors)

@@ -51,16 +51,18 @@ class LLMEngine:
         from localllm.backends import make_backend
         from localllm.gguf_file import GGUFFile
         from localllm.models import load_model
+        from localllm.models.base import trained_context
         from localllm.tokenizer import load_tokenizer
 
         self.config = config
         self.gguf = GGUFFile.open(config.model, config.index_dir)
         self.tokenizer = load_tokenizer(self.gguf.metadata)
         self.backend = make_backend(config.backend, config.num_threads, config.device)
+        # the context is known before the model is read: Phi-3's LongRoPE factors depend on it
+        self.max_model_len = config.ctx_size or min(trained_context(self.gguf), config.max_default_ctx)
         self.model = self._load_model(load_model)
         self.args = self.model.args
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
-        self.max_model_len = config.ctx_size or min(self.args.context_length, config.max_default_ctx)
         if (warning := self.args.context_warning(self.max_model_len)) is not None:
             log.warning(warning)
         self.cache_types = (config.cache_type_k, config.cache_type_v)
@@ -86,9 +88,9 @@ class LLMEngine:
     def _load_model(self, load_model: Any) -> Any:
         """The model, its packed weights read from the backend's disk cache when it has one."""
         if self.config.index_dir is None:
-            return load_model(self.gguf, self.backend)
+            return load_model(self.gguf, self.backend, self.max_model_len)
         with self.backend.weight_cache(self.gguf, self.config.index_dir):
-            return load_model(self.gguf, self.backend)
+            return load_model(self.gguf, self.backend, self.max_model_len)
 
     def _num_blocks(self) -> int:
         bs = self.config.block_size

@@ -10,8 +10,10 @@ from localllm.architectures import ARCHITECTURES
 from localllm.errors import ModelFormatError
 
 
-def load_model(gf: Any, backend: Any) -> Any:
-    """Build the model for the GGUF's architecture, or say which architecture is unsupported."""
+def load_model(gf: Any, backend: Any, n_ctx: int | None = None) -> Any:
+    """Build the model for the GGUF's architecture, or say which architecture is unsupported. `n_ctx`
+    is the context it will run (None: the trained one), for architectures whose weights depend on it
+    (a module with READS_CONTEXT: Phi-3's LongRoPE)."""
     from localllm.models.transformer import Transformer
 
     arch = gf.architecture
@@ -22,4 +24,5 @@ def load_model(gf: Any, backend: Any) -> Any:
             f"(supported: {supported})"
         )
     module = importlib.import_module(ARCHITECTURES[arch])
-    return Transformer(gf, backend, module.read_args(gf), getattr(module, "TENSOR_NAMES", None))
+    args = module.read_args(gf, n_ctx) if getattr(module, "READS_CONTEXT", False) else module.read_args(gf)
+    return Transformer(gf, backend, args, getattr(module, "TENSOR_NAMES", None))

@@ -31,8 +31,14 @@ def read_hyper(gf: GGUFFile) -> Hyper:
         head_dim=int(gf.arch_get("attention.key_length", dim // n_heads)),
         ffn_dim=int(_need(gf, "feed_forward_length")),
         norm_eps=float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
-        context_length=int(gf.arch_get("context_length", 2048)),
+        context_length=trained_context(gf),
     )
+
+
+def trained_context(gf: GGUFFile) -> int:
+    """The context the model was trained on (`<arch>.context_length`; llama.cpp's 2048 when absent)."""
+    value = gf.arch_get("context_length", 2048)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 2048
 
 
 ROPE_KINDS = ("none", "linear", "yarn")
