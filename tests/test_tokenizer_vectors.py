@@ -1,9 +1,10 @@
 """Conformance with llama.cpp's token ids.
 
 1. llama.cpp's own tokenizer test vectors (models/ggml-vocab-*.gguf with .inp/.out, copied into
-   tests/data/vocab/): vocabulary-only GGUFs, run as tests/test-tokenizer-0.cpp runs them.  The qwen2
-   vectors run on the real Qwen2.5-Coder vocabulary (same BPE, merges and pre-tokenizer; all 46 agree),
-   which the tests download anyway, instead of a 5.9 MB vocabulary file in git.
+   tests/data/vocab/ by fixtures/make_vocab_fixtures.py), run as tests/test-tokenizer-0.cpp runs them:
+   SentencePiece (llama-spm, phi-3) and gpt-2 on their vocabulary-only GGUFs, the other byte-level BPE
+   vocabularies (1-11 MB each) on exact extracts of them (the script proves each extract tokenizes
+   every input as the whole vocabulary does).
 2. Ids llama.cpp (b11312) gave for the real Gemma 3 (SentencePiece, 262k tokens) and Qwen2.5-Coder
    (byte-level BPE, qwen2 pre-tokenizer) vocabularies, in all add_special / parse_special modes
    (tests/data/<model>/tokens.json, from /work/shared/reference).
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import time
 from collections.abc import Callable
@@ -27,8 +29,15 @@ from localllm.tokenizer.spm import SPACE, SPMTokenizer, _merge_heap
 
 DATA = Path(__file__).parent / "data"
 VOCAB = DATA / "vocab"
-VOCABS = ["llama-spm", "qwen2", "gpt-2"]  # SentencePiece, and BPE with the qwen2 and gpt-2 pre-tokenizers
+GGUF_VOCABS = ["llama-spm", "phi-3", "gpt-2"]  # SentencePiece (Llama 2, Phi-3) and GPT-2's BPE
+# byte-level BPE with their pre-tokenizers: Llama 3, Qwen2/2.5, Qwen3.5, StarCoder, DeepSeek, ...
+EXTRACT_VOCABS = [
+    "llama-bpe", "qwen2", "qwen35", "starcoder", "deepseek-coder", "deepseek-llm", "falcon", "mpt",
+    "refact", "command-r",
+]  # fmt: skip
+VOCABS = GGUF_VOCABS + EXTRACT_VOCABS
 SEPARATOR = "\n__ggml_vocab_test__\n"
+PLACEHOLDER = "\ue000"  # make_vocab_fixtures.py's text for a token the extract leaves out
 
 
 # -- 1. llama.cpp's test vectors --------------------------------------------------------------------
@@ -59,16 +68,29 @@ def vocab_index_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     return cache.mkdir("gguf-index") if cache is not None else tmp_path_factory.mktemp("vocab-index")
 
 
+def extract_metadata(name: str) -> dict:
+    """The tokenizer metadata of an extract (make_vocab_fixtures.py's `expand`)."""
+    data = json.loads(lzma.decompress((VOCAB / f"ggml-vocab-{name}.json.xz").read_bytes()))
+    n = data["n_tokens"]
+    return {
+        **data["keys"],
+        "tokenizer.ggml.tokens": [data["tokens"].get(str(i), f"{PLACEHOLDER}{i}") for i in range(n)],
+        "tokenizer.ggml.token_type": [data["types"].get(str(i), 1) for i in range(n)],
+        "tokenizer.ggml.merges": data["merges"],
+    }
+
+
 @pytest.fixture(scope="session")
-def vocab_tokenizer(vocab_index_dir: Path, request: pytest.FixtureRequest) -> Callable[[str], Tokenizer]:
+def vocab_tokenizer(vocab_index_dir: Path) -> Callable[[str], Tokenizer]:
     loaded: dict[str, Tokenizer] = {}
 
     def get(name: str) -> Tokenizer:
         if name not in loaded:
-            path = VOCAB / f"ggml-vocab-{name}.gguf"
-            if name == "qwen2":
-                path = request.getfixturevalue("qwen25c_path")
-            loaded[name] = load_tokenizer(GGUFFile.open(path, vocab_index_dir).metadata)
+            if name in EXTRACT_VOCABS:
+                loaded[name] = load_tokenizer(extract_metadata(name))
+            else:
+                path = VOCAB / f"ggml-vocab-{name}.gguf"
+                loaded[name] = load_tokenizer(GGUFFile.open(path, vocab_index_dir).metadata)
         return loaded[name]
 
     return get
@@ -95,7 +117,17 @@ def test_vector_vocab_types(vocab_tokenizer) -> None:
     spm = vocab_tokenizer("llama-spm")
     assert isinstance(spm, SPMTokenizer) and spm.add_space_prefix and spm.add_bos
     assert (spm.bos_id, spm.eos_id, spm.vocab_size) == (1, 2, 32000)
-    assert [vocab_tokenizer(n).pre.name for n in ("qwen2", "gpt-2")] == ["qwen2", "gpt2"]
+    phi3 = vocab_tokenizer("phi-3")
+    assert isinstance(phi3, SPMTokenizer) and phi3.vocab_size == 32064
+    pre = {
+        n: vocab_tokenizer(n).pre.name for n in ("qwen2", "gpt-2", "llama-bpe", "deepseek-llm", "command-r")
+    }
+    assert list(pre.values()) == ["qwen2", "gpt2", "llama3", "deepseek-llm", "starcoder"]
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_every_vector_file_is_read(name: str) -> None:
+    assert len(read_vectors(name)) >= 46
 
 
 # -- 2. the real models' vocabularies --------------------------------------------------------------
@@ -167,6 +199,18 @@ def test_gemma3_pieces_and_round_trip(gemma3: Tokenizer, case: dict) -> None:
     _check_pieces_and_round_trip(gemma3, case)
 
 
+GEMMA3_VECTORS = json.loads((DATA / "gemma3" / "vectors.json").read_text(encoding="utf-8"))["cases"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", GEMMA3_VECTORS, ids=[str(i) for i in range(len(GEMMA3_VECTORS))])
+def test_gemma3_llama_tokenize_vectors(gemma3: Tokenizer, case: dict) -> None:
+    """Gemma's SentencePiece (2 and 3 share it) against llama-tokenize on varied texts
+    (fixtures/make_gemma3_vectors.py): as plain text, and as a prompt (BOS, special tokens parsed)."""
+    assert gemma3.encode(case["text"], add_special=False, parse_special=False) == case["plain"]
+    assert gemma3.encode(case["text"], add_special=True, parse_special=True) == case["prompt"]
+
+
 @pytest.mark.slow
 def test_gemma3_vocab_facts(gemma3: Tokenizer) -> None:
     _check_vocab_facts(gemma3, GEMMA3)
@@ -236,3 +280,28 @@ def test_gemma3_speed(gemma3_path: Path) -> None:
         times.append(f"{size // 1000} KB: {len(ids)} tokens in {(time.perf_counter() - start) * 1000:.0f} ms")
         assert tok.decode(ids, skip_special=True) == text[:size]
     print(f"\nGemma 3 tokenizer: built in {build * 1000:.0f} ms; " + "; ".join(times))
+
+
+def test_an_unsupported_pre_tokenizer_is_one_line(tmp_path: Path) -> None:
+    """A `tokenizer.ggml.pre` localllm does not know (one llama.cpp added later) is refused by name."""
+    import subprocess
+    import sys
+
+    import gguf
+    from tiny_model import vocabulary
+
+    path, (tokens, types, merges) = tmp_path / "kimi.gguf", vocabulary()
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("kimi-k2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    env = {**os.environ, "LOCALLLM_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "localllm", "tokenize", str(path), "hi"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "'kimi-k2' is not supported" in out.stderr

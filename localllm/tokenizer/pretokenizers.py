@@ -57,6 +57,15 @@ GPT4O = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _CJK = "[一-龥ࠀ-一가-퟿]+"
+# deepseek-llm's letters and punctuation as explicit ranges, copied from llama.cpp's table (it runs
+# them through std::wregex, which has no \p{L}).
+_DEEPSEEK_LLM_LETTERS = (
+    "A-Za-z\u00b5À-ÖØ-öø-ƺƼ-ƿ\u01c4-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-\u03f5Ϸ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ"
+    "-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼ\u2102\u2107"
+    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c"
+    "-\u213f\u2145-\u2149ⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿ\ufb00-\ufb06\ufb13-\ufb17\uff21-"
+    "\uff3a\uff41-\uff5a𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃"
+)
 _DEEPSEEK3_MAIN = (
     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -74,6 +83,18 @@ _PRE_TYPES: dict[str, tuple[tuple[str, ...], bool, bool]] = {
     "qwen35": ((QWEN35,), False, False),
     "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"), False, False),
     "deepseek-coder": ((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"), False, False),
+    "deepseek-llm": (
+        (
+            r"[\r\n]",
+            rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",
+            r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+            r"\s+$",
+            _CJK,
+            r"\p{N}+",
+        ),
+        False,
+        False,
+    ),
     "deepseek3": ((r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", _DEEPSEEK3_MAIN), False, False),
     "bloom": ((r" ?[^(\s|.,!?…。，、।۔،)]+",), False, False),
     "viking": ((r" ?[^(\s|.,!?…。，、।۔،)]+", r"\p{N}"), False, False),
@@ -159,6 +180,7 @@ _ALIASES: dict[str, str] = {
     "qwen35": "qwen35",
     "falcon": "falcon",
     "deepseek-coder": "deepseek-coder",
+    "deepseek-llm": "deepseek-llm",
     **{n: "deepseek3" for n in ("deepseek-v3", "hunyuan-dense", "joyai-llm")},
     **{n: "bloom" for n in ("bloom", "poro-chat", "gpt3-finnish")},
     "viking": "viking",
