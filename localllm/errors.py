@@ -29,6 +29,12 @@ class ContextLengthExceededError(LocalLLMError):
     code = "context_length_exceeded"
 
 
+class KVCacheFullError(LocalLLMError):
+    """Not enough free KV cache blocks for work outside the scheduler (scoring, embeddings) right now."""
+
+    code = "kv_cache_full"
+
+
 class ConfigError(LocalLLMError):
     pass
 

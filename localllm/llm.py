@@ -91,6 +91,19 @@ class LLM:
             prompts = [prompts]
         return self.engine.generate(list(prompts), params)
 
+    def embed(
+        self,
+        inputs: str | list[str] | list[int] | list[list[int]],
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> Any:
+        """An (n, dim) float32 array: each input's final hidden states pooled (`pooling`: mean, cls or
+        last; default: what the model's metadata says, else last) and L2-normalised, all inputs in
+        batched forward passes of the same engine."""
+        from localllm.engine.embedding import embed_token_ids
+
+        return embed_token_ids(self.engine, embedding_inputs(self.engine, inputs), pooling, normalize)
+
     def chat(self, messages: list[dict[str, str]], params: Params = None) -> RequestOutput:
         """One assistant reply to `messages`, through the chat template."""
         return self.engine.generate([self.apply_chat_template(messages)], params)[0]
@@ -106,3 +119,14 @@ class LLM:
         from localllm.tokenizer.chat_template import apply_chat_template
 
         return apply_chat_template(self.tokenizer, self.chat_template, messages)
+
+
+def embedding_inputs(engine: Any, inputs: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    """Texts or token-id lists as token-id lists (a flat list of ints is one input)."""
+    items: list[Any] = [inputs] if isinstance(inputs, str) else list(inputs)
+    if items and all(isinstance(t, int) for t in items):
+        items = [items]
+    return [
+        engine.tokenize_prompt(item) if isinstance(item, str) else engine.check_token_ids(item)
+        for item in items
+    ]

@@ -22,7 +22,7 @@ from localllm.engine.model_runner import ModelRunner, SampledToken
 from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
 from localllm.engine.scheduler import Scheduler
 from localllm.engine.sequence import Sequence
-from localllm.errors import ContextLengthExceededError, InvalidRequestError, LocalLLMError
+from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
 from localllm.sampler import make_generator
 from localllm.sampling_params import (
     BUILTIN_DEFAULTS,
@@ -323,7 +323,7 @@ def score_tokens(engine: LLMEngine, token_ids: list[int]) -> Any:
     engine.check_prompt(len(token_ids))
     seq = Sequence("score", list(token_ids), SamplingParams(temperature=0))
     if not engine.block_manager.allocate(seq, len(token_ids)):
-        raise LocalLLMError("not enough free KV cache blocks to score this sequence")
+        raise KVCacheFullError("not enough free KV cache blocks to score this sequence")
     try:
         batch = engine.runner.prepare([ScheduledSeq(seq, len(token_ids))])
         batch.logits_indices = np.arange(len(token_ids), dtype=np.int64)
@@ -344,7 +344,7 @@ def prompt_logprobs(
     engine.check_prompt(len(token_ids))
     seq = Sequence("prompt-logprobs", list(token_ids), SamplingParams(temperature=0))
     if not engine.block_manager.allocate(seq, len(token_ids)):
-        raise LocalLLMError("not enough free KV cache blocks to score this prompt")
+        raise KVCacheFullError("not enough free KV cache blocks to score this prompt")
     out: list[TokenLogprob | None] = [None]
     try:
         while seq.num_computed_tokens < len(token_ids):

@@ -74,6 +74,13 @@ class ModelRunner:
             row += 1
         return results
 
+    def hidden_states(self, scheduled: list[ScheduledSeq], rows: np.ndarray) -> np.ndarray:
+        """One forward pass without logits: the final normed hidden states (len(rows), dim) at `rows`
+        of the step's tokens (embeddings pool them)."""
+        batch = self.prepare(scheduled)
+        batch.logits_indices = np.asarray(rows, dtype=np.int64)
+        return self.backend.to_numpy(self.model.hidden_states(batch, self.kv_cache))
+
     @staticmethod
     def _sample(item: ScheduledSeq, logits: np.ndarray) -> SampledToken:
         seq, params = item.seq, item.seq.params

@@ -48,12 +48,17 @@ class Transformer:
             x = decoder_layer(self.backend, self.args, il, lw, x, batch, kv)
         return x
 
-    def forward(self, batch: ForwardBatch, kv: Any) -> Any:
-        """Logits (len(batch.logits_indices), vocab) for the rows that need them."""
+    def hidden_states(self, batch: ForwardBatch, kv: Any) -> Any:
+        """The final normed hidden states (len(batch.logits_indices), dim) of the rows that need them:
+        what the output projection reads, and what embeddings pool."""
         b = self.backend
         batch = b.begin_step(batch)
         x = self.forward_layers(self.embed(batch.input_ids), batch, kv)
-        x = b.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
-        logits = b.linear_precise(x, self.output)
+        return b.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
+
+    def forward(self, batch: ForwardBatch, kv: Any) -> Any:
+        """Logits (len(batch.logits_indices), vocab) for the rows that need them."""
+        b = self.backend
+        logits = b.linear_precise(self.hidden_states(batch, kv), self.output)
         cap = self.args.final_logit_softcap
         return logits if not cap else b.softcap(logits, cap)

@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,8 +32,19 @@ from localllm.engine.engine import LLMEngine, prompt_logprobs
 from localllm.engine.output import StepOutput, TokenLogprob
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
+from localllm.server.embeddings import create_embeddings
 from localllm.server.guards import BodyLimitMiddleware, BrowserGuard
-from localllm.server.metrics import RequestTracker, ServerMetrics
+from localllm.server.jobs import (
+    CLIENT_CLOSED,
+    EventStream,
+    Job,
+    collect,
+    events,
+    run_on_engine,
+    shutting_down,
+    total_usage,
+)
+from localllm.server.metrics import ServerMetrics
 from localllm.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -53,9 +64,8 @@ from localllm.server.protocol import (
     join_logprobs,
     message_dicts,
     token_logprobs,
-    usage_totals,
 )
-from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
+from localllm.server.streaming import ChunkBuilder
 from localllm.server.webui import WEBUI_PATHS, add_webui_routes
 
 log = logging.getLogger("localllm.server")
@@ -69,11 +79,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 NO_KEY_MESSAGE = (
     "You didn't provide an API key: send it in an Authorization header (Authorization: Bearer KEY)."
 )
-CLIENT_CLOSED = 499  # nginx's "client closed request": the response goes nowhere
-
-
-def shutting_down() -> APIError:
-    return APIError("the server is shutting down", 503, "server_error", code="server_shutdown")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class ServerState:
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
+        self.fingerprint: str | None = None  # system_fingerprint, once loaded
         self.jobs: set[Job] = set()  # submitted and not yet closed: told when the server shuts down
         self.scoring: set[asyncio.Future] = set()  # prompt scores awaited from the engine thread: likewise
         self._closing = False
@@ -122,6 +128,11 @@ class ServerState:
     @property
     def llm(self) -> LLMEngine:
         return self.ready().engine
+
+    def check_model(self, name: str | None) -> None:
+        """The 404 for a model name this server does not serve (None: the served model)."""
+        if not self.config.accepts_model(name):
+            raise model_not_found(self.config, name)
 
     def load(self, factory: Callable[[], LLMEngine]) -> None:
         """Runs on a background thread: build the engine, then start serving."""
@@ -132,6 +143,7 @@ class ServerState:
             llm = factory()
             self.template = resolve_chat_template(llm.gguf.metadata, configured=self.config.chat_template)
             self.max_token_bytes = longest_token(llm)
+            self.fingerprint = system_fingerprint(llm)
             engine = AsyncEngine(llm, self.config.max_queue)
         except BaseException as e:  # reported on /health and to the CLI, never lost
             self._load_failed(e)
@@ -191,6 +203,20 @@ def longest_token(llm: LLMEngine) -> int:
     return max((len(tok.token_bytes(i)) for i in range(tok.vocab_size)), default=1) or 1
 
 
+def system_fingerprint(llm: LLMEngine) -> str:
+    """OpenAI's `system_fingerprint`: names what produced a response (localllm's version, the model file,
+    backend and KV cache types), so a client can tell when a change may alter outputs."""
+    import hashlib
+    import os
+
+    from localllm import __version__
+
+    c = llm.config
+    name, size = os.path.basename(c.model), os.path.getsize(c.model)
+    key = f"{__version__}|{name}|{size}|{c.backend}|{llm.cache_types}"
+    return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
 def banner(config: ServerConfig, llm: LLMEngine, load_s: float) -> str:
     c = llm.config
     return (
@@ -205,161 +231,6 @@ def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-# ------------------------------------------------------------------------------------------------ jobs
-
-
-class Job:
-    """One submitted request. Outputs arrive on an asyncio queue from the engine thread; `close()`
-    (idempotent, synchronous so it works even while the task is being cancelled) aborts it if unfinished."""
-
-    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, prefix: str):
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.tracker = RequestTracker(state.metrics, self.id)
-        self._engine = state.ready()
-        self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self._done = False
-        self._jobs = state.jobs
-        loop = asyncio.get_running_loop()
-
-        def sink(item: StepOutput | BaseException) -> None:
-            try:
-                loop.call_soon_threadsafe(self._queue.put_nowait, item)
-            except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
-                pass
-
-        # Submitting here, not inside the stream, makes a full queue or an oversized prompt an HTTP
-        # status instead of an error in the middle of a 200 stream.
-        self._engine.submit(prompt_ids, params, sink, self.id)
-        self._jobs.add(self)
-
-    async def outputs(self) -> AsyncIterator[StepOutput]:
-        while True:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                self._done = True  # the engine already dropped the request, or interrupt() aborted it
-                raise item
-            self.tracker.observe(item)
-            self._done = self._done or item.finished
-            yield item
-            if item.finished:
-                return
-
-    def interrupt(self, error: BaseException) -> None:
-        """Abort the request and make its reader raise `error` (the server is shutting down)."""
-        self.close()
-        self._queue.put_nowait(error)
-
-    def close(self) -> None:
-        self._jobs.discard(self)
-        if not self._done:
-            self._done = True
-            self._engine.abort(self.id)
-            self.tracker.aborted()
-
-
-async def _gather(job: Job) -> list[StepOutput]:
-    return [out async for out in job.outputs()]
-
-
-async def _client_gone(request: Request) -> None:
-    # The body is already read, so the next ASGI message is http.disconnect when the client leaves.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def collect(jobs: list[Job], request: Request) -> list[list[StepOutput]] | None:
-    """All outputs of each job of a non-streaming request; None (and the jobs aborted) if the client
-    left."""
-    gather = asyncio.ensure_future(asyncio.gather(*(_gather(job) for job in jobs)))
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gather.cancel()
-        gone.cancel()
-        for job in jobs:
-            job.close()
-    if gather.done() and not gather.cancelled():
-        return list(gather.result())
-    return None
-
-
-async def merged(jobs: list[Job]) -> AsyncIterator[tuple[int, StepOutput]]:
-    """The outputs of several jobs as they come, each with its job's index."""
-    streams = [job.outputs() for job in jobs]
-    pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                index = pending.pop(task)
-                try:
-                    out = task.result()
-                except StopAsyncIteration:
-                    continue
-                yield index, out
-                pending[asyncio.ensure_future(anext(streams[index]))] = index
-    finally:
-        for task in pending:
-            task.cancel()
-
-
-def total_usage(jobs: list[Job], prompt_lens: list[int] | None = None) -> dict[str, Any]:
-    """Usage summed over a request's jobs (`prompt_lens`: with max_tokens 0 there are no jobs)."""
-    lasts = [job.tracker.last for job in jobs]
-    prompt = sum(prompt_lens) if prompt_lens is not None else sum(len(job.prompt_ids) for job in jobs)
-    generated = sum(last.generated_tokens for last in lasts if last is not None)
-    cached = sum(last.cached_tokens for last in lasts if last is not None)
-    return usage_totals(prompt, generated, cached)
-
-
-class EventStream(StreamingResponse):
-    """SSE response that aborts its jobs however the response ends: finished, client gone (Starlette
-    cancels the body on http.disconnect), or never started."""
-
-    def __init__(self, content: AsyncIterator[bytes], jobs: list[Job]):
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.jobs = jobs
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            for job in self.jobs:
-                job.close()
-
-
-async def events(
-    jobs: list[Job],
-    chunks: ChunkBuilder,
-    head: list[bytes],
-    per_output: Callable[[int, StepOutput], Iterator[bytes]],
-    totals: Callable[[], dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    """head, a chunk (or two) per output, the usage chunk if asked for, then [DONE]."""
-    try:
-        for chunk in head:
-            yield chunk
-        async for index, out in merged(jobs):
-            for chunk in per_output(index, out):
-                yield chunk
-        for chunk in chunks.usage_tail(totals()):
-            yield chunk
-    except Exception as e:  # after the 200 header an error can only travel inside the stream
-        code = getattr(e, "code", None)
-        if code != "server_shutdown":  # begin_shutdown logged those once
-            log.warning("%s failed mid-stream: %s", chunks.request_id, e)
-        yield sse_error(
-            str(e), "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error", code
-        )
-    finally:
-        for job in jobs:
-            job.close()
-    yield DONE
-
-
 # ------------------------------------------------------------------------------------------ validation
 
 
@@ -367,8 +238,7 @@ def check_request(
     state: ServerState, body: SamplingRequest | TokenizeRequest | DetokenizeRequest
 ) -> AsyncEngine:
     engine = state.ready()
-    if not state.config.accepts_model(body.model):
-        raise model_not_found(state.config, body.model)
+    state.check_model(body.model)
     if isinstance(body, SamplingRequest):
         body.check_supported()
     return engine
@@ -460,38 +330,7 @@ def completion_prompts(
 
 async def score_prompt(state: ServerState, ids: list[int], num_top: int) -> list[TokenLogprob | None]:
     """The prompt's own logprobs (None for its first token), computed on the engine thread between steps."""
-    engine = state.ready()
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[list[TokenLogprob | None]] = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if done.done():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
-
-    def work() -> None:  # on the engine thread
-        try:
-            result, error = prompt_logprobs(engine.engine, ids, num_top), None
-        except Exception as e:
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the event loop is gone (shutdown)
-            pass
-
-    engine.call_soon(work)
-    state.scoring.add(done)
-    try:
-        return await done
-    except LocalLLMError as e:  # no free KV blocks to score it now
-        raise APIError(
-            str(e), 503, "server_error", code="kv_cache_full", headers={"Retry-After": "1"}
-        ) from None
-    finally:
-        state.scoring.discard(done)
+    return await run_on_engine(state, lambda llm: prompt_logprobs(llm, ids, num_top))
 
 
 async def echo_of(
@@ -778,6 +617,7 @@ def _routes(app: FastAPI) -> None:
     generating = {**post, "responses": STREAMABLE | ERROR_RESPONSES | not_found}
     app.add_api_route("/v1/chat/completions", chat_completions, **generating)
     app.add_api_route("/v1/completions", completions, **generating)
+    app.add_api_route("/v1/embeddings", create_embeddings, **post)
     app.add_api_route("/v1/models", list_models, methods=["GET"], responses=ERROR_RESPONSES)
     app.add_api_route("/v1/models/{model}", get_model, methods=["GET"], responses=ERROR_RESPONSES | not_found)
     app.add_api_route("/tokenize", tokenize, **post)

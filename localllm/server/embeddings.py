@@ -1,0 +1,100 @@
+"""POST /v1/embeddings: OpenAI's embeddings endpoint over the engine's batched prefill.
+
+Every input of a request is embedded in the same few forward passes on the engine thread (see
+engine/embedding.py: the final normed hidden states, pooled as the model's metadata says, else the last
+token's, and L2-normalised). `input`: a text, a list of texts, a token-id list or a list of them.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+from fastapi import Request
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+
+from localllm.engine.embedding import check_input_length, embed_token_ids
+from localllm.errors import LocalLLMError
+from localllm.server.jobs import run_on_engine
+from localllm.server.protocol import NOOP, APIError, _Request, check_token_ids
+
+if TYPE_CHECKING:
+    from localllm.engine.engine import LLMEngine
+    from localllm.server.app import ServerState
+
+
+class EmbeddingRequest(_Request):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = Field(None, ge=1, description="Only the model's own width is accepted.")
+    user: str | None = Field(None, description=NOOP)
+
+    MAX_INPUTS: ClassVar[int] = 2048  # OpenAI's limit per request
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each input: a text or a token-id list (a flat list of ids is one input)."""
+        given = self.input
+        if isinstance(given, str):
+            return [given]
+        if not given:
+            raise APIError("'input' must not be an empty list", param="input")
+        if isinstance(given[0], int):
+            return [given]  # type: ignore[list-item]
+        if len(given) > self.MAX_INPUTS:
+            raise APIError(f"at most {self.MAX_INPUTS} inputs per request", param="input")
+        return list(given)  # type: ignore[arg-type]
+
+
+def input_ids(state: ServerState, llm: LLMEngine, body: EmbeddingRequest) -> list[list[int]]:
+    """Each input's token ids, checked against the vocabulary and the context (as a 400 naming input)."""
+    out = []
+    limit, widest = llm.max_model_len, max(state.max_token_bytes, 1)
+    for item in body.inputs():
+        if isinstance(item, str):
+            if -(-len(item) // widest) > limit:  # surely too long: refuse before tokenizing
+                raise APIError(f"an input of {len(item)} characters cannot fit the context", param="input")
+            ids = llm.tokenize_prompt(item)
+        else:
+            check_token_ids(item, llm.tokenizer.vocab_size, "input")
+            ids = list(item)
+        try:
+            check_input_length(limit, len(ids))
+        except LocalLLMError as e:
+            raise APIError(str(e), param="input", code=getattr(e, "code", None)) from None
+        out.append(ids)
+    return out
+
+
+def encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str:
+    """A vector as floats, or as base64 of its little-endian float32 bytes (what the openai client reads)."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    llm = state.ready().engine
+    state.check_model(body.model)
+    if body.dimensions is not None and body.dimensions != llm.args.dim:
+        raise APIError(
+            f"'dimensions' {body.dimensions} is not supported: this model's embeddings have "
+            f"{llm.args.dim} dimensions and cannot be shortened",
+            param="dimensions",
+        )
+    ids = await run_in_threadpool(input_ids, state, llm, body)
+    vectors = await run_on_engine(state, lambda engine: embed_token_ids(engine, ids))
+    data = [
+        {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    num_tokens = sum(len(x) for x in ids)
+    return {
+        "object": "list",
+        "data": data,
+        "model": state.config.model_id,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+    }

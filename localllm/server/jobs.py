@@ -1,0 +1,223 @@
+"""A request's jobs on the engine thread: submission, collection, merged streams and SSE responses, and
+`run_on_engine` for model work between steps (prompt scores, embeddings). Shared by every endpoint
+module; `state` is app.ServerState (only its ready(), metrics and jobs are used here)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from localllm.engine.output import StepOutput
+from localllm.errors import KVCacheFullError, LocalLLMError
+from localllm.sampling_params import SamplingParams
+from localllm.server.metrics import RequestTracker
+from localllm.server.protocol import APIError, usage_totals
+from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
+
+if TYPE_CHECKING:
+    from localllm.server.app import ServerState
+
+log = logging.getLogger("localllm.server")
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": the response goes nowhere
+T = TypeVar("T")
+
+
+def shutting_down() -> APIError:
+    return APIError("the server is shutting down", 503, "server_error", code="server_shutdown")
+
+
+class Job:
+    """One submitted request. Outputs arrive on an asyncio queue from the engine thread; `close()`
+    (idempotent, synchronous so it works even while the task is being cancelled) aborts it if unfinished."""
+
+    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, prefix: str):
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.tracker = RequestTracker(state.metrics, self.id)
+        self._engine = state.ready()
+        self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
+        self._done = False
+        self._jobs = state.jobs
+        loop = asyncio.get_running_loop()
+
+        def sink(item: StepOutput | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+                pass
+
+        # Submitting here, not inside the stream, makes a full queue or an oversized prompt an HTTP
+        # status instead of an error in the middle of a 200 stream.
+        self._engine.submit(prompt_ids, params, sink, self.id)
+        self._jobs.add(self)
+
+    async def outputs(self) -> AsyncIterator[StepOutput]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True  # the engine already dropped the request, or interrupt() aborted it
+                raise item
+            self.tracker.observe(item)
+            self._done = self._done or item.finished
+            yield item
+            if item.finished:
+                return
+
+    def interrupt(self, error: BaseException) -> None:
+        """Abort the request and make its reader raise `error` (the server is shutting down)."""
+        self.close()
+        self._queue.put_nowait(error)
+
+    def close(self) -> None:
+        self._jobs.discard(self)
+        if not self._done:
+            self._done = True
+            self._engine.abort(self.id)
+            self.tracker.aborted()
+
+
+async def _gather(job: Job) -> list[StepOutput]:
+    return [out async for out in job.outputs()]
+
+
+async def _client_gone(request: Request) -> None:
+    # The body is already read, so the next ASGI message is http.disconnect when the client leaves.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(jobs: list[Job], request: Request) -> list[list[StepOutput]] | None:
+    """All outputs of each job of a non-streaming request; None (and the jobs aborted) if the client
+    left."""
+    gather = asyncio.ensure_future(asyncio.gather(*(_gather(job) for job in jobs)))
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gather.cancel()
+        gone.cancel()
+        for job in jobs:
+            job.close()
+    if gather.done() and not gather.cancelled():
+        return list(gather.result())
+    return None
+
+
+async def merged(jobs: list[Job]) -> AsyncIterator[tuple[int, StepOutput]]:
+    """The outputs of several jobs as they come, each with its job's index."""
+    streams = [job.outputs() for job in jobs]
+    pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    out = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, out
+                pending[asyncio.ensure_future(anext(streams[index]))] = index
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+def total_usage(jobs: list[Job], prompt_lens: list[int] | None = None) -> dict[str, Any]:
+    """Usage summed over a request's jobs (`prompt_lens`: with max_tokens 0 there are no jobs)."""
+    lasts = [job.tracker.last for job in jobs]
+    prompt = sum(prompt_lens) if prompt_lens is not None else sum(len(job.prompt_ids) for job in jobs)
+    generated = sum(last.generated_tokens for last in lasts if last is not None)
+    cached = sum(last.cached_tokens for last in lasts if last is not None)
+    return usage_totals(prompt, generated, cached)
+
+
+class EventStream(StreamingResponse):
+    """SSE response that aborts its jobs however the response ends: finished, client gone (Starlette
+    cancels the body on http.disconnect), or never started."""
+
+    def __init__(self, content: AsyncIterator[bytes], jobs: list[Job]):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.jobs = jobs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for job in self.jobs:
+                job.close()
+
+
+async def events(
+    jobs: list[Job],
+    chunks: ChunkBuilder,
+    head: list[bytes],
+    per_output: Callable[[int, StepOutput], Iterator[bytes]],
+    totals: Callable[[], dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """head, a chunk (or two) per output, the usage chunk if asked for, then [DONE]."""
+    try:
+        for chunk in head:
+            yield chunk
+        async for index, out in merged(jobs):
+            for chunk in per_output(index, out):
+                yield chunk
+        for chunk in chunks.usage_tail(totals()):
+            yield chunk
+    except Exception as e:  # after the 200 header an error can only travel inside the stream
+        code = getattr(e, "code", None)
+        if code != "server_shutdown":  # begin_shutdown logged those once
+            log.warning("%s failed mid-stream: %s", chunks.request_id, e)
+        yield sse_error(
+            str(e), "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error", code
+        )
+    finally:
+        for job in jobs:
+            job.close()
+    yield DONE
+
+
+async def run_on_engine(state: ServerState, fn: Callable[[Any], T]) -> T:
+    """`fn(llm)` on the engine thread between steps (work that needs the model outside generation);
+    its error is raised here. No free KV blocks for it now is a 503 to retry."""
+    engine = state.ready()
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work() -> None:  # on the engine thread
+        try:
+            result, error = fn(engine.engine), None
+        except Exception as e:
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+    engine.call_soon(work)
+    state.scoring.add(done)
+    try:
+        return await done
+    except KVCacheFullError as e:
+        raise APIError(
+            str(e), 503, "server_error", code="kv_cache_full", headers={"Retry-After": "1"}
+        ) from None
+    finally:
+        state.scoring.discard(done)

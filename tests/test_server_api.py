@@ -1,0 +1,127 @@
+"""The API surface beyond chat and completions, on the tiny model: /v1/embeddings (and LLM.embed),
+n > 1, suffix (fill-in-the-middle), system_fingerprint, /v1/responses and /v1/messages."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from test_server import MODEL_ID, Running, engine_factory, post, running_server
+
+from localllm.engine.embedding import embed_token_ids, model_pooling
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_model_path: Path, index_dir: Path) -> Iterator[Running]:
+    with running_server(engine_factory(tiny_model_path, index_dir)) as running:
+        yield running
+
+
+@pytest.fixture
+def client(srv: Running) -> openai.OpenAI:
+    return srv.client()
+
+
+def error_of(r: object) -> dict:
+    body = r.json()  # type: ignore[attr-defined]
+    return body["error"]
+
+
+# ------------------------------------------------------------------------------------------ embeddings
+
+TEXTS = ["the cat sat on the mat", "a dog", "hello there, how are you today?", "x"]
+
+
+def test_embeddings_openai_client(client: openai.OpenAI, srv: Running) -> None:
+    r = client.embeddings.create(model=MODEL_ID, input=TEXTS)
+    assert r.object == "list" and r.model == MODEL_ID and [d.index for d in r.data] == [0, 1, 2, 3]
+    vectors = np.array([d.embedding for d in r.data])
+    assert vectors.shape == (4, srv.engine.args.dim)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    ids = [srv.engine.tokenize_prompt(t) for t in TEXTS]
+    assert r.usage.prompt_tokens == r.usage.total_tokens == sum(len(i) for i in ids)
+    # each input alone gives the same vector as in the batch; token ids give the same as text
+    single = client.embeddings.create(model=MODEL_ID, input=TEXTS[2]).data[0].embedding
+    assert np.allclose(single, vectors[2], atol=1e-5)
+    by_ids = client.embeddings.create(model=MODEL_ID, input=ids)
+    assert np.allclose([d.embedding for d in by_ids.data], vectors, atol=1e-5)
+    one_ids = client.embeddings.create(model=MODEL_ID, input=ids[1])
+    assert np.allclose(one_ids.data[0].embedding, vectors[1], atol=1e-5)
+    srv.wait_idle()
+
+
+def test_embeddings_base64(srv: Running) -> None:
+    floats = post(srv, "/v1/embeddings", {"input": TEXTS[:2]}).json()
+    b64 = post(srv, "/v1/embeddings", {"input": TEXTS[:2], "encoding_format": "base64"}).json()
+    for f, b in zip(floats["data"], b64["data"], strict=True):
+        decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
+        assert np.array_equal(decoded, np.asarray(f["embedding"], dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"input": "hi", "dimensions": 3}, 400, "dimensions"),
+        ({"input": []}, 400, "input"),
+        ({"input": [[]]}, 400, "input"),
+        ({"input": ""}, 400, "input"),
+        ({"input": [10**9]}, 400, "input"),
+        ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"input": "hi", "pooling": "mean"}, 400, "pooling"),
+        ({"input": "hi", "model": "nope"}, 404, "model"),
+        ({"input": "word " * 5000}, 400, "input"),
+    ],
+)
+def test_embeddings_errors(srv: Running, body: dict, status: int, param: str) -> None:
+    r = post(srv, "/v1/embeddings", body)
+    assert r.status_code == status, r.text
+    assert error_of(r)["param"] == param
+
+
+def test_embeddings_dimensions_of_the_model_accepted(srv: Running) -> None:
+    r = post(srv, "/v1/embeddings", {"input": "hi", "dimensions": srv.engine.args.dim})
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == srv.engine.args.dim
+
+
+def test_embeddings_batched_in_few_passes(tiny_model_path: Path, index_dir: Path) -> None:
+    """64 inputs take as many forward passes as the token budget needs, not 64; results equal one by one,
+    for every pooling; long inputs are chunked."""
+    engine = engine_factory(tiny_model_path, index_dir, max_num_batched_tokens=64)()
+    inputs = [engine.tokenize_prompt(f"n{i}" * (1 + i % 3)) for i in range(64)]
+    inputs.append(engine.tokenize_prompt("a long input " * 15))  # longer than a step's budget
+    calls = []
+    real = engine.runner.hidden_states
+    engine.runner.hidden_states = lambda s, rows: calls.append(len(s)) or real(s, rows)  # type: ignore[method-assign]
+    for pooling in ("last", "mean", "cls"):
+        calls.clear()
+        batched = embed_token_ids(engine, inputs, pooling)
+        total = sum(len(i) for i in inputs)
+        assert len(calls) <= -(-total // 64) + 1 and max(calls) > 4
+        for k in (0, 7, 64):
+            alone = embed_token_ids(engine, [inputs[k]], pooling)[0]
+            assert np.allclose(alone, batched[k], atol=1e-4), pooling
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_embedding_pooling_from_metadata() -> None:
+    assert model_pooling({}, "llama") == "last"
+    assert model_pooling({"bert.pooling_type": 1}, "bert") == "mean"
+    assert model_pooling({"qwen3.pooling_type": 3}, "qwen3") == "last"
+    assert model_pooling({"x.pooling_type": 0}, "x") == "last"
+
+
+def test_llm_embed(tiny_model_path: Path, index_dir: Path) -> None:
+    from localllm.llm import LLM
+
+    llm = LLM(tiny_model_path, backend="numpy", threads=1, index_dir=index_dir)
+    many = llm.embed(TEXTS)
+    assert many.shape == (4, llm.engine.args.dim) and many.dtype == np.float32
+    assert np.allclose(llm.embed(TEXTS[1]), many[1:2], atol=1e-5)
+    ids = llm.tokenizer.encode(TEXTS[0])
+    assert np.allclose(llm.embed(ids), many[:1], atol=1e-5)
+    raw = llm.embed(TEXTS, pooling="mean", normalize=False)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1)
