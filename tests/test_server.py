@@ -402,7 +402,7 @@ BAD_BODIES = [
     ('{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}', "logit_bias"),
     ('{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"99999": 1}}', "logit_bias"),
     ('{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature"),
-    ('{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n"),
+    ('{"messages": [{"role": "user", "content": "x"}], "n": 0}', "n"),
     ('{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}', "top_logprobs"),
     ('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages"),
     ('{"messages": []}', "messages"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
+from test_server import CHAT as CHAT_MSG
 from test_server import MODEL_ID, Running, engine_factory, post, running_server
 
 from localllm.engine.embedding import embed_token_ids, model_pooling
@@ -125,3 +126,58 @@ def test_llm_embed(tiny_model_path: Path, index_dir: Path) -> None:
     assert np.allclose(llm.embed(ids), many[:1], atol=1e-5)
     raw = llm.embed(TEXTS, pooling="mean", normalize=False)
     assert not np.allclose(np.linalg.norm(raw, axis=1), 1)
+
+
+# ----------------------------------------------------------------------------------------------- n > 1
+
+LONG_CHAT = [{"role": "user", "content": "a prompt long enough to fill at least two cache blocks " * 2}]
+
+
+def test_chat_n_choices_share_the_prompt(client: openai.OpenAI, srv: Running) -> None:
+    bm = srv.engine.block_manager
+    kw = {"model": MODEL_ID, "messages": LONG_CHAT, "max_tokens": 5, "seed": 7, "temperature": 1.5}
+    hits = bm.num_prefix_hits
+    r = client.chat.completions.create(n=3, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    one = client.chat.completions.create(n=1, **kw)
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens > 32  # the prompt counts once
+    assert 3 <= r.usage.completion_tokens <= 15  # summed over the choices
+    full_blocks = (one.usage.prompt_tokens - 1) // 16 * 16
+    # choices 2 and 3 found the first one's prompt blocks in the prefix cache
+    assert bm.num_prefix_hits - hits >= 2 * full_blocks
+    assert r.choices[0].message.content == one.choices[0].message.content  # choice 0 keeps the seed
+    assert len({c.message.content for c in r.choices}) > 1  # later choices get their own seeds
+    assert r.system_fingerprint and r.system_fingerprint.startswith("fp_")
+    srv.wait_idle()
+
+
+def test_chat_n_stream(client: openai.OpenAI, srv: Running) -> None:
+    kw = {"model": MODEL_ID, "messages": CHAT_MSG, "max_tokens": 6, "seed": 3, "temperature": 1.0, "n": 2}
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    texts = {0: "", 1: ""}
+    for c in chunks[:-1]:
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]
+    assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 2
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert {c.system_fingerprint for c in chunks} == {whole.system_fingerprint}
+    srv.wait_idle()
+
+
+def test_completions_n_with_prompt_list(client: openai.OpenAI, srv: Running) -> None:
+    kw = {"model": MODEL_ID, "max_tokens": 4, "seed": 1, "temperature": 1.0, "echo": True}
+    r = client.completions.create(prompt=["Hello", "Bye now"], n=2, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    prompts = ["Hello", "Hello", "Bye now", "Bye now"]
+    assert all(c.text.startswith(p) for c, p in zip(r.choices, prompts, strict=True))
+    lens = [len(srv.engine.tokenize_prompt(p)) for p in ("Hello", "Bye now")]
+    assert r.usage.prompt_tokens == sum(lens)
+    stream = list(client.completions.create(prompt=["Hello", "Bye now"], n=2, stream=True, **kw))
+    texts = ["", "", "", ""]
+    for c in stream:
+        texts[c.choices[0].index] += c.choices[0].text
+    assert texts == [c.text for c in r.choices]
+    assert r.system_fingerprint == stream[0].system_fingerprint
+    srv.wait_idle()

@@ -39,7 +39,7 @@ CHAT_HONOURED: dict[str, Any] = {
     "top_logprobs": 2,
     "max_completion_tokens": 2,
     "max_tokens": 2,
-    "n": 1,
+    "n": 2,
     "seed": 3,
     "stop": ["zz"],
     "stream": False,
@@ -75,7 +75,6 @@ CHAT_REFUSED: list[tuple[str, Any]] = [
     ("verbosity", "low"),
     ("web_search_options", {}),
     ("moderation", {"model": "omni-moderation-latest"}),
-    ("n", 2),
     ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("response_format", {"type": "sound"}),
@@ -90,7 +89,7 @@ COMPLETION_HONOURED: dict[str, Any] = {
     "logit_bias": {"5": 1},
     "logprobs": 2,
     "max_tokens": 2,
-    "n": 1,
+    "n": 2,
     "seed": 3,
     "stop": "zz",
     "stream": False,
@@ -103,7 +102,6 @@ COMPLETION_HONOURED: dict[str, Any] = {
 COMPLETION_REFUSED: list[tuple[str, Any]] = [
     ("suffix", " return x"),
     ("best_of", 2),
-    ("n", 2),
     ("unknown_field", 1),
 ]
 

@@ -42,6 +42,7 @@ from localllm.server.jobs import (
     events,
     run_on_engine,
     shutting_down,
+    submit_choices,
     total_usage,
 )
 from localllm.server.metrics import ServerMetrics
@@ -54,6 +55,7 @@ from localllm.server.protocol import (
     ErrorResponse,
     SamplingRequest,
     TokenizeRequest,
+    chat_choice,
     chat_logprobs,
     chat_response,
     check_token_ids,
@@ -346,19 +348,6 @@ async def echo_of(
     return text, completion_logprobs(state.llm.tokenizer, scored, 0, first_id=ids[0])
 
 
-def submit_all(state: ServerState, prompts: list[tuple[list[int], str]], params: SamplingParams) -> list[Job]:
-    """A job per prompt; if one cannot be submitted (queue full), the others are aborted."""
-    jobs: list[Job] = []
-    try:
-        for ids, _ in prompts:
-            jobs.append(Job(state, ids, params, "cmpl"))
-    except BaseException:
-        for job in jobs:
-            job.close()
-        raise
-    return jobs
-
-
 # -------------------------------------------------------------------------------------------- handlers
 
 
@@ -368,40 +357,47 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, body.max_new_tokens())
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
-    job = Job(state, prompt_ids, params, "chatcmpl")
+    n = body.num_choices
+    jobs = await submit_choices(state, [prompt_ids], params, n, "chatcmpl")
+    rid, totals = jobs[0].id, lambda: total_usage(jobs, [len(prompt_ids)], n)
     if body.stream:
-        chunks = ChunkBuilder(job.id, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
+        chunks = ChunkBuilder(rid, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
         chunks.include_usage, chunks.logprobs = body.include_usage(), bool(body.logprobs)
-        stream = events([job], chunks, [chunks.chat_role()], chunks.chat_output, lambda: total_usage([job]))
-        return EventStream(stream, [job])
-    results = await collect([job], request)
+        chunks.fingerprint = state.fingerprint
+        head = [chunks.chat_role(i) for i in range(n)]
+        return EventStream(events(jobs, chunks, head, chunks.chat_output, totals), jobs)
+    results = await collect(jobs, request)
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    outs = results[0]
-    logprobs = chat_logprobs(llm.tokenizer, token_logprobs(outs)) if body.logprobs else None
-    return JSONResponse(chat_response(job.id, state.config.model_id, outs, logprobs))
+    choices = []
+    for i, outs in enumerate(results):
+        logprobs = chat_logprobs(llm.tokenizer, token_logprobs(outs)) if body.logprobs else None
+        choices.append(chat_choice(i, outs, logprobs))
+    return JSONResponse(chat_response(rid, state.config.model_id, choices, totals(), state.fingerprint))
 
 
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
     llm = check_request(state, body).engine
     prompts = await run_in_threadpool(completion_prompts, state, llm, body)
-    generates = body.generates()
+    generates, n = body.generates(), body.num_choices
     params = build_params(llm, body, body.max_tokens if generates else 1, body.logprobs)
     for ids, _ in prompts:
         check_context(llm, len(ids), params.max_tokens if generates else None, "prompt")
-    echoes = [await echo_of(state, body, ids, text) for ids, text in prompts]
-    jobs = submit_all(state, prompts, params) if generates else []
+    echoes = [await echo_of(state, body, ids, text) for ids, text in prompts for _ in range(n)]
+    ids_list = [ids for ids, _ in prompts]
+    jobs = await submit_choices(state, ids_list, params, n, "cmpl") if generates else []
     rid = jobs[0].id if jobs else f"cmpl-{uuid.uuid4().hex}"  # the first job's: matches its log line
-    lens = [len(ids) for ids, _ in prompts]
+    lens = [len(ids) for ids in ids_list]
     if body.stream:
         return completion_stream(state, body, rid, echoes, jobs, lens)
-    results = await collect(jobs, request) if generates else [[] for _ in prompts]
+    results = await collect(jobs, request) if generates else [[] for _ in echoes]
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
     pairs = enumerate(zip(echoes, results, strict=True))
     choices = [completion_choice_of(llm, body, i, echo, outs) for i, (echo, outs) in pairs]
-    return JSONResponse(completion_response(rid, state.config.model_id, choices, total_usage(jobs, lens)))
+    totals = total_usage(jobs, lens, n)
+    return JSONResponse(completion_response(rid, state.config.model_id, choices, totals, state.fingerprint))
 
 
 def completion_choice_of(
@@ -425,13 +421,16 @@ def completion_stream(
     jobs: list[Job],
     lens: list[int],
 ) -> EventStream:
-    """Echoed prompts first, then each choice's chunks as they come (`index` tells them apart)."""
+    """Echoed prompts first, then each choice's chunks as they come (`index` tells them apart: prompt
+    p's choice j is p * n + j)."""
     chunks = ChunkBuilder(rid, state.config.model_id, state.llm.tokenizer, "text_completion")
     chunks.include_usage, chunks.logprobs = body.include_usage(), body.logprobs is not None
+    chunks.fingerprint = state.fingerprint
     head = [chunks.completion_text(text, i, lp) for i, (text, lp) in enumerate(echoes) if text]
     if not jobs:  # max_tokens 0: nothing is generated
         head += [chunks.completion_text("", i, None, "length") for i in range(len(echoes))]
-    stream = events(jobs, chunks, head, chunks.completion_output, lambda: total_usage(jobs, lens))
+    n = body.num_choices
+    stream = events(jobs, chunks, head, chunks.completion_output, lambda: total_usage(jobs, lens, n))
     return EventStream(stream, jobs)
 
 

@@ -5,6 +5,7 @@ module; `state` is app.ServerState (only its ready(), metrics and jobs are used 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -47,11 +48,16 @@ class Job:
         self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
         self._done = False
         self._jobs = state.jobs
+        self._started = asyncio.Event()  # the first output (or error) has arrived: the prompt is computed
         loop = asyncio.get_running_loop()
+
+        def put(item: StepOutput | BaseException) -> None:
+            self._queue.put_nowait(item)
+            self._started.set()
 
         def sink(item: StepOutput | BaseException) -> None:
             try:
-                loop.call_soon_threadsafe(self._queue.put_nowait, item)
+                loop.call_soon_threadsafe(put, item)
             except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
                 pass
 
@@ -59,6 +65,10 @@ class Job:
         # status instead of an error in the middle of a 200 stream.
         self._engine.submit(prompt_ids, params, sink, self.id)
         self._jobs.add(self)
+
+    async def started(self) -> None:
+        """Until the prompt has been computed (its full KV blocks are then in the prefix cache)."""
+        await self._started.wait()
 
     async def outputs(self) -> AsyncIterator[StepOutput]:
         while True:
@@ -132,13 +142,45 @@ async def merged(jobs: list[Job]) -> AsyncIterator[tuple[int, StepOutput]]:
             task.cancel()
 
 
-def total_usage(jobs: list[Job], prompt_lens: list[int] | None = None) -> dict[str, Any]:
-    """Usage summed over a request's jobs (`prompt_lens`: with max_tokens 0 there are no jobs)."""
+def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str, Any]:
+    """Usage of a request as OpenAI counts it: each prompt once (its `n` choices share it), every choice's
+    completion; cached tokens are those of each prompt's first choice. With max_tokens 0 there are no jobs."""
     lasts = [job.tracker.last for job in jobs]
-    prompt = sum(prompt_lens) if prompt_lens is not None else sum(len(job.prompt_ids) for job in jobs)
     generated = sum(last.generated_tokens for last in lasts if last is not None)
-    cached = sum(last.cached_tokens for last in lasts if last is not None)
-    return usage_totals(prompt, generated, cached)
+    cached = sum(last.cached_tokens for last in lasts[::n] if last is not None)
+    return usage_totals(sum(prompt_lens), generated, cached)
+
+
+async def submit_choices(
+    state: ServerState, prompts: list[list[int]], params: SamplingParams, n: int, prefix: str
+) -> list[Job]:
+    """`n` jobs per prompt, prompt-major (choice index = prompt * n + j). Each prompt's first job runs
+    alone until its prompt is computed; the other n - 1 then find the prompt's full blocks in the prefix
+    cache instead of computing it again. Each choice gets its own seed (seed + j). If any submission
+    fails (queue full) or the request is cancelled meanwhile, the jobs so far are aborted."""
+    jobs: list[Job] = []
+    try:
+        firsts = [Job(state, ids, params, prefix) for ids in prompts]
+        jobs += firsts
+        if n > 1:
+            await asyncio.gather(*(job.started() for job in firsts))
+        for p, ids in enumerate(prompts):
+            jobs[p * n + 1 : p * n + 1] = [
+                Job(state, ids, choice_params(params, j), prefix) for j in range(1, n)
+            ]
+    except BaseException:
+        for job in jobs:
+            job.close()
+        raise
+    return jobs
+
+
+def choice_params(params: SamplingParams, j: int) -> SamplingParams:
+    """The j-th choice's parameters: the request's, with seed + j when a seed is given (so choices differ
+    and the request stays reproducible)."""
+    if params.seed is None or j == 0:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + j) % 2**64)
 
 
 class EventStream(StreamingResponse):

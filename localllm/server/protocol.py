@@ -109,7 +109,7 @@ class SamplingRequest(_Request):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = 1
+    n: int | None = Field(1, ge=1, le=128, description="Choices; they share the prompt's KV blocks.")
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=SEED_RANGE)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -139,8 +139,11 @@ class SamplingRequest(_Request):
                 raise APIError(f"'{name}' is not supported by this server yet", param=name)
 
     def check_n(self) -> None:
-        if self.n is not None and self.n != 1:
-            raise APIError("only n=1 is supported", param="n")
+        """Hook for fields tied to n (completions' best_of)."""
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -268,9 +271,10 @@ class CompletionRequest(SamplingRequest):
     MAX_PROMPTS: ClassVar[int] = 256
 
     def check_n(self) -> None:
-        super().check_n()
-        if self.best_of is not None and self.best_of != 1:
-            raise APIError("only best_of=1 is supported", param="best_of")
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            raise APIError("best_of is not supported (only 1, or equal to n)", param="best_of")
+        if len(self.prompts()) * self.num_choices > self.MAX_PROMPTS:
+            raise APIError(f"at most {self.MAX_PROMPTS} choices (prompts x n) per request", param="n")
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt of the request (OpenAI's batch form: a list of texts or of token lists)."""
@@ -419,22 +423,27 @@ def join_logprobs(head: dict[str, Any] | None, tail: dict[str, Any] | None) -> d
     return {key: head[key] + tail[key] for key in head}
 
 
-def chat_response(rid: str, model: str, outs: list[StepOutput], logprobs: dict | None) -> dict[str, Any]:
+def chat_choice(index: int, outs: list[StepOutput], logprobs: dict | None) -> dict[str, Any]:
     last = outs[-1] if outs else None
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": "".join(o.text for o in outs)},
+        "logprobs": logprobs,
+        "finish_reason": last.finish_reason if last else "stop",
+    }
+
+
+def chat_response(
+    rid: str, model: str, choices: list[dict[str, Any]], totals: dict[str, Any], fingerprint: str | None
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "".join(o.text for o in outs)},
-                "logprobs": logprobs,
-                "finish_reason": last.finish_reason if last else "stop",
-            }
-        ],
-        "usage": usage(last),
+        "choices": choices,
+        "usage": totals,
+        "system_fingerprint": fingerprint,
     }
 
 
@@ -443,7 +452,7 @@ def completion_choice(index: int, text: str, logprobs: dict | None, finish: str 
 
 
 def completion_response(
-    rid: str, model: str, choices: list[dict[str, Any]], totals: dict[str, Any]
+    rid: str, model: str, choices: list[dict[str, Any]], totals: dict[str, Any], fingerprint: str | None
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -452,4 +461,5 @@ def completion_response(
         "model": model,
         "choices": choices,
         "usage": totals,
+        "system_fingerprint": fingerprint,
     }

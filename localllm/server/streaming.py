@@ -48,10 +48,11 @@ class ChunkBuilder:
     include_usage: bool = False
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    fingerprint: str | None = None  # system_fingerprint, on every chunk as OpenAI sends it
     text_offsets: dict[int, int] = field(default_factory=dict)  # completions: next token's offset per choice
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
-        chunk = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
+        chunk = self._head()
         chunk["choices"] = choices
         if self.include_usage:
             chunk["usage"] = None
@@ -61,29 +62,38 @@ class ChunkBuilder:
         """The usage chunk (`choices: []`), when the client asked for it with stream_options."""
         if not self.include_usage:
             return []
-        chunk = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
-        return [sse({**chunk, "choices": [], "usage": totals})]
+        return [sse({**self._head(), "choices": [], "usage": totals})]
+
+    def _head(self) -> dict[str, Any]:
+        head = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model}
+        head["system_fingerprint"] = self.fingerprint
+        return head
 
     # -- chat ---------------------------------------------------------------------------------------
 
-    def chat_role(self) -> bytes:
+    def chat_role(self, index: int = 0) -> bytes:
         choice = {
-            "index": 0,
+            "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
         return self._chunk([choice])
 
-    def chat_output(self, _index: int, out: StepOutput) -> Iterator[bytes]:
+    def chat_output(self, index: int, out: StepOutput) -> Iterator[bytes]:
         """A content delta when there is text (or a logprob to report), then the finish chunk if done."""
         lp = out.logprob if (self.logprobs and out.logprob is not None and not is_stop_token(out)) else None
         if out.text or lp is not None:
             logprobs = chat_logprobs(self.tokenizer, [lp]) if lp is not None else None
-            choice = {"index": 0, "delta": {"content": out.text}, "logprobs": logprobs, "finish_reason": None}
+            choice = {
+                "index": index,
+                "delta": {"content": out.text},
+                "logprobs": logprobs,
+                "finish_reason": None,
+            }
             yield self._chunk([choice])
         if out.finished:
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(out)}
+            choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason(out)}
             yield self._chunk([choice])
 
     # -- completions --------------------------------------------------------------------------------
