@@ -68,6 +68,11 @@ class EngineConfig:
     # The model's models.toml defaults (only the sampling keys are read): what a request that leaves a
     # sampling value unset gets, before the built-in default (see sampling_params.resolve_sampling).
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Speculative decoding (engine/spec_decode.py): drafts from prompt lookup, or from a smaller model of
+    # the same vocabulary (a resolved .gguf path), at most draft_max tokens per sequence and step.
+    prompt_lookup: bool = False
+    draft_model: str | None = None
+    draft_max: int = 8
 
     def __post_init__(self) -> None:
         if self.backend not in ("numba", "numpy", "torch"):
@@ -82,9 +87,15 @@ class EngineConfig:
         for name in ("threads", "ctx_size", "kv_cache_mb", "num_kv_blocks"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if self.prompt_lookup and self.draft_model:
+            raise ConfigError("choose one way to draft: --prompt-lookup or --draft-model, not both")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "draft_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
+
+    @property
+    def speculative(self) -> bool:
+        return self.prompt_lookup or bool(self.draft_model)
 
     @property
     def num_threads(self) -> int:

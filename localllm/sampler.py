@@ -42,6 +42,13 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     """Greedy at temperature 0; otherwise temperature, top-k, top-p and min-p, then one draw."""
     if params.greedy:
         return int(np.argmax(logits))
+    candidates, probs = distribution(logits, params)
+    return int(candidates[rng.choice(len(probs), p=probs)])
+
+
+def distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens a non-greedy draw can pick and their probabilities (likeliest first): temperature,
+    top-k, top-p and min-p applied. Speculative decoding's acceptance rule reads the same numbers."""
     candidates = _top_k_candidates(logits, params.top_k)
     scaled = logits[candidates].astype(np.float64) / params.temperature
     order = np.argsort(-scaled, kind="stable")
@@ -53,8 +60,24 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
     if params.min_p > 0.0:
         keep = min(keep, max(1, int(np.sum(probs >= params.min_p * probs[0]))))
-    probs = probs[:keep] / probs[:keep].sum()
-    return int(candidates[rng.choice(keep, p=probs)])
+    return candidates[:keep], probs[:keep] / probs[:keep].sum()
+
+
+def dense_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """distribution() as a vocabulary-sized vector (zeros outside the candidates); one-hot when greedy."""
+    probs = np.zeros(logits.shape[0], dtype=np.float64)
+    if params.greedy:
+        probs[int(np.argmax(logits))] = 1.0
+        return probs
+    if params.top_p >= 1.0 and params.min_p == 0.0:  # no cut by rank: skip distribution()'s sort
+        candidates = _top_k_candidates(logits, params.top_k)
+        scaled = logits[candidates].astype(np.float64) / params.temperature
+        p = np.exp(scaled - scaled.max())
+        probs[candidates] = p / p.sum()
+        return probs
+    candidates, p = distribution(logits, params)
+    probs[candidates] = p
+    return probs
 
 
 def _top_k_candidates(logits: np.ndarray, top_k: int) -> np.ndarray:

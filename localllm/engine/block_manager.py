@@ -102,6 +102,19 @@ class BlockManager:
                 self.free_block_ids[block_id] = None
         seq.block_table = []
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back seq's blocks past the first num_tokens tokens (a verify step's rejected drafts).
+        They never held a full block of computed tokens, so no hash names them: they go to the front of
+        the free list, to be reused first."""
+        keep = self.blocks_needed(num_tokens)
+        for block_id in seq.block_table[keep:]:
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count == 0 and block.hash is None, f"block {block_id} is shared or cached"
+            self.free_block_ids[block_id] = None
+            self.free_block_ids.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.num_prefix_queries += num_prompt_tokens
         self.num_prefix_hits += num_hit_tokens

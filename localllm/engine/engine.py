@@ -20,7 +20,7 @@ from localllm.engine.kv_cache import KVCache, kv_bytes_per_token
 from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.model_runner import ModelRunner, SampledToken
 from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
-from localllm.engine.scheduler import Scheduler
+from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
 from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
 from localllm.sampler import make_generator
@@ -79,7 +79,12 @@ class LLMEngine:
         )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.spec = None
+        if config.speculative:
+            from localllm.engine.spec_decode import SpecDecoder
+
+            self.spec = SpecDecoder(self)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.spec.verify if self.spec else None)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._calls: deque[Callable[[], None]] = deque()  # call_soon: run by the stepping thread
@@ -163,6 +168,8 @@ class LLMEngine:
         if request is None or request.seq.is_finished:
             return None
         self.scheduler.finish(request.seq, "abort")
+        if self.spec is not None:
+            self.spec.release(request_id)
         return self._output(request, "", None, None, time.perf_counter())
 
     def has_unfinished(self) -> bool:
@@ -180,14 +187,36 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
+        start = time.perf_counter()
+        if self.spec is not None:
+            self.spec.propose(plan)
         sampled = self.runner.run(plan.scheduled)
         now = time.perf_counter()
         outputs = []
-        for item, token in zip(plan.scheduled, sampled, strict=True):
+        for item, tokens in zip(plan.scheduled, sampled, strict=True):
             item.seq.num_computed_tokens += item.num_tokens
             self.block_manager.cache_full_blocks(item.seq)
-            if token is not None:
-                outputs.append(self._on_token(self.requests[item.seq.request_id], token, now))
+            outputs += self._on_tokens(self.requests[item.seq.request_id], item, tokens, now)
+        if self.spec is not None:
+            self.spec.record_step(plan, now - start)
+        return outputs
+
+    def _on_tokens(
+        self, request: _Request, item: ScheduledSeq, tokens: list[SampledToken], now: float
+    ) -> list[StepOutput]:
+        """A step's tokens for one sequence, each through _on_token: one, or a verify step's kept drafts
+        and one more. A kept draft's K/V was computed in the step; the rejected ones' is rolled back."""
+        seq, outputs = request.seq, []
+        for i, token in enumerate(tokens):
+            if i:  # the token before was a kept draft
+                seq.num_computed_tokens += 1
+                if seq.num_computed_tokens % self.block_manager.block_size == 0:
+                    self.block_manager.cache_full_blocks(seq)
+            outputs.append(self._on_token(request, token, now))
+            if seq.is_finished:
+                return outputs
+        if item.draft:
+            self.block_manager.trim(seq, seq.num_tokens)
         return outputs
 
     def _on_token(self, request: _Request, token: SampledToken, now: float) -> StepOutput:
@@ -217,6 +246,8 @@ class LLMEngine:
     ) -> StepOutput:
         self.scheduler.finish(request.seq, reason)
         self.requests.pop(request.seq.request_id, None)
+        if self.spec is not None:
+            self.spec.release(request.seq.request_id)
         out = self._output(request, text, request.seq.token_ids[-1], logprob, now)
         out.stop_reason = stop
         return out
@@ -318,8 +349,6 @@ def score_tokens(engine: LLMEngine, token_ids: list[int]) -> Any:
 
     Goes through the same block manager, runner and KV cache as generation; the blocks are freed after.
     """
-    from localllm.engine.scheduler import ScheduledSeq
-
     engine.check_prompt(len(token_ids))
     seq = Sequence("score", list(token_ids), SamplingParams(temperature=0))
     if not engine.block_manager.allocate(seq, len(token_ids)):
@@ -338,7 +367,6 @@ def prompt_logprobs(
     """The log-probability of each prompt token given the ones before it (None for the first), with the
     `num_top` likeliest alternatives: one prefill in chunks of `chunk` positions, so that the logits held
     at once stay small whatever the prompt's length. The blocks are freed after; nothing is cached."""
-    from localllm.engine.scheduler import ScheduledSeq
     from localllm.sampler import log_softmax, top_logprobs
 
     engine.check_prompt(len(token_ids))

@@ -3,6 +3,7 @@ mixed batch, and samples each sequence that reached its last token with its own 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,27 +22,32 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
+# verify(item, logits rows of its last token and drafts) -> the tokens it emits (speculative decoding)
+Verify = Callable[[ScheduledSeq, np.ndarray], list[SampledToken]]
+
+
 class ModelRunner:
-    def __init__(self, model: Any, kv_cache: KVCache):
+    def __init__(self, model: Any, kv_cache: KVCache, verify: Verify | None = None):
         self.model = model
         self.backend = model.backend
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
+        self.verify = verify
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         input_ids, positions, slots, query_start, context_lens, logits_indices = [], [], [], [0], [], []
         for item in scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_tokens
+            end = start + item.num_tokens + len(item.draft)
             pos = np.arange(start, end, dtype=np.int64)
             table = np.asarray(seq.block_table, dtype=np.int64)
-            input_ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
+            input_ids.append(np.asarray(seq.token_ids[start:end] + item.draft, dtype=np.int64))
             positions.append(pos)
             slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            query_start.append(query_start[-1] + item.num_tokens)
+            query_start.append(query_start[-1] + end - start)
             context_lens.append(end)
-            if item.samples:
-                logits_indices.append(query_start[-1] - 1)
+            if item.samples:  # a verify step needs logits at the last token and at every draft
+                logits_indices.extend(range(query_start[-1] - 1 - len(item.draft), query_start[-1]))
         return ForwardBatch(
             input_ids=np.concatenate(input_ids),
             positions=np.concatenate(positions),
@@ -60,18 +66,24 @@ class ModelRunner:
             tables[i, : len(item.seq.block_table)] = item.seq.block_table
         return tables
 
-    def run(self, scheduled: list[ScheduledSeq]) -> list[SampledToken | None]:
-        """One forward pass; a SampledToken per scheduled sequence that samples, else None."""
+    def run(self, scheduled: list[ScheduledSeq]) -> list[list[SampledToken]]:
+        """One forward pass; per scheduled sequence the tokens it emits: none (a prefill chunk short of
+        the prompt's end), one sampled token, or a verify step's accepted drafts and one more token."""
         batch = self.prepare(scheduled)
         logits = self.backend.to_numpy(self.model.forward(batch, self.kv_cache))
-        results: list[SampledToken | None] = []
+        results: list[list[SampledToken]] = []
         row = 0
         for item in scheduled:
             if not item.samples:
-                results.append(None)
-                continue
-            results.append(self._sample(item, logits[row]))
-            row += 1
+                results.append([])
+            elif item.draft:
+                assert self.verify is not None, "drafts need a verify rule"
+                rows = len(item.draft) + 1
+                results.append(self.verify(item, logits[row : row + rows]))
+                row += rows
+            else:
+                results.append([self._sample(item, logits[row])])
+                row += 1
         return results
 
     def hidden_states(self, scheduled: list[ScheduledSeq], rows: np.ndarray) -> np.ndarray:

@@ -20,6 +20,9 @@ from localllm.engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens of this sequence computed in the step
+    # drafted tokens verified after them (speculative decoding): their K/V is written in the same pass,
+    # and kept only as far as the drafts are accepted
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:

@@ -1,0 +1,132 @@
+"""The draft model of speculative decoding: a smaller model with the target's vocabulary proposes tokens.
+
+It runs on the target's backend but has its own paged KV cache and BlockManager (without prefix caching):
+the target's pool, its prefix-cache hashes and its preemptions stay the target's alone. Each target
+sequence has a shadow Sequence here holding the same tokens; before drafting, the shadow's K/V catches up
+on whatever the target accepted since (its whole prompt the first time), in the first of the k batched
+draft passes. Rejected drafts are forgotten by rewinding the shadow's num_computed_tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from localllm.engine.block_manager import BlockManager
+from localllm.engine.kv_cache import KVCache
+from localllm.engine.model_runner import ModelRunner
+from localllm.engine.scheduler import ScheduledSeq
+from localllm.engine.sequence import Sequence
+from localllm.errors import ConfigError
+from localllm.sampler import apply_penalties, dense_distribution
+
+Proposal = tuple[list[int], np.ndarray | None]  # drafted tokens, and their q rows when sampled
+
+
+def check_same_vocabulary(target: Any, draft: Any) -> None:
+    """Refuse a draft model whose token list differs from the target's: its ids would mean other text."""
+    ours = list(target.metadata.get("tokenizer.ggml.tokens") or [])
+    theirs = list(draft.metadata.get("tokenizer.ggml.tokens") or [])
+    if ours == theirs and ours:
+        return
+    where = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    detail = (
+        f"token {where} is {theirs[where]!r} there and {ours[where]!r} here"
+        if where is not None
+        else f"{len(theirs)} tokens there, {len(ours)} here"
+    )
+    raise ConfigError(
+        f"the draft model {draft.path.name} does not share {target.path.name}'s vocabulary ({detail}); "
+        "a draft model must use the same tokenizer"
+    )
+
+
+class DraftModel:
+    def __init__(self, path: str, target: Any):
+        from localllm.gguf_file import GGUFFile
+        from localllm.models import load_model
+
+        config = target.config
+        self.gguf = GGUFFile.open(path, config.index_dir)
+        check_same_vocabulary(target.gguf, self.gguf)
+        backend = target.backend
+        if config.index_dir is None:
+            self.model = load_model(self.gguf, backend)
+        else:
+            with backend.weight_cache(self.gguf, config.index_dir):
+                self.model = load_model(self.gguf, backend)
+        a = self.model.args
+        num_blocks = target.block_manager.num_blocks
+        self.kv = KVCache(
+            backend, a.n_layers, num_blocks, config.block_size, a.n_kv_heads, a.head_dim, target.cache_types
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(self.model, self.kv)
+        self.vocab_size = target.args.vocab_size
+        self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
+        backend.warmup(self.model, target.cache_types)
+
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
+        """Up to k drafted tokens for each (sequence, k), in max(k) batched passes of the draft model."""
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[np.ndarray]] = [[] for _ in requests]
+        active = []
+        for i, (seq, k) in enumerate(requests):
+            shadow = self._sync(seq)
+            if self.block_manager.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens + k - 1):
+                active.append((i, shadow, k))
+        while active:
+            items = [ScheduledSeq(s, s.num_tokens - s.num_computed_tokens) for _, s, _ in active]
+            logits = self._forward(items)
+            for (i, shadow, _), item, row in zip(active, items, logits, strict=True):
+                shadow.num_computed_tokens += item.num_tokens
+                token, q = self._choose(shadow, row)
+                shadow.append_token(token)
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+            active = [a for a in active if len(drafts[a[0]]) < a[2]]
+        return [(d, np.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
+
+    def _sync(self, seq: Sequence) -> Sequence:
+        """seq's shadow with seq's tokens; its K/V kept as far as its earlier drafts were accepted."""
+        entry = self.shadows.get(seq.request_id)
+        if entry is None:
+            shadow = Sequence(seq.request_id, seq.prompt_token_ids, seq.params, seq.rng)
+            entry = (shadow, 0)
+        shadow, same = entry
+        old, new = shadow.token_ids, seq.token_ids
+        while same < min(len(old), len(new)) and old[same] == new[same]:
+            same += 1
+        shadow.token_ids = list(new)
+        shadow.num_computed_tokens = min(shadow.num_computed_tokens, same)
+        self.shadows[seq.request_id] = (shadow, len(new))
+        return shadow
+
+    def _forward(self, items: list[ScheduledSeq]) -> np.ndarray:
+        batch = self.runner.prepare(items)
+        return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
+
+    def _choose(self, shadow: Sequence, row: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """The draft token, processed as the target's own sampling would (penalties over the shadow's
+        history); with sampling, the distribution q it was drawn from, which the acceptance rule needs."""
+        row = _fit(row, self.vocab_size)
+        params = shadow.params
+        processed = apply_penalties(row, params, shadow.prompt_token_ids, shadow.output_token_ids)
+        if params.greedy:
+            return int(np.argmax(processed)), None
+        q = dense_distribution(processed, params)
+        return int(shadow.rng.choice(len(q), p=q)), q
+
+    def release(self, request_id: str) -> None:
+        entry = self.shadows.pop(request_id, None)
+        if entry is not None and entry[0].block_table:
+            self.block_manager.free(entry[0])
+
+
+def _fit(row: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The draft's logits over the target's vocabulary (output rows past the token list never win)."""
+    if len(row) >= vocab_size:
+        return row[:vocab_size]
+    return np.concatenate([row, np.full(vocab_size - len(row), -np.inf, dtype=row.dtype)])

@@ -1,0 +1,126 @@
+"""Speculative decoding inside continuous batching: the engine's glue.
+
+Each step, after the scheduler's plan, decoding sequences may get drafted tokens (prompt lookup or a draft
+model, as many as spec_policy says pays); their blocks grow to hold them. The target then runs ONE forward
+pass over the whole ragged batch (a sequence with k drafts is a (k+1)-token query with logits at every
+position), and `verify` applies the acceptance rule per sequence. The engine emits every kept token through
+its one per-token path and rolls the rest back (num_computed_tokens, surplus blocks).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from localllm.engine.model_runner import SampledToken
+from localllm.engine.ngram import propose_ngram
+from localllm.engine.scheduler import ScheduledSeq, SchedulerOutput
+from localllm.engine.sequence import Sequence
+from localllm.engine.spec_policy import SpecPolicy
+from localllm.engine.spec_verify import verify_draft
+
+
+@dataclass(slots=True)
+class SpecStats:
+    drafted_tokens: int = 0  # drafted tokens verified by the target
+    accepted_tokens: int = 0  # of which kept
+    verify_steps: int = 0  # sequence-steps that verified drafts
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+
+class NgramProposer:
+    """Prompt lookup: no model, no state."""
+
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[tuple[list[int], Any]]:
+        return [(propose_ngram(seq.token_ids, k), None) for seq, k in requests]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class SpecDecoder:
+    def __init__(self, engine: Any):
+        config = engine.config
+        self.block_manager = engine.block_manager
+        self.max_model_len = engine.max_model_len
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        if config.draft_model:
+            from localllm.engine.draft_model import DraftModel
+
+            self.proposer: Any = DraftModel(config.draft_model, engine)
+        else:
+            self.proposer = NgramProposer()
+        self.policy = SpecPolicy(config.draft_max)
+        self.stats = SpecStats()
+        self._probs: dict[str, np.ndarray | None] = {}
+        self._draft_seconds = 0.0
+        self._drafted = 0
+
+    def propose(self, plan: SchedulerOutput) -> None:
+        """Attach drafts to the plan's decoding sequences, growing their block tables to hold them."""
+        start = time.perf_counter()
+        decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
+        self._drafted = 0
+        if not decodes:
+            return
+        lengths = self.policy.lengths([it.seq.request_id for it in decodes], plan.num_tokens)
+        wanted = self._allocate(decodes, lengths, self.max_num_batched_tokens - plan.num_tokens)
+        proposals = self.proposer.propose([(it.seq, k) for it, k in wanted]) if wanted else []
+        for (item, _), (draft, probs) in zip(wanted, proposals, strict=True):
+            item.draft = draft
+            self._probs[item.seq.request_id] = probs
+            self._drafted += len(draft)
+            if not draft:  # nothing found: give back the blocks taken for it
+                self.block_manager.trim(item.seq, item.seq.num_tokens)
+        self._draft_seconds = time.perf_counter() - start
+
+    def _allocate(
+        self, decodes: list[ScheduledSeq], lengths: list[int], budget: int
+    ) -> list[tuple[ScheduledSeq, int]]:
+        """The sequences that draft and how many tokens each: capped by the step's token budget, the
+        context, max_tokens, and free blocks (drafts never preempt anything)."""
+        wanted = []
+        for item, k in zip(decodes, lengths, strict=True):
+            seq = item.seq
+            left = seq.params.max_tokens - seq.num_output_tokens if seq.params.max_tokens else k + 1
+            k = min(k, budget, self.max_model_len - seq.num_tokens - 1, left - 1)
+            if k > 0 and self.block_manager.allocate(seq, 1 + k):
+                wanted.append((item, k))
+                budget -= k
+        return wanted
+
+    def verify(self, item: ScheduledSeq, logits: np.ndarray) -> list[SampledToken]:
+        """The runner's hook for a sequence with drafts: the tokens it keeps, plus one of the target's."""
+        probs = self._probs.pop(item.seq.request_id, None)
+        tokens = verify_draft(item.seq, item.draft, logits, probs)
+        accepted = len(tokens) - 1
+        self.stats.drafted_tokens += len(item.draft)
+        self.stats.accepted_tokens += accepted
+        self.stats.verify_steps += 1
+        self.policy.record_verify(item.seq.request_id, len(item.draft), accepted)
+        return tokens
+
+    def record_step(self, plan: SchedulerOutput, seconds: float) -> None:
+        """Feed a decode/verify step's measured time to the cost model (steps with prefill are left out)."""
+        if all(it.num_tokens == 1 for it in plan.scheduled):
+            num_tokens = plan.num_tokens + self._drafted
+            forward = seconds - self._draft_seconds
+            self.policy.costs.record(num_tokens, forward, self._draft_seconds, self._drafted)
+        self._draft_seconds, self._drafted = 0.0, 0
+
+    def release(self, request_id: str) -> None:
+        """A finished or aborted request: drop its draft state (and the draft model's blocks)."""
+        self._probs.pop(request_id, None)
+        self.proposer.release(request_id)
+        self.policy.forget(request_id)
+
+
+def _eligible(seq: Sequence) -> bool:
+    """Whether seq may draft. (Constrained sequences would go here: their mask is per step.)"""
+    return True

@@ -1,0 +1,188 @@
+"""Speculative decoding on the tiny random model: greedy output identical with and without it (prompt
+lookup and draft models, alone and 16 at once), the acceptance rule keeps the target's distribution, and
+rolled-back drafts leave the block manager as a plain run leaves it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from engine_scenarios import alone, run_with_arrivals
+from tiny_model import write_tiny_model
+
+from localllm.config import EngineConfig
+from localllm.engine.draft_model import check_same_vocabulary
+from localllm.engine.engine import LLMEngine
+from localllm.engine.ngram import propose_ngram
+from localllm.engine.sequence import Sequence
+from localllm.engine.spec_policy import best_length, expected_tokens
+from localllm.engine.spec_verify import verify_draft
+from localllm.errors import ConfigError
+from localllm.sampler import dense_distribution, make_generator
+from localllm.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def make_engine(path, index_dir, **kw) -> LLMEngine:
+    kw.setdefault("max_num_seqs", 16)
+    return LLMEngine(EngineConfig(model=str(path), backend="numpy", index_dir=index_dir, threads=1, **kw))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_path, index_dir):
+    return make_engine(tiny_model_path, index_dir)
+
+
+@pytest.fixture(scope="module")
+def other_draft_path(tmp_path_factory):
+    """A second random model with the same vocabulary: its drafts are mostly wrong."""
+    return write_tiny_model(tmp_path_factory.mktemp("draft") / "tiny-draft.Q8_0.gguf", seed=7, n_layers=1)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts that repeat a phrase, so prompt lookup finds matches to draft from."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        phrase = rng.integers(3, 260, size=rng.integers(3, 9)).tolist()
+        out.append(rng.integers(3, 260, size=rng.integers(1, 10)).tolist() + phrase * 3 + phrase[:2])
+    return out
+
+
+def test_ngram_proposes_what_followed_the_latest_match():
+    assert propose_ngram([1, 2, 3, 4, 5, 9, 1, 2, 3], 3) == [4, 5, 9]
+    assert propose_ngram([7, 2, 3, 8, 1, 2, 3, 6, 5, 2, 3], 2) == [6, 5]  # the latest of two matches
+    assert propose_ngram([1, 2, 3, 4], 3) == []
+    assert propose_ngram([1, 2, 1, 2], 0) == []
+
+
+def test_policy_drafts_only_where_it_pays():
+    assert expected_tokens(3, 0.0) == 1.0 and expected_tokens(3, 1.0) == 4.0
+    assert best_length(0.9, 0.05, 8) == 8  # cheap and likely: draft the most
+    assert best_length(0.2, 0.5, 8) == 0  # costly and unlikely: off
+    assert 0 < best_length(0.8, 0.3, 8) < 8
+
+
+@pytest.mark.parametrize("how", ["lookup", "self-draft", "other-draft"])
+def test_greedy_identical_alone_and_in_a_batch_of_16(
+    how, plain, tiny_model_path, other_draft_path, index_dir
+):
+    options = {
+        "lookup": {"prompt_lookup": True},
+        "self-draft": {"draft_model": str(tiny_model_path)},
+        "other-draft": {"draft_model": str(other_draft_path)},
+    }[how]
+    spec = make_engine(tiny_model_path, index_dir, **options)
+    spec.spec.policy.lengths = lambda ids, num_tokens: [8] * len(ids)  # the longest drafts, every step
+    ps = prompts(16, seed=1)
+    expected = {i: alone(plain, p, GREEDY) for i, p in enumerate(ps)}
+    assert {i: alone(spec, p, GREEDY) for i, p in enumerate(ps[:4])} == {i: expected[i] for i in range(4)}
+    assert run_with_arrivals(spec, ps, GREEDY, seed=2) == expected
+    stats = spec.spec.stats
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    if how == "self-draft":  # a model drafting for itself is always right
+        assert stats.accepted_tokens == stats.drafted_tokens
+    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+    if how != "lookup":
+        draft_blocks = spec.spec.proposer.block_manager
+        spec.step()  # the next step forgets the finished sequences' shadows
+        assert draft_blocks.num_free_blocks == draft_blocks.num_blocks
+
+
+@pytest.mark.parametrize("how", ["lookup", "other-draft"])
+def test_rollback_keeps_blocks_and_prefix_hashes_consistent(
+    how, tiny_model_path, other_draft_path, index_dir
+):
+    """A tight pool (preemptions) with speculation: same output, every block back, and every block in the
+    prefix cache holds tokens the sequences really have (never a rejected draft)."""
+    ps = prompts(10, seed=3)
+    spec = {"prompt_lookup": True} if how == "lookup" else {"draft_model": str(other_draft_path)}
+    engines = [
+        make_engine(tiny_model_path, index_dir, num_kv_blocks=10, ctx_size=128, max_num_seqs=8, **kw)
+        for kw in ({}, spec)
+    ]
+    outs = [run_with_arrivals(e, ps, GREEDY, seed=4) for e in engines]
+    assert outs[0] == outs[1]
+    bm, stats = engines[1].block_manager, engines[1].spec.stats
+    assert bm.num_free_blocks == bm.num_blocks and stats.drafted_tokens > 0
+    if how == "other-draft":
+        assert stats.accepted_tokens < stats.drafted_tokens  # some drafts were rolled back
+    valid = valid_hashes([p + outs[1][i] for i, p in enumerate(ps)], bm.block_size)
+    assert bm.hash_to_block_id and set(bm.hash_to_block_id) <= valid
+    assert all(bm.blocks[b].hash == h for h, b in bm.hash_to_block_id.items())
+
+
+def valid_hashes(sequences: list[list[int]], block_size: int) -> set[int]:
+    """The chained hash of every full block of every sequence."""
+    from localllm.engine.block_manager import block_hash
+
+    valid = set()
+    for tokens in sequences:
+        parent = None
+        for start in range(0, len(tokens) - block_size + 1, block_size):
+            parent = block_hash(parent, tuple(tokens[start : start + block_size]))
+            valid.add(parent)
+    return valid
+
+
+def test_seeded_sampling_with_speculation_is_reproducible(tiny_model_path, index_dir):
+    params = SamplingParams(temperature=0.9, top_k=20, seed=5, max_tokens=20, ignore_eos=True)
+    spec = make_engine(tiny_model_path, index_dir, prompt_lookup=True)
+    p = prompts(1, seed=6)[0]
+    assert alone(spec, p, params) == alone(spec, p, params)
+
+
+def test_draft_model_with_another_vocabulary_is_refused():
+    target = SimpleNamespace(metadata={"tokenizer.ggml.tokens": ["a", "b", "c"]}, path=_Named("big.gguf"))
+    draft = SimpleNamespace(metadata={"tokenizer.ggml.tokens": ["a", "x", "c"]}, path=_Named("small.gguf"))
+    with pytest.raises(ConfigError, match="does not share big.gguf's vocabulary.*token 1"):
+        check_same_vocabulary(target, draft)
+    check_same_vocabulary(target, target)
+
+
+class _Named:
+    def __init__(self, name: str):
+        self.name = name
+
+
+# ---- the acceptance rule keeps the target's distribution ------------------------------------------------
+
+VOCAB = 6
+TARGET = np.log(np.array([0.05, 0.4, 0.2, 0.15, 0.1, 0.1]))
+DRAFT_Q = np.array([0.3, 0.1, 0.1, 0.3, 0.1, 0.1])
+
+
+def _first_tokens(params: SamplingParams, q: np.ndarray | None, trials: int = 20000) -> np.ndarray:
+    """The distribution of the first token a one-draft verify step emits."""
+    rng = np.random.default_rng(0)
+    seq = Sequence("s", [0], params, make_generator(1))
+    logits = np.stack([TARGET, TARGET]).astype(np.float32)
+    counts = np.zeros(VOCAB)
+    for _ in range(trials):
+        draft = int(rng.choice(VOCAB, p=q)) if q is not None else 3
+        counts[verify_draft(seq, [draft], logits, None if q is None else q[None, :])[0].token_id] += 1
+    return counts / trials
+
+
+@pytest.mark.parametrize("q", [DRAFT_Q, None], ids=["draft-model", "lookup"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=4, repeat_penalty=1.3),  # penalty on token 0 (the prompt)
+])  # fmt: skip
+def test_rejection_sampling_keeps_the_target_distribution(q, params):
+    from localllm.sampler import apply_penalties
+
+    p = dense_distribution(apply_penalties(TARGET.astype(np.float32), params, [0], []), params)
+    freq = _first_tokens(params, q)
+    sigma = np.sqrt(p * (1 - p) / 20000)
+    assert np.all(np.abs(freq - p) <= 4.5 * sigma + 1e-9), (freq, p)
+
+
+def test_greedy_verify_keeps_the_argmax_prefix():
+    seq = Sequence("s", [0], SamplingParams(temperature=0), None)
+    logits = np.eye(VOCAB, dtype=np.float32)[[2, 4, 1, 5]]  # argmax 2, 4, 1, 5
+    assert [t.token_id for t in verify_draft(seq, [2, 4, 3], logits)] == [2, 4, 1]
+    assert [t.token_id for t in verify_draft(seq, [2, 4, 1], logits)] == [2, 4, 1, 5]
+    assert [t.token_id for t in verify_draft(seq, [0, 4, 1], logits)] == [2]
