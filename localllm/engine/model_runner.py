@@ -41,7 +41,8 @@ class ModelRunner:
             end = start + item.num_tokens + len(item.draft)
             pos = np.arange(start, end, dtype=np.int64)
             table = np.asarray(seq.block_table, dtype=np.int64)
-            input_ids.append(np.asarray(seq.token_ids[start:end] + item.draft, dtype=np.int64))
+            tokens = seq.token_ids[start : start + item.num_tokens] + item.draft
+            input_ids.append(np.asarray(tokens, dtype=np.int64))
             positions.append(pos)
             slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
             query_start.append(query_start[-1] + end - start)

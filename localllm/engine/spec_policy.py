@@ -61,8 +61,12 @@ class StepCosts:
     def __init__(self) -> None:
         self.times: dict[int, float] = {}
         self.draft_per_token = 0.0
+        self._seen: set[int] = set()
 
     def record(self, num_tokens: int, seconds: float, draft_seconds: float, drafted: int) -> None:
+        if num_tokens not in self._seen:  # a size's first step may load or compile kernels: not a cost
+            self._seen.add(num_tokens)
+            return
         old = self.times.get(num_tokens)
         self.times[num_tokens] = seconds if old is None else (1 - EMA) * old + EMA * seconds
         if drafted:
