@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from localllm.errors import LocalLLMError
+from localllm.structured.spec import StructuredSpec
 
 # The keys a model may set defaults for (models.toml `[models.NAME.defaults]`, GGUF general.sampling.*).
 MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens")
@@ -67,6 +68,9 @@ class SamplingParams:
     # End a reply that keeps repeating one span (finish_reason "repetition"); off with ignore_eos, which
     # asks for exactly max_tokens tokens (benchmarks).  See localllm.engine.loop_guard.
     loop_guard: bool = True
+    # Constrained decoding: only tokens that keep the output valid for this JSON schema / grammar /
+    # regex may be sampled, and the request ends when the output is complete (localllm.structured).
+    structured: StructuredSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

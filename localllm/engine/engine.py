@@ -88,6 +88,7 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._calls: deque[Callable[[], None]] = deque()  # call_soon: run by the stepping thread
+        self._grammars: Any = None  # structured.matcher.GrammarCompiler, made by the first constraint
         self.backend.warmup(self.model, self.cache_types)
 
     def _load_model(self, load_model: Any) -> Any:
@@ -138,6 +139,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise LocalLLMError(f"request id '{request_id}' is already in use")
         seq = Sequence(request_id, ids, params, make_generator(params.seed))
+        if params.structured is not None:
+            seq.constraint = self.grammars.matcher(params.structured)
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )
@@ -146,6 +149,16 @@ class LLMEngine:
         self.requests[request_id] = _Request(seq, detok, stop_ids, guard)
         self.scheduler.add(seq)
         return request_id
+
+    @property
+    def grammars(self) -> Any:
+        """The compiler (and cache) of this model's constrained-decoding grammars; llguidance loads here,
+        with the first constrained request. Thread-safe, so the server compiles before submitting."""
+        if self._grammars is None:
+            from localllm.structured.matcher import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.args.vocab_size)
+        return self._grammars
 
     def check_token_ids(self, ids: Any) -> list[int]:
         """A prompt given as token ids, each an integer id of this model's vocabulary."""
@@ -231,6 +244,8 @@ class LLMEngine:
         text, matched = request.detokenizer.add(token.token_id)
         if matched is not None:
             return self._finish(request, text, "stop", matched, logprob, now)
+        if seq.constraint is not None and not _advance(seq.constraint, token.token_id):
+            return self._finish(request, text + request.detokenizer.finish(), "stop", None, logprob, now)
         if request.guard is not None and request.guard.add(token.token_id):
             tail = text + request.detokenizer.finish()
             return self._finish(request, tail, "repetition", None, logprob, now)
@@ -302,6 +317,15 @@ class LLMEngine:
                     if out.finished:
                         pending.discard(out.request_id)
         return [collect_request_output(i, prompt_ids[i], collected[i]) for i in ids]
+
+
+def _advance(constraint: Any, token_id: int) -> bool:
+    """Move a sequence's grammar over its new token; False when the output is complete (only the end of
+    text may follow) or the grammar failed (logged: the mask makes that a bug, not a user error)."""
+    if not constraint.accept(token_id):
+        log.warning("constrained decoding stopped: %s", constraint.error)
+        return False
+    return not constraint.is_finished
 
 
 def check_context_length(limit: int, num_prompt: int, max_tokens: int | None, what: str = "prompt") -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from localllm.engine.kv_cache import KVCache
+from localllm.engine.mask_prefetch import MaskPrefetcher
 from localllm.engine.scheduler import ScheduledSeq
 from localllm.models.base import ForwardBatch
 from localllm.sampler import apply_penalties, log_softmax, sample, top_logprobs
@@ -33,6 +34,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.verify = verify
+        self._masks = MaskPrefetcher()
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         input_ids, positions, slots, query_start, context_lens, logits_indices = [], [], [], [0], [], []
@@ -71,7 +73,9 @@ class ModelRunner:
         """One forward pass; per scheduled sequence the tokens it emits: none (a prefill chunk short of
         the prompt's end), one sampled token, or a verify step's accepted drafts and one more token."""
         batch = self.prepare(scheduled)
+        masks = self._masks.start(scheduled)  # grammar masks computed while the forward runs
         logits = self.backend.to_numpy(self.model.forward(batch, self.kv_cache))
+        masks.wait()
         results: list[list[SampledToken]] = []
         row = 0
         for item in scheduled:
@@ -98,8 +102,10 @@ class ModelRunner:
     def _sample(item: ScheduledSeq, logits: np.ndarray) -> SampledToken:
         seq, params = item.seq, item.seq.params
         processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+        if seq.constraint is not None:
+            processed = seq.constraint.mask_logits(processed)
         token_id = sample(processed, params, seq.rng)
         if params.logprobs is None:
             return SampledToken(token_id)
-        lp = log_softmax(logits)
+        lp = log_softmax(logits)  # the model's own distribution, before penalties and any grammar
         return SampledToken(token_id, float(lp[token_id]), top_logprobs(lp, params.logprobs))

@@ -31,6 +31,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
+        self.constraint: Any = None  # structured.matcher.Constraint when params.structured is set
 
     @property
     def num_tokens(self) -> int:

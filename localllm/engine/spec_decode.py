@@ -122,5 +122,5 @@ class SpecDecoder:
 
 
 def _eligible(seq: Sequence) -> bool:
-    """Whether seq may draft. (Constrained sequences would go here: their mask is per step.)"""
-    return True
+    """Whether seq may draft: not a constrained one (its grammar masks one token per step)."""
+    return seq.constraint is None

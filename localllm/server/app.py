@@ -68,6 +68,8 @@ from localllm.server.protocol import (
     token_logprobs,
 )
 from localllm.server.streaming import ChunkBuilder
+from localllm.server.structured_output import constrained_params
+from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan, tool_stream
 from localllm.server.webui import WEBUI_PATHS, add_webui_routes
 
 log = logging.getLogger("localllm.server")
@@ -303,16 +305,17 @@ def chat_prompt_ids(
     messages: list[ChatMessage],
     add_generation_prompt: bool = True,
     max_tokens: int | None = None,
+    tools: ToolPlan | None = None,
 ) -> list[int]:
     from localllm.tokenizer.chat_template import apply_chat_template
 
     if state.template is None:
         raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
-    dicts = message_dicts(messages)
+    dicts, extra = prepare_messages(message_dicts(messages), state.template.source, tools)
     # The bound applies to the rendered text (a template may drop or add text); rendering is cheap.
-    rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt)
+    rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt, **extra)
     check_prompt_chars(state, len(rendered), max_tokens, "messages")
-    return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt)
+    return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt, **extra)
 
 
 def completion_prompts(
@@ -354,8 +357,11 @@ async def echo_of(
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = _state(request)
     llm = check_request(state, body).engine
-    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, body.max_new_tokens())
+    tools = tool_plan(body, state.template.source) if state.template is not None else None
+    max_tokens = body.max_new_tokens()
+    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, max_tokens, tools)
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
+    params = await run_in_threadpool(constrained_params, llm, body, params, tools)
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
     n = body.num_choices
     jobs = await submit_choices(state, [prompt_ids], params, n, "chatcmpl")
@@ -365,14 +371,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         chunks.include_usage, chunks.logprobs = body.include_usage(), bool(body.logprobs)
         chunks.fingerprint = state.fingerprint
         head = [chunks.chat_role(i) for i in range(n)]
-        return EventStream(events(jobs, chunks, head, chunks.chat_output, totals), jobs)
+        per_output = tool_stream(tools, chunks) if tools is not None else chunks.chat_output
+        return EventStream(events(jobs, chunks, head, per_output, totals), jobs)
     results = await collect(jobs, request)
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
     choices = []
     for i, outs in enumerate(results):
         logprobs = chat_logprobs(llm.tokenizer, token_logprobs(outs)) if body.logprobs else None
-        choices.append(chat_choice(i, outs, logprobs))
+        choice = chat_choice(i, outs, logprobs)
+        choices.append(tools.apply(choice) if tools is not None else choice)
     return JSONResponse(chat_response(rid, state.config.model_id, choices, totals(), state.fingerprint))
 
 
@@ -382,6 +390,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompts = await run_in_threadpool(completion_prompts, state, llm, body)
     generates, n = body.generates(), body.num_choices
     params = build_params(llm, body, body.max_tokens if generates else 1, body.logprobs)
+    params = await run_in_threadpool(constrained_params, llm, body, params)
     for ids, _ in prompts:
         check_context(llm, len(ids), params.max_tokens if generates else None, "prompt")
     echoes = [await echo_of(state, body, ids, text) for ids, text in prompts for _ in range(n)]

@@ -125,6 +125,12 @@ class SamplingRequest(_Request):
         None, ge=0.01, le=100, description="vLLM's name for repeat_penalty."
     )
     ignore_eos: bool | None = Field(False, description="Extension: keep generating past end-of-text.")
+    # Constrained decoding extensions, named as vLLM's (grammar: llama-server's name, GBNF or Lark)
+    guided_json: dict[str, Any] | str | None = Field(None, description="Extension: a JSON schema.")
+    guided_regex: str | None = Field(None, description="Extension: a regular expression.")
+    guided_grammar: str | None = Field(None, description="Extension: a GBNF or Lark grammar.")
+    guided_choice: list[str] | None = Field(None, description="Extension: one of these strings.")
+    grammar: str | None = Field(None, description="Extension (llama-server): a GBNF or Lark grammar.")
 
     # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
@@ -195,7 +201,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"} so far.')
+    response_format: dict[str, Any] | None = Field(
+        None, description="text, json_object, or json_schema (strict or not: the schema is always enforced)"
+    )
     # OpenAI fields with no local meaning: accepted and listed in the README
     metadata: dict[str, str] | None = Field(None, description=NOOP)
     store: bool | None = Field(None, description=NOOP)
@@ -206,12 +214,12 @@ class ChatCompletionRequest(SamplingRequest):
     prompt_cache_options: dict[str, Any] | None = Field(
         None, description="Accepted; prefix caching is automatic."
     )
-    parallel_tool_calls: bool | None = Field(None, description="Accepted; meaningless without tools.")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = Field(None, description="Legacy tools.")
+    function_call: str | dict[str, Any] | None = Field(None, description="Legacy tool_choice.")
     # OpenAI features not implemented yet
-    tools: Any = _refused()
-    tool_choice: Any = _refused()
-    functions: Any = _refused()
-    function_call: Any = _refused()
     audio: Any = _refused()
     modalities: Any = _refused()
     prediction: Any = _refused()
@@ -221,10 +229,6 @@ class ChatCompletionRequest(SamplingRequest):
     moderation: Any = _refused()
 
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "tools": (None, []),
-        "tool_choice": (None, "none"),
-        "functions": (None, []),
-        "function_call": (None, "none"),
         "audio": (None,),
         "modalities": (None, ["text"]),
         "prediction": (None,),
@@ -237,13 +241,9 @@ class ChatCompletionRequest(SamplingRequest):
     def check_supported(self) -> None:
         super().check_supported()
         kind = (self.response_format or {"type": "text"}).get("type")
-        if kind == "text":
-            return
-        if kind in RESPONSE_FORMATS:
-            message = f"response_format {kind!r} is not supported yet (no constrained decoding); use 'text'"
-        else:
+        if kind not in RESPONSE_FORMATS:
             message = f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}; got {kind!r}"
-        raise APIError(message, param="response_format")
+            raise APIError(message, param="response_format")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -80,6 +80,10 @@ class ChunkBuilder:
         }
         return self._chunk([choice])
 
+    def chat_delta(self, index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        """A chunk of choice `index` carrying `delta` (tool calls: server/tool_calls.py)."""
+        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}])
+
     def chat_output(self, index: int, out: StepOutput) -> Iterator[bytes]:
         """A content delta when there is text (or a logprob to report), then the finish chunk if done."""
         lp = out.logprob if (self.logprobs and out.logprob is not None and not is_stop_token(out)) else None

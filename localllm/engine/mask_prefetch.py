@@ -1,0 +1,48 @@
+"""Grammar masks for a step computed on a helper thread while the forward pass runs.
+
+A constrained sequence's next-token mask depends only on the tokens it has already accepted, so it can
+be computed before the logits exist. llguidance releases the GIL while it computes, so the mask costs
+(almost) nothing when the forward pass leaves a core free; `LOCALLLM_MASK_OVERLAP=0` computes masks
+in line instead (to measure the difference: localllm/bench/structured.py).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class _Pending:
+    def __init__(self, future: Future):
+        self.future = future
+
+    def wait(self) -> None:
+        self.future.result()  # re-raises a failure of the mask computation here, on the engine thread
+
+
+class MaskPrefetcher:
+    def __init__(self, overlap: bool | None = None):
+        if overlap is None:
+            overlap = os.environ.get("LOCALLLM_MASK_OVERLAP", "1") != "0"
+        self.overlap = overlap
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, scheduled: list[Any]) -> _Done | _Pending:
+        """Begin computing the masks of the constrained sequences that sample in this step."""
+        constraints = [item.seq.constraint for item in scheduled if item.samples and item.seq.constraint]
+        if not constraints or not self.overlap:
+            return _Done()  # without overlap, ModelRunner._sample computes each mask when it needs it
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="localllm-mask")
+        return _Pending(self._pool.submit(_fill, constraints))
+
+
+def _fill(constraints: list[Any]) -> None:
+    for constraint in constraints:
+        constraint.fill_mask()

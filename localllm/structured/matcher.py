@@ -1,0 +1,157 @@
+"""Token masks from llguidance: one compiled grammar per distinct spec, one matcher per sequence.
+
+llguidance was chosen by measured per-token cost on this CPU (tests/fixtures/grammar_libs.py): its mask
+for a JSON schema over a 49k or 151k vocabulary costs tens of microseconds, compiles in milliseconds,
+and it needs neither torch nor transformers. It is imported here only, when a request is constrained.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from localllm.errors import InvalidRequestError
+from localllm.structured.spec import JSON_OPTIONS, StructuredSpec
+
+CACHE_SIZE = 256  # compiled grammars kept (by spec); a server sees the same few schemas again and again
+
+
+def lltokenizer(tokenizer: Any) -> Any:
+    """llguidance's view of a localllm Tokenizer (built once per tokenizer: ~1 s for 151k tokens).
+
+    Control tokens are marked with a 0xFF prefix (llguidance's convention for special tokens) so grammar
+    text can never match them; user-defined ones (Qwen's `<tool_call>`) stay plain text."""
+    cached = getattr(tokenizer, "_llguidance", None)
+    if cached is not None:
+        return cached
+    import llguidance
+
+    tokens = []
+    for i in range(tokenizer.vocab_size):
+        data = tokenizer.token_bytes(i)
+        tokens.append(b"\xff" + data if tokenizer.is_control(i) else data)
+    eos = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
+    wrapper = _Wrapper(tokenizer, tokens, eos)
+    lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapper), eos_token=sorted(tokenizer.eog_ids))
+    tokenizer._llguidance = lltok
+    return lltok
+
+
+class _Wrapper:
+    """What llguidance.TokenizerWrapper reads: tokens as bytes, eos/bos ids, and a tokenize call."""
+
+    def __init__(self, tokenizer: Any, tokens: list[bytes], eos: int):
+        self._tokenizer = tokenizer
+        self.tokens = tokens
+        self.eos_token_id = eos
+        self.bos_token_id = tokenizer.bos_id
+        self.special_token_ids = [i for i in range(len(tokens)) if tokenizer.is_control(i)]
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special=False)
+
+
+def grammar_text(spec: StructuredSpec) -> str:
+    """The llguidance grammar for a spec (not validated yet)."""
+    import llguidance
+
+    m = llguidance.LLMatcher
+    if spec.kind == "json_object":
+        return m.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
+    if spec.kind == "json_schema":
+        return m.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
+    if spec.kind == "regex":
+        return m.grammar_from_regex(spec.text)
+    if spec.kind == "lark":
+        return m.grammar_from_lark(spec.text)
+    return llguidance.grammar_from("grammar", spec.text)  # GBNF, or Lark: llguidance reads both
+
+
+class GrammarCompiler:
+    """Compiles specs against one tokenizer and caches the results by spec (thread-safe: the server
+    compiles on request threads, so a bad grammar is a 400 before the request reaches the engine)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
+        self._cache: OrderedDict[StructuredSpec, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compile(self, spec: StructuredSpec) -> str:
+        with self._lock:
+            if spec in self._cache:
+                self._cache.move_to_end(spec)
+                return self._cache[spec]
+        grammar = self._validated(spec)
+        with self._lock:
+            self._cache[spec] = grammar
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def _validated(self, spec: StructuredSpec) -> str:
+        import llguidance
+
+        try:
+            grammar = grammar_text(spec)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequestError(f"{spec.name}: {e}") from None
+        error = llguidance.LLMatcher.validate_grammar(grammar, lltokenizer(self.tokenizer))
+        if error:
+            raise InvalidRequestError(f"{spec.name}: invalid {spec.kind}: {error.strip()}")
+        return grammar
+
+    def matcher(self, spec: StructuredSpec) -> Constraint:
+        eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else min(self.tokenizer.eog_ids)
+        return Constraint(self.compile(spec), lltokenizer(self.tokenizer), self.vocab_size, eos)
+
+
+class Constraint:
+    """One sequence's grammar state: the mask of tokens allowed next, advanced by each accepted token."""
+
+    def __init__(self, grammar: str, lltok: Any, vocab_size: int, eos_id: int):
+        import llguidance
+
+        self._matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        self.vocab_size = vocab_size
+        self.bits = np.zeros((max(vocab_size, lltok.vocab_size) + 31) // 32, dtype=np.int32)
+        self._fresh = False  # bits hold the mask for the current state
+        self.eos_id = eos_id  # what a failed matcher allows, so the request ends
+
+    def fill_mask(self) -> None:
+        """Compute the mask for the next token into `bits` (releases the GIL: can overlap a forward)."""
+        if not self._fresh:
+            self._matcher.unsafe_compute_mask_ptr(self.bits.ctypes.data, self.bits.nbytes)
+            self._fresh = True
+
+    def allowed(self) -> np.ndarray:
+        """A bool per logit: may this token come next?"""
+        self.fill_mask()
+        flags = np.unpackbits(self.bits.view(np.uint8), bitorder="little")
+        return flags[: self.vocab_size].astype(bool)
+
+    def mask_logits(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` (a copy) with every token the grammar refuses at -inf."""
+        allowed = self.allowed()
+        if not allowed.any():  # the matcher failed: let only end-of-text through
+            allowed[self.eos_id] = True
+        return np.where(allowed[: logits.shape[0]], logits, np.float32(-np.inf)).astype(np.float32)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance over a sampled token; False if the grammar refuses it (then the matcher is in error)."""
+        self._fresh = False
+        return bool(self._matcher.consume_token(token_id))
+
+    @property
+    def is_finished(self) -> bool:
+        """Nothing but end-of-text can follow (the document is complete), or the matcher failed."""
+        return bool(self._matcher.is_stopped())
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error() if self._matcher.is_error() else ""

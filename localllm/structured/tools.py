@@ -1,0 +1,199 @@
+"""Tool calling: each model family's call syntax, the grammar that forces a valid call, and the parser
+that turns the model's text back into OpenAI `tool_calls`.
+
+Families (picked from the chat template's text):
+- hermes: Qwen2.5/Qwen3, Hermes, and the fallback for templates that know no tools:
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several in a row for parallel calls.
+- llama3: a bare JSON object `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`).
+- mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from localllm.structured.spec import JSON_OPTIONS, StructuredSpec
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = ""
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolFamily:
+    name: str
+    start: str  # the text that opens a call: content streams until it appears
+    args_key: str  # "arguments" or "parameters"
+
+    def call_schema(self, tool: Tool) -> dict[str, Any]:
+        """The JSON schema of one call of `tool` in this family's object shape."""
+        return {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool.name},
+                self.args_key: tool.parameters or {"type": "object"},
+            },
+            "required": ["name", self.args_key],
+            "additionalProperties": False,
+        }
+
+    def grammar(self, tools: list[Tool], parallel: bool, marker: str) -> StructuredSpec:
+        """A Lark grammar that admits only calls of `tools` (one, or several when `parallel`).
+        `marker` is the start marker as a Lark terminal (a quoted string, or `<[id]>` for a special
+        token)."""
+        schema = {"anyOf": [self.call_schema(t) for t in tools], "x-guidance": JSON_OPTIONS}
+        body = f"%json {json.dumps(schema)}"
+        if self.name == "hermes":
+            call = f'{marker} "\\n" json_call "\\n</tool_call>"'
+            start = 'start: call ("\\n" call)*\n' if parallel else "start: call\n"
+            text = f"{start}call: {call}\njson_call: {body}\n"
+        elif self.name == "mistral":
+            calls = 'json_call (", " json_call)*' if parallel else "json_call"
+            text = f'start: {marker} "[" {calls} "]"\njson_call: {body}\n'
+        else:  # llama3: a bare object
+            text = f"start: json_call\njson_call: {body}\n"
+        return StructuredSpec("lark", text, "tool_choice")
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The content left around the calls, and the calls (none when the text holds no valid call)."""
+        if self.name == "hermes":
+            return _parse_hermes(text)
+        if self.name == "mistral":
+            return _parse_mistral(text)
+        return _parse_llama3(text)
+
+
+FAMILIES = {
+    "hermes": ToolFamily("hermes", "<tool_call>", "arguments"),
+    "llama3": ToolFamily("llama3", "<|python_tag|>", "parameters"),
+    "mistral": ToolFamily("mistral", "[TOOL_CALLS]", "arguments"),
+}
+
+
+def tool_family(template_source: str) -> ToolFamily:
+    """The call syntax a chat template teaches its model (hermes when it teaches none)."""
+    if "[TOOL_CALLS]" in template_source:
+        return FAMILIES["mistral"]
+    if "<|python_tag|>" in template_source or (
+        "<|start_header_id|>" in template_source and '"parameters"' in template_source
+    ):
+        return FAMILIES["llama3"]
+    return FAMILIES["hermes"]
+
+
+def template_knows_tools(template_source: str) -> bool:
+    """Does the template render a `tools` variable? If not, tools go in a system message of ours."""
+    return re.search(r"\btools\b", template_source) is not None
+
+
+def _call_from(obj: Any, args_key: str = "arguments") -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), new_call_id())
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
+    calls, kept, last = [], [], 0
+    for m in _HERMES.finditer(text):
+        call = _call_from(_loads(m.group(1)))
+        if call is None:
+            continue
+        calls.append(call)
+        kept.append(text[last : m.start()])
+        last = m.end()
+    kept.append(text[last:])
+    return "".join(kept).strip() if calls else text, calls
+
+
+def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
+    body = text.strip().removeprefix("<|python_tag|>").strip()
+    parts = [p for p in body.split(";") if p.strip()] if body.startswith("{") else []
+    calls = [_call_from(_loads(p), "parameters") for p in parts]
+    if not calls or any(c is None for c in calls):
+        return text, []
+    return "", [c for c in calls if c is not None]
+
+
+def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
+    head, marker, tail = text.partition("[TOOL_CALLS]")
+    if not marker:
+        return text, []
+    items = _loads(tail.strip())
+    items = items if isinstance(items, list) else [items]
+    calls = [_call_from(item) for item in items]
+    if not calls or any(c is None for c in calls):
+        return text, []
+    return head.strip(), [c for c in calls if c is not None]
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+def bare_call(text: str, names: set[str]) -> ToolCall | None:
+    """A reply that is only a call object (maybe in a ```json fence) naming one of `names`: small models
+    often drop their family's markers (Qwen2.5-Coder-0.5B writes the JSON without <tool_call>)."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    obj = _loads(fenced.group(1) if fenced else body)
+    call = _call_from(obj)
+    return call if call is not None and call.name in names else None
+
+
+def maybe_bare_call(text: str) -> bool:
+    """Could this start of a reply become a bare call? (a stream holds it back until it knows)"""
+    head = text.lstrip()
+    return head == "" or head.startswith(("{", "`"))
+
+
+def fallback_system_prompt(tools: list[dict[str, Any]]) -> str:
+    """Tools described Hermes-style, for a template that cannot render them itself."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n"
+        "</tools>\n\nFor each function call, return a json object with function name and arguments "
+        'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+        '"arguments": <args-json-object>}\n</tool_call>'
+    )
