@@ -14,6 +14,7 @@ from test_server import CHAT as CHAT_MSG
 from test_server import MODEL_ID, Running, engine_factory, post, running_server
 
 from localllm.engine.embedding import embed_token_ids, model_pooling
+from localllm.tokenizer.fim import fim_tokens, infill_ids
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +182,52 @@ def test_completions_n_with_prompt_list(client: openai.OpenAI, srv: Running) -> 
     assert texts == [c.text for c in r.choices]
     assert r.system_fingerprint == stream[0].system_fingerprint
     srv.wait_idle()
+
+
+# ------------------------------------------------------------------------------------- suffix (FIM)
+
+
+def test_suffix_needs_fim_tokens(srv: Running) -> None:
+    err = error_of(post(srv, "/v1/completions", {"prompt": "def f(x):", "suffix": "    return y"}))
+    assert err["param"] == "suffix" and "fill-in-the-middle" in err["message"]
+    err = error_of(post(srv, "/v1/completions", {"prompt": "a", "suffix": "b", "echo": True}))
+    assert err["param"] == "echo"
+    assert post(srv, "/v1/completions", {"prompt": "a", "suffix": "", "max_tokens": 1}).status_code == 200
+
+
+def test_fim_tokens_and_prompt(srv: Running) -> None:
+    tok = srv.engine.tokenizer
+    assert fim_tokens(tok, srv.engine.gguf.metadata) is None
+    ids = {f"tokenizer.ggml.fim_{r}_token_id": i for r, i in (("pre", 5), ("suf", 6), ("mid", 7))}
+    fim = fim_tokens(tok, ids)
+    assert fim is not None and (fim.pre, fim.suf, fim.mid) == (5, 6, 7)
+    prompt = infill_ids(tok, fim, "ab", "cd")
+    assert prompt == [5, *tok.encode("ab", add_special=False), 6, *tok.encode("cd", add_special=False), 7]
+    assert infill_ids(tok, fim, [9, 10], "cd")[:3] == [5, 9, 10]
+
+
+class _Vocab:
+    vocab_size, bos_id, add_bos = 100, 1, True
+
+    def piece_to_id(self, piece: str) -> int | None:
+        return {"<|fim_prefix|>": 10, "<|fim_suffix|>": 11, "<|fim_middle|>": 12}.get(piece)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_fim_tokens_by_spelling() -> None:
+    fim = fim_tokens(_Vocab(), {})  # type: ignore[arg-type]
+    assert fim is not None and (fim.pre, fim.suf, fim.mid) == (10, 11, 12)
+    assert infill_ids(_Vocab(), fim, "a", "b") == [1, 10, 97, 11, 98, 12]  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_suffix_fills_the_middle_on_qwen25_coder(qwen25c_path: Path, model_index_dir: Path) -> None:
+    """Qwen2.5-Coder-0.5B, through the server, writes a sensible middle."""
+    factory = engine_factory(qwen25c_path, model_index_dir, backend="numba", max_num_seqs=1, ctx_size=512)
+    with running_server(factory, model_id="qwen") as running:
+        body = {"prompt": "def is_even(n):\n    return ", "suffix": "\n\nprint(is_even(4))\n"}
+        r = post(running, "/v1/completions", {**body, "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"].startswith("n % 2 == 0")

@@ -71,6 +71,7 @@ from localllm.server.streaming import ChunkBuilder
 from localllm.server.structured_output import constrained_params
 from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan, tool_stream
 from localllm.server.webui import WEBUI_PATHS, add_webui_routes
+from localllm.tokenizer.fim import fim_tokens, infill_ids
 
 log = logging.getLogger("localllm.server")
 
@@ -321,7 +322,14 @@ def chat_prompt_ids(
 def completion_prompts(
     state: ServerState, llm: LLMEngine, body: CompletionRequest
 ) -> list[tuple[list[int], str]]:
-    """Each prompt's token ids and its text (for echo)."""
+    """Each prompt's token ids and its text (for echo); with a suffix, the fill-in-the-middle prompt."""
+    if body.suffix:
+        out = []
+        for prompt in body.prompts():
+            chars = len(body.suffix) + (len(prompt) if isinstance(prompt, str) else 0)
+            check_prompt_chars(state, chars, body.max_tokens, "prompt")
+            out.append((infill_prompt(llm, prompt, body.suffix), ""))
+        return out
     out = []
     for prompt in body.prompts():
         if isinstance(prompt, str):
@@ -331,6 +339,20 @@ def completion_prompts(
             check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
             out.append((list(prompt), llm.tokenizer.decode(prompt)))
     return out
+
+
+def infill_prompt(llm: LLMEngine, prefix: str | list[int], suffix: str) -> list[int]:
+    """llama-server's /infill prompt for `prefix` and `suffix`; a 400 for a model without FIM tokens."""
+    fim = fim_tokens(llm.tokenizer, llm.gguf.metadata)
+    if fim is None:
+        raise APIError(
+            "'suffix' needs a model with fill-in-the-middle tokens (such as Qwen2.5-Coder's "
+            "<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); this model has none",
+            param="suffix",
+        )
+    if isinstance(prefix, list):
+        check_token_ids(prefix, llm.tokenizer.vocab_size, "prompt")
+    return infill_ids(llm.tokenizer, fim, prefix, suffix)
 
 
 async def score_prompt(state: ServerState, ids: list[int], num_top: int) -> list[TokenLogprob | None]:

@@ -264,13 +264,16 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     best_of: int | None = None
-    suffix: str | None = _refused()
+    suffix: str | None = Field(
+        None, description="Text after the completion: fill-in-the-middle, for models with FIM tokens."
+    )
 
-    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": (None, "")}
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = 16  # OpenAI's legacy completions default
     MAX_PROMPTS: ClassVar[int] = 256
 
     def check_n(self) -> None:
+        if self.suffix and self.echo:
+            raise APIError("'echo' cannot be used with 'suffix'", param="echo")
         if self.best_of is not None and self.best_of not in (1, self.n):
             raise APIError("best_of is not supported (only 1, or equal to n)", param="best_of")
         if len(self.prompts()) * self.num_choices > self.MAX_PROMPTS:
