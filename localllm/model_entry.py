@@ -71,6 +71,16 @@ class ModelDefaults:
 
 
 @dataclass(frozen=True)
+class TensorTypes:
+    """The quantization types a model file holds, by role: what a first run compiles while the file
+    downloads (localllm/prewarm.py). `output` None: the output projection is the token embedding."""
+
+    token_embd: str
+    layers: tuple[str, ...]
+    output: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     name: str
     parts: tuple[Source, ...]  # concatenated in order; a single `path` source is used in place
@@ -81,6 +91,7 @@ class ModelEntry:
     description: str = ""
     license: str | None = None
     aliases: tuple[str, ...] = ()
+    tensor_types: TensorTypes | None = None
 
     @property
     def is_local(self) -> bool:

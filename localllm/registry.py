@@ -28,7 +28,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from localllm.errors import ConfigError, ModelNotFoundError
-from localllm.model_entry import ModelDefaults, ModelEntry, Source, is_template_text
+from localllm.model_entry import ModelDefaults, ModelEntry, Source, TensorTypes, is_template_text
 from localllm.tokenizer.named_templates import named_template
 
 BUILTIN_ORIGIN = "the built-in models.toml"
@@ -191,6 +191,7 @@ def _check_unique(entries: Mapping[str, ModelEntry], origin: str) -> None:
 _TOP_KEYS = {"default_model", "models"}
 _SOURCE_KEYS = {"source", "parts", "path"}
 _ENTRY_KEYS = {"description", "license", "aliases", "member", "file_name", "sha256", "size", "defaults"}
+_ENTRY_KEYS |= {"tensor_types"}
 _ENTRY_KEYS |= _SOURCE_KEYS
 _PART_KEYS = {"source", "member"}
 
@@ -266,7 +267,24 @@ def _parse_entry(
         description=_opt_str(raw, "description", where, origin) or "",
         license=_opt_str(raw, "license", where, origin),
         aliases=tuple(aliases),
+        tensor_types=_tensor_types(raw.get("tensor_types"), where, origin),
     )
+
+
+def _tensor_types(raw: Any, where: str, origin: str) -> TensorTypes | None:
+    """`tensor_types = { token_embd = "Q8_0", layers = ["Q4_1"], output = "Q6_K" }` (output optional)."""
+    if raw is None:
+        return None
+    from localllm.quant.types import QUANT_BY_NAME as known
+
+    shape = "{ token_embd = TYPE, layers = [TYPE, ...], output = TYPE }"
+    bad = f"{where}.tensor_types in {origin} must be {shape}"
+    if not isinstance(raw, dict) or set(raw) - {"token_embd", "layers", "output"}:
+        raise ConfigError(f"{bad}.")
+    layers, names = raw.get("layers"), [raw.get("token_embd"), raw.get("output", "F32")]
+    if not isinstance(layers, list) or not layers or not all(n in known for n in [*names, *layers]):
+        raise ConfigError(f"{bad} with TYPE one of {', '.join(sorted(known))}.")
+    return TensorTypes(raw["token_embd"], tuple(layers), raw.get("output"))
 
 
 def _parse_sources(raw: dict[str, Any], where: str, origin: str, base_dir: Path | None) -> tuple[Source, ...]:

@@ -80,7 +80,7 @@ def chat(
 
     flags = c.sampling_flags(locals())
     interactive = sys.stdin.isatty()
-    path, defaults = c.resolve(model)
+    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
     template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)

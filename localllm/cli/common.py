@@ -96,17 +96,25 @@ def engine_config(
     )
 
 
+F16_KV = ("f16", "f16")
+
+
+def kernels_compiled() -> bool:
+    """Whether Numba's cache (NUMBA_CACHE_DIR) holds this version's kernels, as a first run leaves it."""
+    from localllm.kernels.cache import sources_digest
+
+    kernels = Path(os.environ.get("NUMBA_CACHE_DIR", "")) / f"localllm-kernels-{sources_digest()}"
+    return kernels.is_dir() and any(kernels.glob("*.nbi"))
+
+
 def first_run_steps(backend: str, model: Path | None = None) -> list[str]:
     """The one-time steps the next load will take: compiling the kernels (per localllm version and CPU),
     repacking a model's weights for them (per model file).  Both are cached afterwards."""
     cache = os.environ.get("NUMBA_CACHE_DIR")
     if backend != "numba" or not cache:
         return []
-    from localllm.kernels.cache import sources_digest
-
     steps = []
-    kernels = Path(cache) / f"localllm-kernels-{sources_digest()}"
-    if not kernels.is_dir() or not any(kernels.glob("*.nbi")):
+    if not kernels_compiled():
         steps.append("compiling the kernels for this CPU")
     if model is not None:
         from localllm.backends.weight_cache import cache_files
@@ -181,10 +189,37 @@ def sampling_params(engine: Any, flags: Mapping[str, Any], builtin: Mapping[str,
     return engine.sampling_params(flags, BUILTIN_DEFAULTS if builtin is None else builtin)
 
 
-def resolve(model: str | None) -> tuple[Path, dict[str, Any]]:
-    """The model file (pulled on first use) and its registry defaults."""
+def resolve(
+    model: str | None, backend: str | None = None, threads: int = 0, cache_types: tuple[str, str] = F16_KV
+) -> tuple[Path, dict[str, Any]]:
+    """The model file (pulled on first use) and its registry defaults. With the numba `backend` on a
+    first run, the model's kernels (for `threads` and `cache_types`) compile while it downloads."""
     from localllm.llm import default_numba_cache, resolve_with_defaults
 
     home = model_home()
     default_numba_cache(home)
-    return resolve_with_defaults(model, home)
+    prewarm = _start_prewarm(model, home, threads, cache_types) if backend == "numba" else None
+    resolved = resolve_with_defaults(model, home)
+    if prewarm is not None and (seconds := prewarm.join()) is not None:
+        print(f"Compiled the kernels in {seconds:.0f} s, while downloading", file=sys.stderr)
+    return resolved
+
+
+def _start_prewarm(model: str | None, home: Path, threads: int, cache_types: tuple[str, str]) -> Any:
+    """A KernelPrewarm started when the model is still to be downloaded and the kernels to be compiled."""
+    from localllm.prewarm import tensor_types
+    from localllm.registry import default_user_registry, load_registry, models_dir
+
+    if kernels_compiled():
+        return None
+    registry = load_registry(default_user_registry())
+    entry = registry.find(model or registry.default_model)
+    if entry is None or entry.is_local or (models_dir(home) / entry.file_name).is_file():
+        return None
+    types = tensor_types(entry, entry.file_name)
+    if types is None:
+        return None
+    from localllm.prewarm import KernelPrewarm
+
+    print("first run: compiling the kernels for this CPU while the model downloads", file=sys.stderr)
+    return KernelPrewarm(types, threads, cache_types).start()

@@ -44,7 +44,7 @@ def perplexity(
     from localllm.perplexity import read_text
 
     text = read_text(file)  # before the load: a missing file is a one-line error, at once
-    path, defaults = c.resolve(model)
+    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
     # The engine's context is a cap that a prompt must stay under, so a full chunk needs one more.
     config = c.engine_config(
         path, backend, threads, ctx_size + 1, defaults, max_num_seqs=1, enable_prefix_caching=False,

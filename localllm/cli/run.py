@@ -59,7 +59,7 @@ def run(
 
     flags = c.sampling_flags(locals())
     model, prompt = _model_and_prompt(args or [])
-    path, defaults = c.resolve(model)
+    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
     config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,

@@ -118,7 +118,7 @@ def serve(
 
     check_values(locals())
     limits = ConnectionLimits(max_connections, header_timeout, body_timeout)
-    path, defaults = c.resolve(model)
+    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
     engine_config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device,
