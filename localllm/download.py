@@ -397,7 +397,26 @@ def _pip_failure(output: str, what: str, wheels: Path) -> DownloadError:
             named = re.search(rf"{text}: '([^']+)'", output)
             error = OSError(code, os.strerror(code), named.group(1) if named else None)
             return _write_error(error, wheels, f" while pip downloaded {what}")
+    network = _network_failure(output)
+    if network is not None:
+        return DownloadError(
+            f"pip could not reach the package index for {what} ({network}); check the network, or set "
+            "PIP_INDEX_URL to an index you can reach (or run a local .gguf file: localllm run FILE.gguf ...)."
+        )
     return DownloadError(f"pip could not download {what}: {_pip_reason(output)}")
+
+
+# pip's words when the index cannot be reached: it retries, then reports "no matching distribution".
+_NETWORK = re.compile(
+    r"Connection refused|Network is unreachable|Temporary failure in name resolution|Name or service not "
+    r"known|No route to host|timed out|ConnectTimeoutError|ReadTimeoutError|SSLError|ProxyError"
+)
+
+
+def _network_failure(output: str) -> str | None:
+    """The network error pip ran into, if that is why it failed (its last message does not say so)."""
+    found = _NETWORK.findall(output)
+    return found[-1] if found else None
 
 
 def _pip_reason(output: str) -> str:

