@@ -62,6 +62,8 @@ class LLM:
     >>> out[0].text
 
     `chat_template` (a name like "chatml", Jinja text or a file) overrides the model's template.
+    Other keywords are EngineConfig fields, e.g. speculative decoding: `prompt_lookup=True`, or
+    `draft_model="qwen2.5-coder-0.5b-instruct"` (a path or registry name), with `draft_max=8`.
     """
 
     def __init__(self, model: str | os.PathLike, chat_template: str | None = None, **engine_options: Any):
@@ -73,6 +75,9 @@ class LLM:
         default_numba_cache(home)
         path, defaults = resolve_with_defaults(str(model), home)
         source = chat_template_source(chat_template, defaults.get("chat_template"))  # a bad file: fail now
+        if engine_options.get("draft_model"):  # speculative decoding's draft: a path or a registry name
+            draft = resolve_model_path(str(engine_options["draft_model"]), home)
+            engine_options["draft_model"] = str(draft)
         engine_options.setdefault("index_dir", home / "index")
         engine_options.setdefault("sampling_defaults", defaults)
         self.engine = LLMEngine(EngineConfig(model=str(path), **engine_options))

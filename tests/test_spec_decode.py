@@ -186,3 +186,63 @@ def test_greedy_verify_keeps_the_argmax_prefix():
     assert [t.token_id for t in verify_draft(seq, [2, 4, 3], logits)] == [2, 4, 1]
     assert [t.token_id for t in verify_draft(seq, [2, 4, 1], logits)] == [2, 4, 1, 5]
     assert [t.token_id for t in verify_draft(seq, [0, 4, 1], logits)] == [2]
+
+
+# ---- the front ends ---------------------------------------------------------------------------------------
+
+
+def test_metrics_report_drafted_and_accepted(tiny_model_path, index_dir):
+    from localllm.server.metrics import ServerMetrics
+
+    engine = make_engine(tiny_model_path, index_dir, prompt_lookup=True)
+    engine.generate(prompts(2, seed=8), GREEDY)
+    stats = engine.spec.stats
+    running = SimpleNamespace(engine=engine, num_running=0, num_waiting=0)
+    text = ServerMetrics(lambda: running).render()[0].decode()
+    assert f"localllm:spec_decode_num_draft_tokens_total {float(stats.drafted_tokens)}" in text
+    assert f"localllm:spec_decode_num_accepted_tokens_total {float(stats.accepted_tokens)}" in text
+    assert f"localllm:spec_decode_draft_acceptance_rate {stats.acceptance_rate}" in text
+
+
+def _cli(tmp_path, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LOCALLLM_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "localllm", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_run_json_reports_the_counts_and_refuses_two_ways_to_draft(tiny_model_path, tmp_path):
+    import json
+
+    base = ["run", str(tiny_model_path), "abc abc abc abc", "--raw", "--backend", "numpy", "-n", "12"]
+    result = _cli(tmp_path, *base, "--temperature", "0", "--prompt-lookup", "--json")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)["speculative"]
+    assert spec["drafted_tokens"] >= spec["accepted_tokens"] >= 0 and 0 <= spec["acceptance_rate"] <= 1
+    both = _cli(tmp_path, *base, "--prompt-lookup", "--draft-model", str(tiny_model_path))
+    assert both.returncode == 1 and both.stderr.strip() == (
+        "error: choose one way to draft: --prompt-lookup or --draft-model, not both"
+    )
+
+
+def test_bench_spec_compares_off_and_on(tiny_model_path, tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from localllm.cli import bench  # noqa: F401  (registers the bench group and its modes)
+    from localllm.cli.app import app
+
+    monkeypatch.setenv("LOCALLLM_HOME", str(tmp_path / "home"))
+    out = tmp_path / "spec.json"
+    model = str(tiny_model_path)
+    args = ["bench", "spec", model, "--draft-model", model, "--backend", "numpy", "--workload", "creative"]
+    args += ["--temperature", "0", "-n", "6", "-r", "1", "--prompts", "1", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    data = json.loads(out.read_text())
+    assert data["workload"] == "creative" and len(data["on_tokens_per_s"]["samples"]) == 1
+    assert data["drafted_tokens"] > 0 and data["acceptance_rate"] == 1.0  # its own draft: always right

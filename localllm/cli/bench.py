@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from localllm.cli import bench_modes
+from localllm.cli import bench_modes, bench_spec
 from localllm.cli import common as c
 from localllm.cli.app import app
 
@@ -24,9 +24,12 @@ class _ModelFirstGroup(TyperGroup):
 
 
 bench_app = typer.Typer(cls=_ModelFirstGroup, invoke_without_command=True, no_args_is_help=False)
-app.add_typer(bench_app, name="bench", help="Benchmarks: offline rates, serving load, batching comparison.")
+app.add_typer(
+    bench_app, name="bench", help="Benchmarks: offline rates, serving load, batching, speculative decoding."
+)
 bench_app.command("serve")(bench_modes.serve)
 bench_app.command("batching")(bench_modes.batching)
+bench_app.command("spec")(bench_spec.spec)
 
 
 def _int_list(text: str) -> list[int]:

@@ -53,6 +53,9 @@ def chat(
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    prompt_lookup: c.PromptLookup = False,
+    draft_model: c.DraftModel = None,
+    draft_max: c.DraftMax = 8,
 ) -> None:
     """Chat with a model in the terminal, replies streamed as they are written.
 
@@ -81,12 +84,13 @@ def chat(
     flags = c.sampling_flags(locals())
     interactive = sys.stdin.isatty()
     path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
+    spec = c.spec_options(prompt_lookup, draft_model, draft_max)
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
     template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
     config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v, device=device,
+        cache_type_v=cache_type_v, device=device, **spec,
     )  # fmt: skip
     engine = _load(config, interactive)
     params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # to the end of its turn, or the limit

@@ -57,6 +57,26 @@ LoopGuard = Annotated[
         help="End a reply that keeps repeating the same passage, with a notice.",
     ),
 ]
+PromptLookup = Annotated[
+    bool,
+    typer.Option(
+        "--prompt-lookup",
+        help="Speculative decoding without a second model: draft the tokens that followed the text's "
+        "latest n-gram earlier in the prompt or output (fast where answers copy the prompt: code edits).",
+    ),
+]
+DraftModel = Annotated[
+    str | None,
+    typer.Option(
+        "--draft-model",
+        metavar="NAME|PATH",
+        help="Speculative decoding with this smaller model of the same vocabulary drafting tokens "
+        "(e.g. Qwen2.5-Coder-0.5B for the 1.5B).",
+    ),
+]
+DraftMax = Annotated[
+    int, typer.Option("--draft-max", help="Speculative decoding: most tokens drafted per sequence and step.")
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -105,6 +125,19 @@ def kernels_compiled() -> bool:
 
     kernels = Path(os.environ.get("NUMBA_CACHE_DIR", "")) / f"localllm-kernels-{sources_digest()}"
     return kernels.is_dir() and any(kernels.glob("*.nbi"))
+
+
+def spec_options(prompt_lookup: bool, draft_model: str | None, draft_max: int) -> dict[str, Any]:
+    """The EngineConfig fields of speculative decoding, checked before any model loads; a draft model
+    named from the registry is pulled on first use, like the main one."""
+    from localllm.errors import ConfigError
+
+    if prompt_lookup and draft_model:
+        raise ConfigError("choose one way to draft: --prompt-lookup or --draft-model, not both")
+    if draft_max < 1:
+        raise ConfigError(f"--draft-max must be at least 1, not {draft_max}")
+    path = str(resolve(draft_model)[0]) if draft_model else None
+    return {"prompt_lookup": prompt_lookup, "draft_model": path, "draft_max": draft_max}
 
 
 def first_run_steps(backend: str, model: Path | None = None) -> list[str]:

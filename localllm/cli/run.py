@@ -43,6 +43,9 @@ def run(
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    prompt_lookup: c.PromptLookup = False,
+    draft_model: c.DraftModel = None,
+    draft_max: c.DraftMax = 8,
 ) -> None:
     """Generate a completion for PROMPT and stream it to stdout; stats go to stderr.
 
@@ -60,10 +63,11 @@ def run(
     flags = c.sampling_flags(locals())
     model, prompt = _model_and_prompt(args or [])
     path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
+    spec = c.spec_options(prompt_lookup, draft_model, draft_max)
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
     config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v, device=device,
+        cache_type_v=cache_type_v, device=device, **spec,
     )  # fmt: skip
     with c.loading(backend, path):
         engine = LLMEngine(config)
@@ -75,7 +79,7 @@ def run(
         if not as_json:
             sys.stdout.write(out.text)
             sys.stdout.flush()
-    _report(outputs, prompt_ids, as_json)
+    _report(outputs, prompt_ids, as_json, engine.spec.stats if engine.spec else None)
 
 
 def _model_and_prompt(args: list[str]) -> tuple[str | None, str]:
@@ -101,12 +105,12 @@ def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, source: str
     return apply_chat_template(engine.tokenizer, template, messages)
 
 
-def _report(outputs: list, prompt_ids: list[int], as_json: bool) -> None:
+def _report(outputs: list, prompt_ids: list[int], as_json: bool, spec=None) -> None:
     from localllm.engine.engine import collect_request_output
 
     result = collect_request_output("run", prompt_ids, outputs)
     if as_json:
-        print(json.dumps(_as_dict(result), ensure_ascii=False))
+        print(json.dumps(_as_dict(result, spec), ensure_ascii=False))
         return
     sys.stdout.write("\n")
     if result.finish_reason == "repetition":
@@ -116,12 +120,14 @@ def _report(outputs: list, prompt_ids: list[int], as_json: bool) -> None:
     print(
         f"prompt: {result.prompt_tokens} tokens ({result.cached_tokens} cached), "
         f"{result.prefill_tokens_per_s:.1f} tok/s | generated: {result.generated_tokens} tokens, "
-        f"{result.decode_tokens_per_s:.1f} tok/s | finish: {result.finish_reason}",
+        f"{result.decode_tokens_per_s:.1f} tok/s | finish: {result.finish_reason}"
+        + (f" | {spec.summary()}" if spec is not None else ""),
         file=sys.stderr,
     )
 
 
-def _as_dict(result) -> dict:
+def _as_dict(result, spec=None) -> dict:
+    extra = {"speculative": spec.as_dict()} if spec is not None else {}
     return {
         "text": result.text,
         "token_ids": result.token_ids,
@@ -135,4 +141,5 @@ def _as_dict(result) -> dict:
             "prefill_tokens_per_s": result.prefill_tokens_per_s,
             "decode_tokens_per_s": result.decode_tokens_per_s,
         },
+        **extra,
     }

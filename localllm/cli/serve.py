@@ -79,6 +79,9 @@ def serve(
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    prompt_lookup: c.PromptLookup = False,
+    draft_model: c.DraftModel = None,
+    draft_max: c.DraftMax = 8,
     api_key: ApiKey = None,
     max_queue: MaxQueue = 256,
     cors_origins: CorsOrigins = None,
@@ -119,9 +122,10 @@ def serve(
     check_values(locals())
     limits = ConnectionLimits(max_connections, header_timeout, body_timeout)
     path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
+    spec = c.spec_options(prompt_lookup, draft_model, draft_max)
     engine_config = c.engine_config(
         path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device, **spec,
     )  # fmt: skip
     config = ServerConfig(
         model_id=served_id(model, path),

@@ -33,6 +33,20 @@ class SpecStats:
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "verify_steps": self.verify_steps,
+        }
+
+    def summary(self) -> str:
+        return (
+            f"drafted: {self.drafted_tokens}, accepted: {self.accepted_tokens} "
+            f"({100 * self.acceptance_rate:.0f}%)"
+        )
+
 
 class NgramProposer:
     """Prompt lookup: no model, no state."""
@@ -58,6 +72,7 @@ class SpecDecoder:
             self.proposer = NgramProposer()
         self.policy = SpecPolicy(config.draft_max)
         self.stats = SpecStats()
+        self.enabled = True  # off: plain steps (bench compares both on one engine)
         self._probs: dict[str, np.ndarray | None] = {}
         self._draft_seconds = 0.0
         self._drafted = 0
@@ -67,7 +82,7 @@ class SpecDecoder:
         start = time.perf_counter()
         decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
         self._drafted = 0
-        if not decodes:
+        if not decodes or not self.enabled:
             return
         lengths = self.policy.lengths([it.seq.request_id for it in decodes], plan.num_tokens)
         wanted = self._allocate(decodes, lengths, self.max_num_batched_tokens - plan.num_tokens)

@@ -78,6 +78,26 @@ class _EngineCollector(Collector):
             "Sequences preempted for lack of KV blocks.",
             engine.engine.scheduler.num_preemptions,
         )
+        if engine.engine.spec is not None:
+            yield from _spec_metrics(engine.engine.spec.stats)
+
+
+def _spec_metrics(stats) -> Iterator[Metric]:
+    """Speculative decoding's counts, by vLLM's spec_decode names."""
+    yield CounterMetricFamily(
+        "localllm:spec_decode_num_draft_tokens", "Drafted tokens verified.", stats.drafted_tokens
+    )
+    yield CounterMetricFamily(
+        "localllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted.", stats.accepted_tokens
+    )
+    yield CounterMetricFamily(
+        "localllm:spec_decode_num_drafts", "Verify steps of one sequence.", stats.verify_steps
+    )
+    yield GaugeMetricFamily(
+        "localllm:spec_decode_draft_acceptance_rate",
+        "Accepted over drafted tokens since start (0-1).",
+        stats.acceptance_rate,
+    )
 
 
 class ServerMetrics:
