@@ -121,35 +121,61 @@ def token_nlls(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
 
 
 def chunk_nlls(logits: np.ndarray, chunk: Sequence[int]) -> np.ndarray:
-    """NLLs of the second half of a chunk: logits at first..n-2 predict tokens first+1..n-1."""
-    first = len(chunk) // 2
-    return token_nlls(np.asarray(logits)[first:-1], chunk[first + 1 :])
+    """NLLs of the second half of a chunk from `chunk_logits`' rows: the logits at first..n-2 predict
+    tokens first+1..n-1."""
+    return token_nlls(logits, chunk[len(chunk) // 2 + 1 :])
+
+
+def chunk_logits(engine: Any, chunk: Sequence[int]) -> np.ndarray:
+    """The logits at the scored positions of a chunk only (first..n-2): half the rows of the chunk."""
+    from localllm.engine.engine import score_tokens
+
+    return score_tokens(engine, list(chunk), np.arange(len(chunk) // 2, len(chunk) - 1))
 
 
 def score_chunk(engine: Any, chunk: Sequence[int]) -> np.ndarray:
-    from localllm.engine.engine import score_tokens
-
-    return chunk_nlls(score_tokens(engine, list(chunk)), chunk)
+    return chunk_nlls(chunk_logits(engine, chunk), chunk)
 
 
-ChunkCallback = Callable[[int, int, NLLStats], None]  # (chunks done, chunks in all, stats so far)
+ChunkCallback = Callable[[int, int, Any], None]  # (chunks done, chunks in all, stats so far: .ppl ...)
 
 
 def perplexity(
-    engine: Any, text: str, n_ctx: int = 512, n_chunks: int = -1, on_chunk: ChunkCallback | None = None
+    engine: Any,
+    text: str,
+    n_ctx: int = 512,
+    n_chunks: int = -1,
+    on_chunk: ChunkCallback | None = None,
+    save_logits: str | Path | None = None,
 ) -> PerplexityResult:
-    """llama-perplexity's estimate for `text` with chunks of `n_ctx` tokens, on `engine`."""
+    """llama-perplexity's estimate for `text` with chunks of `n_ctx` tokens, on `engine`; with
+    `save_logits`, the scored positions' log-probabilities go to that file (logits_file's format) for
+    a later `kl_divergence` against this model."""
     tokenizer = engine.tokenizer
     tokens = tokenizer.encode(text, add_special=True, parse_special=False)
     bos_id = tokenizer.bos_id if tokenizer.add_bos else None
     chunks = make_chunks(tokens, n_ctx, bos_id, n_chunks)
+    writer = None
+    if save_logits is not None:
+        from localllm.logits_file import LogitsWriter
+
+        writer = LogitsWriter(save_logits, n_ctx, engine.args.vocab_size, np.asarray(tokens), len(chunks))
     stats, running = NLLStats(), []
     start = time.perf_counter()
-    for done, chunk in enumerate(chunks, 1):
-        stats.add(score_chunk(engine, chunk))
-        running.append(stats.ppl)
-        if on_chunk is not None:
-            on_chunk(done, len(chunks), stats)
+    try:
+        for done, chunk in enumerate(chunks, 1):
+            logits = chunk_logits(engine, chunk)
+            stats.add(chunk_nlls(logits, chunk))
+            if writer is not None:
+                writer.add_chunk(logits)
+            running.append(stats.ppl)
+            if on_chunk is not None:
+                on_chunk(done, len(chunks), stats)
+        if writer is not None:
+            writer.commit()
+    finally:
+        if writer is not None:
+            writer.discard()
     return PerplexityResult(
         ppl=stats.ppl,
         ppl_stderr=stats.ppl_stderr,
@@ -163,3 +189,41 @@ def perplexity(
         seconds=time.perf_counter() - start,
         chunk_ppls=running,
     )
+
+
+def kl_divergence(
+    engine: Any, base_logits: str | Path, n_chunks: int = -1, on_chunk: ChunkCallback | None = None
+) -> dict[str, Any]:
+    """llama-perplexity --kl-divergence: this model against the base model whose log-probabilities
+    `perplexity(..., save_logits=)` saved, on the tokens saved with them (the text is not re-read)."""
+    from localllm.kld import KLDStats
+    from localllm.logits_file import LogitsReader
+
+    reader = LogitsReader(base_logits)
+    try:
+        _check_base(engine, reader)
+        bos_id = engine.tokenizer.bos_id if engine.tokenizer.add_bos else None
+        count = reader.n_chunk if n_chunks < 0 else min(n_chunks, reader.n_chunk)
+        stats = KLDStats()
+        start = time.perf_counter()
+        for i in range(count):
+            chunk = reader.chunk_tokens(i)
+            if bos_id is not None:
+                chunk[0] = bos_id
+            stats.add(chunk_logits(engine, chunk), reader.next_chunk(), chunk[len(chunk) // 2 + 1 :])
+            if on_chunk is not None:
+                on_chunk(i + 1, count, stats)
+    finally:
+        reader.close()
+    n_ctx = reader.n_ctx
+    return {**stats.summary(), "n_ctx": n_ctx, "n_chunks": count, "seconds": time.perf_counter() - start}
+
+
+def _check_base(engine: Any, reader: Any) -> None:
+    if reader.n_vocab != engine.args.vocab_size:
+        raise LocalLLMError(
+            f"{reader.path} was saved by a model with a vocabulary of {reader.n_vocab} tokens; "
+            f"this one has {engine.args.vocab_size}"
+        )
+    if reader.n_ctx >= engine.max_model_len:
+        raise LocalLLMError(f"{reader.path} has chunks of {reader.n_ctx} tokens; the context is smaller")

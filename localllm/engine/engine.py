@@ -368,8 +368,9 @@ def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[St
     )
 
 
-def score_tokens(engine: LLMEngine, token_ids: list[int]) -> Any:
-    """Logits at every position of `token_ids` in one pass (teacher forcing, perplexity).
+def score_tokens(engine: LLMEngine, token_ids: list[int], positions: Any = None) -> Any:
+    """Logits at every position of `token_ids` in one pass (teacher forcing, perplexity), or only at
+    `positions` (perplexity scores half a chunk: the lm head and the logits held shrink to that half).
 
     Goes through the same block manager, runner and KV cache as generation; the blocks are freed after.
     """
@@ -379,7 +380,8 @@ def score_tokens(engine: LLMEngine, token_ids: list[int]) -> Any:
         raise KVCacheFullError("not enough free KV cache blocks to score this sequence")
     try:
         batch = engine.runner.prepare([ScheduledSeq(seq, len(token_ids))])
-        batch.logits_indices = np.arange(len(token_ids), dtype=np.int64)
+        everywhere = np.arange(len(token_ids), dtype=np.int64)
+        batch.logits_indices = everywhere if positions is None else everywhere[np.asarray(positions)]
         return engine.backend.to_numpy(engine.model.forward(batch, engine.kv_cache))
     finally:
         engine.block_manager.free(seq)
