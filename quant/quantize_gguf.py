@@ -109,7 +109,7 @@ def _block_number(name: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else None
 
 
-def _layers(names: list[str]) -> dict[str, tuple[int, int]]:
+def layer_positions(names: list[str]) -> dict[str, tuple[int, int]]:
     """Per tensor of a varying role: (its layer, the count of that role's tensors).  llama.cpp visits
     tensors in layer order whatever the file's order (blk.10 may come before blk.2), so the index is the
     block number, or the position in the file for a tensor outside the blocks."""
@@ -127,7 +127,7 @@ def _layers(names: list[str]) -> dict[str, tuple[int, int]]:
 
 def make_plan(reader: Any, target: str, allow_requantize: bool) -> list[Plan]:
     names = [t.name for t in reader.tensors]
-    tied, layers = "output.weight" not in names, _layers(names)
+    tied, layers = "output.weight" not in names, layer_positions(names)
     plans = []
     for t in reader.tensors:
         source = type_name(t.tensor_type)

@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "bench": "bench",
     "chat": "chat",
+    "convert": "convert",
     "info": "info",
     "list": "manage",
     "perplexity": "perplexity",

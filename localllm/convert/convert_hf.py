@@ -1,0 +1,138 @@
+"""`localllm convert`: a Hugging Face checkpoint directory -> a GGUF that llama.cpp and localllm load.
+
+What llama.cpp's convert_hf_to_gguf does for these families, and no more: tensor names mapped (names.py),
+the llama family's q/k rows permuted from Hugging Face's rotate-half layout to GGUF's interleaved pairs,
+Gemma's norms stored as 1 + w, Gemma's embedding rows beyond the vocabulary dropped, the vocabulary and
+special tokens from the tokenizer files (vocab.py).  Tensors are stored as `--type` chooses, with the
+same per-tensor rules as `localllm quantize` (norms and 1-D tensors F32; mixes as llama.cpp picks).
+The file is written under a temporary name and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localllm.convert.checkpoint import TensorRef, list_tensors, load_tensor, read_config, tensor_files
+from localllm.convert.hparams import gguf_hparams
+from localllm.convert.names import ARCHITECTURES, gguf_name, norm_shift, permute_qk
+from localllm.convert.vocab import Vocab, add_vocab, load_vocab
+from localllm.errors import LocalLLMError
+
+
+@dataclass(slots=True)
+class Item:
+    ref: TensorRef
+    name: str  # GGUF name
+    shape: tuple[int, ...]
+    target: str = "F32"
+
+
+def architecture(config: dict[str, Any]) -> str:
+    names = config.get("architectures") or [config.get("model_type", "?")]
+    arch = ARCHITECTURES.get(names[0])
+    if arch is None:
+        known = ", ".join(ARCHITECTURES)
+        raise LocalLLMError(f"architecture {names[0]} is not one localllm convert can map ({known})")
+    return arch
+
+
+def plan(arch: str, config: dict[str, Any], refs: list[TensorRef], n_vocab: int, target: str) -> list[Item]:
+    from localllm.quant.quantize_gguf import choose_type, layer_positions
+
+    items = []
+    for ref in refs:
+        name = gguf_name(arch, ref.name)
+        if name is None or (name == "output.weight" and config.get("tie_word_embeddings")):
+            continue
+        shape = ref.shape
+        if name in ("token_embd.weight", "output.weight"):
+            if shape[0] < n_vocab:
+                raise LocalLLMError(f"{ref.name} has {shape[0]} rows for a vocabulary of {n_vocab} tokens")
+            shape = (n_vocab, *shape[1:])  # Gemma pads its embedding past the vocabulary: dropped
+        items.append(Item(ref, name, shape))
+    names = [i.name for i in items]
+    if "token_embd.weight" not in names:
+        raise LocalLLMError("the checkpoint has no model.embed_tokens.weight")
+    tied, layers = "output.weight" not in names, layer_positions(names)
+    for item in items:
+        item.target = choose_type(item.name, item.shape, target, tied, layers.get(item.name))
+    return items
+
+
+def prepare(arch: str, config: dict[str, Any], item: Item) -> np.ndarray:
+    """A tensor as GGUF stores it (before type conversion), float32."""
+    data = load_tensor(item.ref)[: item.shape[0]]
+    if arch == "llama" and item.name.split(".")[-2] in ("attn_q", "attn_k"):
+        heads = config["num_attention_heads"]
+        if item.name.split(".")[-2] == "attn_k":
+            heads = config.get("num_key_value_heads") or heads
+        data = permute_qk(data, heads)
+    return data + np.float32(norm_shift(arch, item.name)) if norm_shift(arch, item.name) else data
+
+
+def convert_hf(
+    hf_dir: str | Path, out: str | Path, target: str = "F16", force: bool = False
+) -> tuple[str, list[Item]]:
+    """Convert `hf_dir` to the GGUF `out`; returns the architecture and the tensors written."""
+    from localllm.quant.quantize_gguf import check_target
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    target = check_target(target)
+    if out.exists() and not force:
+        raise LocalLLMError(f"{out} exists; pass --force to overwrite it")
+    config = read_config(hf_dir)
+    arch = architecture(config)
+    hp = gguf_hparams(arch, config)
+    refs = list_tensors(tensor_files(hf_dir))
+    vocab = load_vocab(hf_dir, config.get("vocab_size"))
+    items = plan(arch, config, refs, len(vocab.tokens), target)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
+    try:
+        _write(tmp, arch, config, hp, vocab, hf_dir, items, target)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return arch, items
+
+
+def _write(
+    path: Path, arch: str, config: dict, hp: dict, vocab: Vocab, hf_dir: Path, items: list[Item], target: str
+) -> None:
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    from localllm.quant.quantize_gguf import FILE_TYPES, QUANTIZATION_VERSION, Plan, convert_tensor
+    from localllm.quant.types import QUANT_BY_NAME
+
+    writer = GGUFWriter(path, arch)
+    writer.add_name(str(config.get("_name_or_path") or hf_dir.resolve().name))
+    writer.add_file_type(FILE_TYPES[target])
+    writer.add_quantization_version(QUANTIZATION_VERSION)
+    for key, value in hp.items():
+        _add(writer, f"{arch}.{key}", value)
+    add_vocab(writer, vocab, hf_dir)
+    for it in items:
+        rows = int(np.prod(it.shape[:-1], dtype=np.int64))
+        nbytes = rows * QUANT_BY_NAME[it.target].row_bytes(it.shape[-1])
+        raw = GGMLQuantizationType[it.target]
+        writer.add_tensor_info(it.name, it.shape, np.dtype(np.float32), nbytes, raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for it in items:
+        plan = Plan(it.name, it.shape, "F32", it.target)
+        writer.write_tensor_data(convert_tensor(prepare(arch, config, it), GGMLQuantizationType.F32, plan))
+    writer.close()
+
+
+def _add(writer: Any, key: str, value: Any) -> None:
+    if isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    else:
+        writer.add_uint32(key, int(value))
