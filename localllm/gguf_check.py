@@ -266,7 +266,9 @@ def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None)
         role = _role(info.name, args.n_layers, shapes)
         if role is not None:
             _check_role(info, shapes[role], sizes)
-    check_tensor_ranges(gf.tensors.values(), gf.data_offset, gf.alignment, gf.size)
+    for i, shard in enumerate(getattr(gf, "shards", None) or [gf]):  # one file, or each of a split model's
+        tensors = [t for t in gf.tensors.values() if getattr(t, "shard", 0) == i]
+        check_tensor_ranges(tensors, shard.data_offset, shard.alignment, shard.size)
 
 
 def check_hyperparameters(args: ModelArgs, metadata: Mapping[str, Any]) -> None:

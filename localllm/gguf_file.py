@@ -9,6 +9,12 @@ reference for the format and is what the tests write files with.
 Parsing a large vocabulary still costs a fraction of a second, so the index (metadata + tensor table)
 is cached, keyed by the file's path, size and mtime. A cached index is trusted only if a hash of the
 file's header bytes still matches and it passes the same validation, so a tampered file is re-read.
+
+A model split by llama.cpp's gguf-split (`NAME-00001-of-0000N.gguf` ... `NAME-0000N-of-0000N.gguf`:
+`split.no`, `split.count` and `split.tensors.count` in each, all other metadata in the first) opens as
+one `GGUFFile` from any of its files: each shard is parsed, cached and validated as a file of its own,
+then the set is checked (every shard present, numbered as named, the tensor count the first promises,
+no tensor twice) and its tensors merged, each remembering its shard.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import hashlib
 import mmap
 import os
 import pickle
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +34,7 @@ import numpy as np
 
 from localllm.errors import ModelFormatError
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 GGML_F32, GGML_F16 = 0, 1  # GGMLQuantizationType values, without importing gguf (~30 ms) to name them
 DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 16
@@ -52,6 +59,9 @@ MAX_NAME_BYTES = 256  # ggml's own limit (GGML_MAX_NAME) is 64
 DECODE_CHUNK = 1 << 14
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dimension, type, offset
+# llama.cpp's split file names (llama_split_path: "%s-%05d-of-%05d.gguf", shards numbered from 1)
+SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5,})-of-(?P<count>\d{5,})\.gguf", re.I)
+MAX_SHARDS = 0xFFFF  # split.count is a u16
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +69,9 @@ class TensorInfo:
     name: str
     ggml_type: int
     shape: tuple[int, ...]  # numpy order: (rows, n_per_row) for matrices
-    offset: int  # absolute byte offset in the file
+    offset: int  # absolute byte offset in the file (its shard's, for a split model)
     nbytes: int
+    shard: int = 0  # which file of a split model holds it (0: the first, or the only one)
 
     @property
     def n_per_row(self) -> int:
@@ -78,30 +89,44 @@ class GGUFIndex:
     header_digest: str  # sha256 of the bytes before data_offset
 
 
-class GGUFFile:
-    """A GGUF model file: `metadata` (key -> python value) and `tensors` (name -> TensorInfo)."""
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One file of a model: where its tensor data starts and how big it is."""
 
-    def __init__(
-        self,
-        path: Path,
-        metadata: dict[str, Any],
-        tensors: dict[str, TensorInfo],
-        data_offset: int = 0,
-        alignment: int = DEFAULT_ALIGNMENT,
-    ):
-        self.path = path
-        self.metadata = metadata
-        self.tensors = tensors
-        self.data_offset = data_offset
-        self.alignment = alignment
-        self._mm = np.memmap(path, dtype=np.uint8, mode="r")
+    path: Path
+    data_offset: int
+    alignment: int
+    size: int
+
+
+class GGUFFile:
+    """A GGUF model, one file or a split set: `metadata` (key -> python value) and `tensors` (name ->
+    TensorInfo, its `shard` saying which file holds it). `path` is the first (or only) file."""
+
+    def __init__(self, paths: list[Path], indexes: list[GGUFIndex]):
+        self.paths = paths
+        self.path = paths[0]
+        self.metadata = indexes[0].metadata  # gguf-split keeps all metadata in the first shard
+        self.tensors = _merged_tensors(indexes)
+        self._mms = [np.memmap(p, dtype=np.uint8, mode="r") for p in paths]
+        self.shards = [
+            Shard(p, ix.data_offset, ix.alignment, int(mm.shape[0]))
+            for p, ix, mm in zip(paths, indexes, self._mms, strict=True)
+        ]
+        self.data_offset, self.alignment = indexes[0].data_offset, indexes[0].alignment
 
     @classmethod
     def open(cls, path: str | os.PathLike, index_dir: Path | None = None) -> GGUFFile:
+        """The model in `path`; for a split model, any of its files opens all of them."""
         path = Path(path)
         _check_header(path)
         index = _load_index(path, index_dir)
-        return cls(path, index.metadata, index.tensors, index.data_offset, index.alignment)
+        paths = split_paths(path, index.metadata)
+        if len(paths) == 1:
+            return cls(paths, [index])
+        indexes = [index if p == path else _open_shard(p, paths, index_dir) for p in paths]
+        _check_split(paths, indexes)
+        return cls(paths, indexes)
 
     @property
     def architecture(self) -> str:
@@ -109,7 +134,16 @@ class GGUFFile:
 
     @property
     def size(self) -> int:
-        return int(self._mm.shape[0])
+        """Bytes in all the model's files."""
+        return sum(s.size for s in self.shards)
+
+    def identity(self) -> str:
+        """What a cache derived from this model keys on: each file's path, size and mtime."""
+        parts = []
+        for p in self.paths:
+            st = p.stat()
+            parts.append(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}")
+        return "|".join(parts)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -121,14 +155,18 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as stored: float arrays for F32/F16, uint8 (rows, row_bytes) for quants."""
         info = self.tensors[name]
-        buf = self._mm[info.offset : info.offset + info.nbytes]
+        buf = self._mms[info.shard][info.offset : info.offset + info.nbytes]
         return _view(buf, info)
 
     def offset_of(self, array: np.ndarray) -> int | None:
-        """Where in the file a contiguous view from `raw` starts; None for any other array."""
-        start = array.__array_interface__["data"][0] - self._mm.ctypes.data
-        if array.flags.c_contiguous and 0 <= start and start + array.nbytes <= self.size:
-            return int(start)
+        """Where a contiguous view from `raw` starts, counting through the shards as if they were one
+        file; None for any other array."""
+        base = 0
+        for mm in self._mms:
+            start = array.__array_interface__["data"][0] - mm.ctypes.data
+            if array.flags.c_contiguous and 0 <= start and start + array.nbytes <= mm.shape[0]:
+                return int(base + start)
+            base += int(mm.shape[0])
         return None
 
 
@@ -153,6 +191,90 @@ def _check_header(path: Path) -> None:
         raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the 'GGUF' magic)")
 
 
+# ---------------------------------------------------------------- split models
+
+
+def split_paths(path: Path, metadata: dict[str, Any]) -> list[Path]:
+    """All files of the model `path` belongs to: [path] unless its metadata says it is a shard of a
+    split model, whose files are then named as llama.cpp's gguf-split names them."""
+    count = metadata.get("split.count", 0)
+    if not _is_count(count) or count > MAX_SHARDS:
+        raise ModelFormatError(f"{path.name}: 'split.count' is {count!r}; expected 0 to {MAX_SHARDS:,}")
+    if count <= 1:
+        return [path]
+    match = SPLIT_NAME.fullmatch(path.name)
+    if match is None or int(match["count"]) != count:
+        raise ModelFormatError(
+            f"{path.name} is one of {count} files of a split model, but its name does not end in "
+            f"-NNNNN-of-{count:05d}.gguf, so the other files cannot be found (keep gguf-split's names)"
+        )
+    return _shard_paths(path, match)
+
+
+def split_names(path: str | os.PathLike) -> list[Path]:
+    """The files of the split model `path` names by its file name alone (for `rm` and `list`);
+    [path] when the name is not a shard's."""
+    path = Path(path)
+    match = SPLIT_NAME.fullmatch(path.name)
+    if match is None or not 1 < int(match["count"]) <= MAX_SHARDS:
+        return [path]
+    return _shard_paths(path, match)
+
+
+def _shard_paths(path: Path, match: re.Match[str]) -> list[Path]:
+    prefix, count = match["prefix"], match["count"]
+    return [path.with_name(f"{prefix}-{i:05d}-of-{count}.gguf") for i in range(1, int(count) + 1)]
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _open_shard(path: Path, paths: list[Path], index_dir: Path | None) -> GGUFIndex:
+    if not path.is_file():
+        raise ModelFormatError(
+            f"{path.name} is missing: the split model {paths[0].name} needs all {len(paths)} of its files"
+        )
+    _check_header(path)
+    return _load_index(path, index_dir)
+
+
+def _check_split(paths: list[Path], indexes: list[GGUFIndex]) -> None:
+    """Every shard is numbered as its name says, and together they hold the tensors the first promises."""
+    for i, (path, index) in enumerate(zip(paths, indexes, strict=True)):
+        no, count = index.metadata.get("split.no"), index.metadata.get("split.count")
+        if no != i or count != len(paths):
+            said = f"shard {no + 1} of {count}" if _is_count(no) and _is_count(count) else "no shard number"
+            raise ModelFormatError(
+                f"{path.name} holds {said} (split.no / split.count), not shard {i + 1} of {len(paths)} "
+                "as its name says: the files are from different splits"
+            )
+    promised = indexes[0].metadata.get("split.tensors.count")
+    held = sum(len(index.tensors) for index in indexes)
+    if promised is not None and promised != held:
+        raise ModelFormatError(
+            f"{paths[0].name}: the split model promises {promised!r} tensors (split.tensors.count) but "
+            f"its {len(paths)} files hold {held}"
+        )
+    seen: dict[str, int] = {}
+    for i, index in enumerate(indexes):
+        for name in index.tensors:
+            if name in seen:
+                where = f"{paths[seen[name]].name} and {paths[i].name}"
+                raise ModelFormatError(f"tensor '{name}' is in both {where}")
+            seen[name] = i
+
+
+def _merged_tensors(indexes: list[GGUFIndex]) -> dict[str, TensorInfo]:
+    if len(indexes) == 1:
+        return indexes[0].tensors
+    return {
+        name: replace(info, shard=i)
+        for i, index in enumerate(indexes)
+        for name, info in index.tensors.items()
+    }
+
+
 # ---------------------------------------------------------------- the cached index
 
 
@@ -163,7 +285,8 @@ def _index_path(path: Path, index_dir: Path) -> Path:
 
 
 def index_cache_path(path: str | os.PathLike, index_dir: Path) -> Path:
-    """The file in index_dir that caches the parsed index of the GGUF file `path` (for `rm`)."""
+    """The file in index_dir that caches the parsed index of the GGUF file `path` (for `rm`; each
+    shard of a split model has its own)."""
     return _index_path(Path(path), index_dir)
 
 

@@ -118,7 +118,7 @@ def summarize(gf: Any) -> ModelInfo:
     template = md.get("tokenizer.chat_template")
     return ModelInfo(
         path=str(gf.path),
-        file_size=int(gf.path.stat().st_size),
+        file_size=int(gf.size),  # all files of a split model
         name=printable(md.get("general.name") or gf.path.stem),
         architecture=printable(arch),
         parameters=parameters,

@@ -2,8 +2,9 @@
 
 Repacking every matrix of a model into the kernels' lane layout (kernels/packing.py) costs about a
 second for a 135M model.  The first load writes all packed buffers to one file, keyed like the GGUF
-index cache (path, size, mtime) plus a hash of packing.py, whose layout the bytes follow; later loads
-memory-map that file, so the weights cost page-cache memory only, as the GGUF file itself does.
+index cache (path, size, mtime, of every file of a split model) plus a hash of packing.py, whose layout
+the bytes follow; later loads memory-map that file, so the weights cost page-cache memory only, as the
+GGUF file itself does.
 
 File: MAGIC, u64 index length, u32 CRC of the index, the JSON index, then each buffer page-aligned.
 Anything unexpected (another key, a bad CRC, a short file) makes the cache count as absent: the
@@ -55,8 +56,8 @@ class WeightCache:
     def __init__(self, gf: Any, cache_dir: Path):
         self.gf = gf
         path = Path(gf.path).resolve()
-        st = path.stat()
-        self.key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{FORMAT_VERSION}|{packing_digest()}"
+        # every file of a split model: a change to any of them changes the key (offsets count through them)
+        self.key = f"{gf.identity()}|{FORMAT_VERSION}|{packing_digest()}"
         self._prefix = _model_prefix(path)
         digest = hashlib.sha256(self.key.encode()).hexdigest()[:16]
         self.path = cache_dir / f"{self._prefix}-{digest}.wpack"

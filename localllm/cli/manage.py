@@ -135,14 +135,21 @@ def rm(name: Annotated[str, typer.Argument(help="Registry name, or a file name i
 
 
 def model_rows(registry: Registry, home: Path) -> list[ModelRow]:
-    """One row per registry entry, then one per .gguf in the cache that no entry accounts for."""
+    """One row per registry entry, then one per .gguf in the cache that no entry accounts for (one for
+    all the files of a split model, under its first)."""
+    from localllm.gguf_file import split_names
+
     rows = [_entry_row(registry, name, home) for name in registry.entries]
     known = {row.file for row in rows}
     cache = models_dir(home)
     extra = sorted(cache.glob("*.gguf")) if cache.is_dir() else []
     for path in extra:
-        if path.name not in known and path.is_file():
-            rows.append(ModelRow(path.name, path.name, path.stat().st_size, "yes", path))
+        shards = split_names(path)
+        if path.name in known or not path.is_file() or (shards[0] != path and shards[0].is_file()):
+            continue
+        present = [p for p in shards if p.is_file()]
+        status = "yes" if len(present) == len(shards) else "partial"
+        rows.append(ModelRow(path.name, path.name, sum(p.stat().st_size for p in present), status, path))
     return rows
 
 
@@ -187,7 +194,10 @@ def model_table(rows: list[ModelRow], describe: Describe | None = None) -> Table
 
 def remove_model(name: str, registry: Registry, home: Path) -> list[tuple[Path, int]]:
     """Delete a model's cached file, any leftover .part and the caches derived from the file; also
-    what killed downloads left behind. Returns (path, bytes) for each file or folder removed."""
+    what killed downloads left behind; all files of a split model. Returns (path, bytes) for each file
+    or folder removed."""
+    from localllm.gguf_file import split_names
+
     path = _cached_path(name, registry, home)
     if not path.parent.is_dir():
         raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
@@ -195,7 +205,7 @@ def remove_model(name: str, registry: Registry, home: Path) -> list[tuple[Path, 
     with fetch_lock(path, wait=False) as idle:
         if idle is False:  # its .part is being written: deleting it would only break that download
             raise LocalLLMError(f"another localllm process is downloading {path.name}; remove it afterwards.")
-        candidates = [path, part_path(path), *derived_caches(path, home)]
+        candidates = [*split_names(path), part_path(path), *derived_caches(path, home)]
         removed = [(p, p.stat().st_size) for p in candidates if p.is_file()]
         if not removed:
             raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
@@ -220,11 +230,13 @@ def _cached_path(name: str, registry: Registry, home: Path) -> Path:
 
 
 def derived_caches(path: Path, home: Path) -> list[Path]:
-    """The cache files made from the model file `path`: its parsed GGUF index and its packed weights."""
+    """The cache files made from the model file `path`: its parsed GGUF index and its packed weights
+    (for a split model, each file's index and the weights packed from all of them)."""
     from localllm.backends.weight_cache import cache_files  # imports numba: only when removing
-    from localllm.gguf_file import index_cache_path
+    from localllm.gguf_file import index_cache_path, split_names
 
-    found = cache_files(path, index_dir(home))
-    if path.is_file():  # the index cache's name depends on the file's size and mtime
-        found.append(index_cache_path(path, index_dir(home)))
+    shards = split_names(path)
+    found = cache_files(shards[0], index_dir(home))
+    # the index cache's name depends on the file's size and mtime
+    found += [index_cache_path(p, index_dir(home)) for p in shards if p.is_file()]
     return found
