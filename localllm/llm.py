@@ -19,11 +19,20 @@ def resolve_model_path(model: str, home: Path | None = None, progress: bool = Tr
 
 
 def resolve_with_defaults(
-    model: str | None, home: Path | None = None, progress: bool = True
+    model: str | None,
+    home: Path | None = None,
+    progress: bool = True,
+    quantize: str | None = None,
+    group_size: int = 32,
 ) -> tuple[Path, dict[str, Any]]:
     """The model file (pulled on first use; None = the registry's default model) and its models.toml
-    defaults ({} for a plain path or URL)."""
+    defaults ({} for a plain path or URL).  A Hugging Face directory, or a float GGUF with `quantize`
+    ("int8", "int4"), is converted once into a cached GGUF (convert/on_load.py)."""
+    from localllm.convert.on_load import is_hf_dir, prepare_model
     from localllm.registry import default_home, default_user_registry, load_registry, resolve_model
+
+    if model is not None and (quantize or is_hf_dir(model)):
+        return prepare_model(model, home or default_home(), quantize, group_size), {}
 
     registry = load_registry(default_user_registry())
     resolved = resolve_model(
@@ -62,18 +71,27 @@ class LLM:
     >>> out[0].text
 
     `chat_template` (a name like "chatml", Jinja text or a file) overrides the model's template.
+    `model` may be a Hugging Face directory; `quantize` ("int8" or "int4", blocks of `group_size` 32)
+    quantizes it, or a float GGUF, on load (once: the result is cached under LOCALLLM_HOME/converted).
     Other keywords are EngineConfig fields, e.g. speculative decoding: `prompt_lookup=True`, or
     `draft_model="qwen2.5-coder-0.5b-instruct"` (a path or registry name), with `draft_max=8`.
     """
 
-    def __init__(self, model: str | os.PathLike, chat_template: str | None = None, **engine_options: Any):
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        chat_template: str | None = None,
+        quantize: str | None = None,
+        group_size: int = 32,
+        **engine_options: Any,
+    ):
         from localllm.engine.engine import LLMEngine
         from localllm.registry import default_home
         from localllm.tokenizer.chat_template import chat_template_source
 
         home = default_home()
         default_numba_cache(home)
-        path, defaults = resolve_with_defaults(str(model), home)
+        path, defaults = resolve_with_defaults(str(model), home, quantize=quantize, group_size=group_size)
         source = chat_template_source(chat_template, defaults.get("chat_template"))  # a bad file: fail now
         if engine_options.get("draft_model"):  # speculative decoding's draft: a path or a registry name
             draft = resolve_model_path(str(engine_options["draft_model"]), home)

@@ -77,6 +77,15 @@ DraftModel = Annotated[
 DraftMax = Annotated[
     int, typer.Option("--draft-max", help="Speculative decoding: most tokens drafted per sequence and step.")
 ]
+Quantize = Annotated[
+    str | None,
+    typer.Option(
+        "--quantize",
+        help="int8 or int4: quantize a Hugging Face directory (or an F16 GGUF) on load, once; cached "
+        "under LOCALLLM_HOME/converted.",
+    ),
+]
+GroupSize = Annotated[int, typer.Option("--group-size", help="Weights per --quantize scale (32 only).")]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -223,16 +232,22 @@ def sampling_params(engine: Any, flags: Mapping[str, Any], builtin: Mapping[str,
 
 
 def resolve(
-    model: str | None, backend: str | None = None, threads: int = 0, cache_types: tuple[str, str] = F16_KV
+    model: str | None,
+    backend: str | None = None,
+    threads: int = 0,
+    cache_types: tuple[str, str] = F16_KV,
+    quantize: str | None = None,
+    group_size: int = 32,
 ) -> tuple[Path, dict[str, Any]]:
     """The model file (pulled on first use) and its registry defaults. With the numba `backend` on a
-    first run, the model's kernels (for `threads` and `cache_types`) compile while it downloads."""
+    first run, the model's kernels (for `threads` and `cache_types`) compile while it downloads.
+    A Hugging Face directory (or a float GGUF with `quantize`) is converted once (convert/on_load.py)."""
     from localllm.llm import default_numba_cache, resolve_with_defaults
 
     home = model_home()
     default_numba_cache(home)
     prewarm = _start_prewarm(model, home, threads, cache_types) if backend == "numba" else None
-    resolved = resolve_with_defaults(model, home)
+    resolved = resolve_with_defaults(model, home, quantize=quantize, group_size=group_size)
     if prewarm is not None and (seconds := prewarm.join()) is not None:
         print(f"Compiled the kernels in {seconds:.0f} s, while downloading", file=sys.stderr)
     return resolved

@@ -17,7 +17,8 @@ def run(
     args: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[MODEL] PROMPT", help="A .gguf path or registry name (optional), then the prompt."
+            metavar="[MODEL] PROMPT",
+            help="A .gguf path, Hugging Face directory or registry name (optional), then the prompt.",
         ),
     ] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = True,
@@ -43,6 +44,8 @@ def run(
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    quantize: c.Quantize = None,
+    group_size: c.GroupSize = 32,
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
@@ -56,13 +59,15 @@ def run(
       localllm run smollm2-135m-instruct "Write a haiku" --temperature 0 -n 64
 
       localllm run base-model.gguf "Write a haiku" --chat-template chatml
+
+      localllm run ./Qwen2.5-0.5B-Instruct "Write a haiku" --quantize int4
     """
     from localllm.engine.engine import LLMEngine
     from localllm.tokenizer.chat_template import chat_template_source
 
     flags = c.sampling_flags(locals())
     model, prompt = _model_and_prompt(args or [])
-    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
+    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v), quantize, group_size)
     spec = c.spec_options(prompt_lookup, draft_model, draft_max)
     template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
     config = c.engine_config(
