@@ -115,6 +115,8 @@ def summarize(gf: Any) -> ModelInfo:
         for k in ("general.basename", "general.size_label", "general.license", "general.organization")
         if isinstance(md.get(k), (str, int, float))
     }
+    if len(getattr(gf, "paths", ())) > 1:  # a split model: `path` is its first file
+        extra["split files"] = len(gf.paths)
     template = md.get("tokenizer.chat_template")
     return ModelInfo(
         path=str(gf.path),

@@ -67,6 +67,10 @@ def test_shards_are_named_and_numbered_as_gguf_split_does(tiny) -> None:
     assert gf.paths == shards and gf.size == sum(p.stat().st_size for p in shards)
     assert sorted({t.shard for t in gf.tensors.values()}) == [0, 1, 2, 3]
     assert gf.metadata["split.tensors.count"] == len(gf.tensors) == len(GGUFFile.open(whole).tensors)
+    from localllm.model_info import summarize
+
+    info = summarize(gf)
+    assert info.extra["split files"] == 4 and info.file_size == gf.size
 
 
 def test_split_and_whole_give_the_same_logits(tiny, tmp_path) -> None:
@@ -146,3 +150,8 @@ def test_rm_and_list_treat_the_shards_as_one_model(tiny, tmp_path, monkeypatch) 
     removed = [p for p, _ in manage.remove_model(shards[0].name, load_registry(None), home)]
     assert {p.name for p in removed} >= {p.name for p in shards}
     assert not list(cache.glob("tiny-split*")) and not list(index_dir(home).iterdir())
+
+
+def test_a_nonsense_split_count_is_refused(tmp_path) -> None:
+    path = write_tiny_model(tmp_path / "t.gguf", extra_metadata={"split.count": "\x1b[2J"})
+    _one_line(path, r"'split.count' is '\\x1b\[2J'; expected 0 to 65,535")
