@@ -155,3 +155,13 @@ def test_rm_and_list_treat_the_shards_as_one_model(tiny, tmp_path, monkeypatch) 
 def test_a_nonsense_split_count_is_refused(tmp_path) -> None:
     path = write_tiny_model(tmp_path / "t.gguf", extra_metadata={"split.count": "\x1b[2J"})
     _one_line(path, r"'split.count' is '\\x1b\[2J'; expected 0 to 65,535")
+
+
+@pytest.mark.slow
+def test_smollm2_split_gives_the_same_logits(smollm2_path: Path, tmp_path) -> None:
+    """The real SmolLM2 (Q4_1, 272 tensors) in 3 files: the same logits at every position, bit for bit.
+    (Split by llama.cpp's llama-gguf-split, in 5 files or with a metadata-only first file, it gives the
+    same too: README, Split models.)"""
+    shards = split_gguf(smollm2_path, tmp_path / "smollm2.gguf", max_tensors=100)
+    assert len(shards) == 3
+    assert np.array_equal(last_logits(shards[1]), last_logits(smollm2_path))
