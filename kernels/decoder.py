@@ -6,7 +6,8 @@ call into a kernel: at decode time (one token) that glue cost about as much as t
 Per layer, as its spec says: RMSNorm -> q/k/v (+ biases) -> q/k RMSNorm -> RoPE (the layer's own
 base and scaling) + KV store -> paged attention (the layer's window and soft-cap) -> output
 projection -> post-norm -> residual -> RMSNorm -> gate/up -> SwiGLU or GeGLU -> down (8-bit, or
-near-float activations) -> post-norm -> residual.
+near-float activations), or the routed experts (kernels/moe.py) plus a sigmoid-gated shared expert ->
+post-norm -> residual.
 
 Inputs are named tuples (StackWeights, Dims, Step) and an int64 (layers, N_FLAGS) array of per-layer
 switches whose columns are named below, so no caller indexes a positional tuple. Launch tables are
@@ -21,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from . import attention, layers, matmul
+from . import attention, layers, matmul, moe
 from .quantize_act import quantize_rows
 from .simd import f32
 
@@ -37,7 +38,10 @@ F_POST_ATTN = 4  # RMSNorm of the attention output before the residual add
 F_POST_FFN = 5  # the same for the feed-forward
 F_DOWN = 6  # DOWN_* below
 F_ROPE = 7  # index of the layer's rotation in Step.cos / Step.sin
-N_FLAGS = 8
+F_EXPERTS = 8  # experts used per token (0: the dense FFN only)
+F_RENORM = 9  # renormalise the routed experts' weights
+F_SHARED = 10  # the dense FFN runs too, as a shared expert under a sigmoid gate
+N_FLAGS = 11
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -61,6 +65,12 @@ class StackWeights(NamedTuple):
     softcap: np.ndarray  # (L,) float32 attention soft-cap, 0 = off
     gemm: int  # the float GEMM's address (float path), else 0
     quantize: bool  # integer path: quantize activations to 8 bits
+    router: np.ndarray  # (L, 1, 5) launch tables of the (experts, dim) routers (zeros: dense layers)
+    gate_exps: np.ndarray  # (L, experts, 5): one row per expert
+    up_exps: np.ndarray
+    down_exps: np.ndarray
+    shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
+    moe_stats: np.ndarray  # (2,) int64 counters, see moe.STAT_BYTES
 
 
 class Dims(NamedTuple):
@@ -240,15 +250,42 @@ def _with_residual(x, out) -> None:
 
 
 @njit(cache=True)
-def _ffn_block(il, x, w, dims, buf, nth):
-    """x += [post-norm] down(act(gate(h)) * up(h)), h = rms_norm(x)."""
-    layers.rms_norm_rows(x, w.ffn_norm[il], dims.eps, buf.h)
+def _dense_ffn(il, w, buf, nth):
+    """buf.down = down(act(gate(h)) * up(h)) of h = buf.h."""
     _project(w.gate_up[il], w.gemm, w.quantize, buf.h, (buf.gate, buf.up), nth)
     if w.flags[il, F_GELU]:
         layers.geglu_rows(buf.gate, buf.up, buf.act)
     else:
         layers.swiglu_rows(buf.gate, buf.up, buf.act)
     _down(il, w, buf, nth)
+
+
+@njit(cache=True)
+def _moe_ffn(il, w, buf, nth):
+    """buf.down = the routed experts' weighted sum of h = buf.h (in buf.o, free after attention), plus
+    the dense FFN times sigmoid(h . shexp_gate) where the layer has a shared expert."""
+    moe.moe_ffn(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
+                w.flags[il, F_EXPERTS], w.flags[il, F_RENORM] != 0, buf.o, w.moe_stats, nth)  # fmt: skip
+    T = buf.h.shape[0]
+    if not w.flags[il, F_SHARED]:
+        buf.down[:] = buf.o
+        return
+    _dense_ffn(il, w, buf, nth)
+    g = np.empty(T, np.float32)
+    moe.sigmoid_gate(buf.h, w.shexp_gate[il], g)
+    for t in range(T):
+        for j in range(buf.down.shape[1]):
+            buf.down[t, j] = buf.o[t, j] + buf.down[t, j] * g[t]
+
+
+@njit(cache=True)
+def _ffn_block(il, x, w, dims, buf, nth):
+    """x += [post-norm] ffn(h), h = rms_norm(x): the dense FFN or the experts."""
+    layers.rms_norm_rows(x, w.ffn_norm[il], dims.eps, buf.h)
+    if w.flags[il, F_EXPERTS]:
+        _moe_ffn(il, w, buf, nth)
+    else:
+        _dense_ffn(il, w, buf, nth)
     _residual(x, buf.down, w.flags[il, F_POST_FFN], w.post_ffn_norm[il], dims.eps, buf.h)
 
 

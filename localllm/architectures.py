@@ -12,6 +12,8 @@ ARCHITECTURES = {
     "qwen3": "localllm.models.qwen3",
     "gemma2": "localllm.models.gemma2",
     "phi3": "localllm.models.phi3",
+    "qwen3moe": "localllm.models.qwen3moe",
+    "qwen2moe": "localllm.models.qwen2moe",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
@@ -32,4 +34,10 @@ TENSOR_NAMES: dict[str, str] = {
     "up": "ffn_up.weight",
     "down": "ffn_down.weight",
     "post_ffn_norm": "post_ffw_norm.weight",
+    # mixture of experts: the router, the experts' (experts, rows, cols) tensors, the shared expert's gate
+    "router": "ffn_gate_inp.weight",
+    "gate_exps": "ffn_gate_exps.weight",
+    "up_exps": "ffn_up_exps.weight",
+    "down_exps": "ffn_down_exps.weight",
+    "shexp_gate": "ffn_gate_inp_shexp.weight",
 }

@@ -42,6 +42,10 @@ INT_HYPERPARAMETERS: dict[str, tuple[str, int, int]] = {
     "rope_dim": ("rope.dimension_count", 2, 1 << 12),
     "context_length": ("context_length", 1, 1 << 27),
     "sliding_window": ("attention.sliding_window", 0, 1 << 27),
+    "experts": ("expert_count", 0, 1 << 12),  # (LayerSpec fields: checked in the metadata only)
+    "experts_used": ("expert_used_count", 0, 1 << 12),
+    "expert_ffn_dim": ("expert_feed_forward_length", 1, 1 << 20),
+    "expert_shared_ffn_dim": ("expert_shared_feed_forward_length", 1, 1 << 20),
 }
 # ModelArgs field -> (metadata key or None, smallest (exclusive), largest)
 FLOAT_HYPERPARAMETERS: dict[str, tuple[str | None, float, float]] = {
@@ -91,6 +95,11 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3)
     "blk.N.ffn_down.weight": ("dim", "ffn_dim"),
     "blk.N.post_ffw_norm.weight": ("dim",),
+    "blk.N.ffn_gate_inp.weight": ("experts", "dim"),
+    "blk.N.ffn_gate_exps.weight": ("experts", "expert_ffn_dim", "dim"),
+    "blk.N.ffn_up_exps.weight": ("experts", "expert_ffn_dim", "dim"),
+    "blk.N.ffn_down_exps.weight": ("experts", "dim", "expert_ffn_dim"),
+    "blk.N.ffn_gate_inp_shexp.weight": ("dim",),
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
@@ -345,6 +354,16 @@ def _sizes(args: Any) -> dict[str, int]:
         "rope_dim/2": _rope_dim(args) // 2,
         "ffn_up_rows": args.ffn_dim * (2 if getattr(args, "fused_gate_up", False) else 1),
         "qkv_rows": (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
+        **_expert_sizes(args),
+    }
+
+
+def _expert_sizes(args: Any) -> dict[str, int]:
+    """The first mixture-of-experts layer's sizes (0 where no layer has experts)."""
+    moe = [s for s in getattr(args, "layers", None) or () if getattr(s, "experts", 0)]
+    return {
+        "experts": moe[0].experts if moe else 0,
+        "expert_ffn_dim": moe[0].expert_ffn_dim if moe else 0,
     }
 
 

@@ -109,7 +109,7 @@ def summarize(gf: Any) -> ModelInfo:
         vocab = len(md["tokenizer.ggml.tokens"])
     histogram = tensor_histogram(gf.tensors.values())
     parameters = sum(t.parameters for t in histogram)
-    extra = _family_features(md, arch)
+    extra = _family_features(md, arch) | _active_parameters(md, arch, gf.tensors.values(), parameters)
     extra |= {
         k.removeprefix("general."): printable(md[k]) if isinstance(md[k], str) else md[k]
         for k in ("general.basename", "general.size_label", "general.license", "general.organization")
@@ -159,6 +159,16 @@ def _family_features(md: Mapping[str, Any], arch: str) -> dict[str, Any]:
         if isinstance(md.get(f"{arch}.{key}"), (str, int, float))
     }
     return {k: printable(v) if isinstance(v, str) else v for k, v in out.items()}
+
+
+def _active_parameters(md: Mapping[str, Any], arch: str, tensors: Any, parameters: int) -> dict[str, str]:
+    """A mixture-of-experts file's parameters one token runs: all but the unrouted experts' share."""
+    experts, used = _as_int(md.get(f"{arch}.expert_count")), _as_int(md.get(f"{arch}.expert_used_count"))
+    if not experts or not used:
+        return {}
+    routed = sum(_numel(t.shape) for t in tensors if "_exps." in t.name)
+    active = parameters - routed + routed * min(used, experts) // experts
+    return {"active parameters": f"{format_params(active)} ({active:,}) per token"}
 
 
 def tensor_histogram(tensors: Any) -> list[TensorTypeCount]:

@@ -91,6 +91,19 @@ class Backend:
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x)
 
+    # ---- mixture of experts (runs_moe: whether a backend has these) -----------------------------
+
+    runs_moe = False
+
+    def moe_ffn(self, h: Any, lw: Any, spec: Any) -> Any:
+        """The routed experts' weighted sum for h (T, dim): lw's router, gate_exps, up_exps and
+        down_exps, as the LayerSpec's experts_used / expert_renorm say (kernels/moe_reference.py)."""
+        raise NotImplementedError
+
+    def sigmoid_gate(self, h: Any, weight: Any) -> Any:
+        """(T, 1) sigmoid(h . weight): the shared expert's gate."""
+        raise NotImplementedError
+
     # ---- optional capabilities (defaults: not had) ----------------------------------------------
 
     def begin_step(self, batch: ForwardBatch) -> ForwardBatch:

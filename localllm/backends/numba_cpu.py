@@ -22,7 +22,7 @@ from localllm.backends import bounds
 from localllm.backends.base import Backend
 from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ThreadGovernor
-from localllm.kernels import attention, layers, matmul
+from localllm.kernels import attention, layers, matmul, moe
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.kernels.quantize_act import quantize_rows
 from localllm.quant import dequantize
@@ -77,6 +77,7 @@ class NumbaBackend(Backend):
         self._plans: dict[int, tuple[object, object]] = {}  # id(model) -> (model, DecoderPlan or None)
         self._weight_cache: WeightCache | None = None  # set while a model loads, see weight_cache()
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
+        self.moe_stats = np.zeros(2, np.int64)  # op path's expert bytes launched, rows (kernels/moe.py)
 
     # ---- weights and cache -------------------------------------------------------------------
 
@@ -275,6 +276,29 @@ class NumbaBackend(Backend):
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
         return x
+
+    # ---- mixture of experts --------------------------------------------------------------------
+
+    runs_moe = True
+
+    def moe_ffn(self, h: np.ndarray, lw: Any, spec: Any) -> np.ndarray:
+        """Only the routed experts' matrices are read (kernels/moe.py); tokens grouped by expert."""
+        h2 = _rows(h, lw.router.k)
+        everything = (lw.router, *lw.gate_exps, *lw.up_exps, *lw.down_exps)
+        use_int = any(w.lane for w in everything) and h2.shape[0] <= matmul.INT_PATH_MAX_T
+        gemm = lw.router.gemm if matmul.needs_gemm(everything, use_int) else 0
+        groups = ((lw.router,), lw.gate_exps, lw.up_exps, lw.down_exps)
+        tables = [matmul.group_table(ws, use_int) for ws in groups]
+        out = np.empty_like(h2)
+        moe.moe_ffn(h2, *tables, gemm, use_int, spec.experts_used, spec.expert_renorm, out, self.moe_stats,
+                    self.threads)  # fmt: skip
+        return out
+
+    def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        h2 = _rows(h, weight.shape[0])
+        out = np.empty((h2.shape[0], 1), np.float32)
+        moe.sigmoid_gate(h2, _f32(weight), out.reshape(-1))
+        return out
 
     # ---- compilation -------------------------------------------------------------------------
 

@@ -26,7 +26,8 @@ log = logging.getLogger("localllm")
 EXECUTED = frozenset(
     {"rope.dim", "rope.base", "rope.freq_scale", "rope.neox", "rope.factors", "rope.attn_factor",
      "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
-     "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap"}
+     "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
+     "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert"}
 )  # fmt: skip
 
 
@@ -41,8 +42,14 @@ def refusal(specs: tuple[LayerSpec, ...]) -> str | None:
 
 
 def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
-    """(layers, weights per group, 5) launch tables (see matmul.launch_many)."""
-    return np.ascontiguousarray(np.stack([matmul.group_table(ws, use_int) for ws in groups]), np.int64)
+    """(layers, weights per group, 5) launch tables (see matmul.launch_many); zero rows where a layer
+    has no such weights (a mixture-of-experts layer's dense FFN, a dense layer's experts)."""
+    width = max(1, max(len(ws) for ws in groups))
+    out = np.zeros((len(groups), width, 5), np.int64)
+    for il, ws in enumerate(groups):
+        if ws and ws[0] is not None:
+            out[il, : len(ws)] = matmul.group_table(ws, use_int)
+    return out
 
 
 def _stack(vectors: list[Any], width: int) -> np.ndarray:
@@ -55,7 +62,8 @@ def _stack(vectors: list[Any], width: int) -> np.ndarray:
 
 
 def _down_mode(spec: LayerSpec, down: Any) -> int:
-    if not spec.precise_down or not down.lane:  # a row kind takes the float path: precise already
+    # (a row kind takes the float path: precise already; a layer with experts only has no down)
+    if not spec.precise_down or down is None or not down.lane:
         return dk.DOWN_PLAIN
     return dk.DOWN_INT16 if down.kind == matmul.Q8_0 else dk.DOWN_TWO_PASS
 
@@ -69,6 +77,8 @@ def _flags(specs: tuple[LayerSpec, ...], layers: list[Any], ropes: list[RopeSpec
         flags[il, dk.F_POST_ATTN], flags[il, dk.F_POST_FFN] = s.post_attn_norm, s.post_ffn_norm
         flags[il, dk.F_DOWN] = _down_mode(s, lw.down)
         flags[il, dk.F_ROPE] = ropes.index(s.rope)
+        flags[il, dk.F_EXPERTS], flags[il, dk.F_RENORM] = s.experts_used, s.expert_renorm
+        flags[il, dk.F_SHARED] = s.shared_expert
     return flags
 
 
@@ -105,16 +115,19 @@ class DecoderPlan:
         flags = _flags(a.layers, L, ropes)
         groups = (
             [(x.wq, x.wk, x.wv) for x in L], [(x.wo,) for x in L],
-            [(x.gate, x.up) for x in L], [(x.down,) for x in L],
+            [(x.gate, x.up) for x in L], [(x.down,) for x in L], [(x.router,) for x in L],
+            [x.gate_exps for x in L], [x.up_exps for x in L], [x.down_exps for x in L],
         )  # fmt: skip
         nq, nkv, hd = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.head_dim
         weights = dk.StackWeights(
-            *(_tables(g, True) for g in groups), _int16_tables(L, flags),
+            *(_tables(g, True) for g in groups[:4]), _int16_tables(L, flags),
             *(_stack([getattr(x, f) for x in L], a.dim)
               for f in ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm")),
             _stack([x.q_norm for x in L], hd), _stack([x.k_norm for x in L], hd),
             _stack([x.bq for x in L], nq), _stack([x.bk for x in L], nkv), _stack([x.bv for x in L], nkv),
             flags, np.array([s.attn_softcap for s in a.layers], np.float32), 0, True,
+            *(_tables(g, True) for g in groups[4:]), _stack([x.shexp_gate for x in L], a.dim),
+            np.zeros(2, np.int64),
         )  # fmt: skip
         two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
         dims = dk.Dims(
@@ -124,20 +137,29 @@ class DecoderPlan:
         return cls(weights, dims, groups, rope_dims, *_rope_rows(ropes))
 
     @functools.cached_property
+    def everything(self) -> list[Any]:
+        return [w for grp in self.groups for ws in grp for w in ws if w is not None]
+
+    @functools.cached_property
     def any_int(self) -> bool:
-        return any(w.lane for grp in self.groups for ws in grp for w in ws)
+        return any(w.lane for w in self.everything)
+
+    @property
+    def moe_stats(self) -> np.ndarray:
+        """(expert-weight bytes launched, (token, layer) rows routed) since the plan was built."""
+        return self.weights.moe_stats
 
     @functools.cache  # noqa: B019 (one plan per model, kept as long as the model)
     def _path(self, use_int: bool) -> dk.StackWeights:
         """The weights with one path's tables: integer, or float (without AVX2 for long prompts,
         whose kernels load only when needed)."""
-        everything = [w for grp in self.groups for ws in grp for w in ws]
+        everything = self.everything
         gemm = int(everything[0].gemm) if matmul.needs_gemm(everything, use_int) else 0
         if use_int:
             return self.weights._replace(gemm=gemm, quantize=True)
-        floats = [_tables(g, False) for g in self.groups]
-        return self.weights._replace(qkv=floats[0], o=floats[1], gate_up=floats[2], down=floats[3],
-                                     gemm=gemm, quantize=False)  # fmt: skip
+        f = [_tables(g, False) for g in self.groups]
+        return self.weights._replace(qkv=f[0], o=f[1], gate_up=f[2], down=f[3], router=f[4], gate_exps=f[5],
+                                     up_exps=f[6], down_exps=f[7], gemm=gemm, quantize=False)  # fmt: skip
 
     def run(self, backend: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray:
         """All layers on x (T, dim), in place; returns x."""

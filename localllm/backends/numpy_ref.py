@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from localllm.backends.base import Backend
+from localllm.kernels import moe_reference
 from localllm.kernels import reference as ref
 from localllm.quant import dequantize
 
@@ -68,3 +69,15 @@ class NumpyBackend(Backend):
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
         return x
+
+    runs_moe = True
+
+    def moe_ffn(self, h: np.ndarray, lw: Any, spec: Any) -> np.ndarray:
+        def expert(e: int) -> tuple[np.ndarray, ...]:
+            return tuple(w[e].dequantized() for w in (lw.gate_exps, lw.up_exps, lw.down_exps))
+
+        x, router = h.astype(np.float32), lw.router.dequantized()
+        return moe_reference.moe_ffn(x, router, expert, spec.experts_used, spec.expert_renorm)
+
+    def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return moe_reference.sigmoid_gate(h.astype(np.float32), weight)

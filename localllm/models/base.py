@@ -90,6 +90,23 @@ def read_factors(gf: GGUFFile, name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+def read_moe(gf: GGUFFile, h: Hyper, expert_ffn_key: str | None, renorm: bool) -> dict[str, Any]:
+    """The LayerSpec fields of a mixture-of-experts FFN ({} for a dense one): `<arch>.expert_count`
+    experts, `expert_used_count` per token, each `expert_ffn_key` wide (None: feed_forward_length, as
+    Mixtral's llama files; else as llama.cpp, feed_forward_length / experts used where absent)."""
+    experts = int(gf.arch_get("expert_count", 0) or 0)
+    if not experts:
+        return {}
+    used = int(gf.arch_get("expert_used_count", 0) or 0)
+    if not 0 < used <= experts:
+        raise ModelFormatError(
+            f"{gf.path.name}: '{gf.architecture}.expert_used_count' is {used}; expected 1 to {experts} "
+            "(the expert count)"
+        )
+    width = h.ffn_dim if expert_ffn_key is None else int(gf.arch_get(expert_ffn_key, h.ffn_dim // used))
+    return {"experts": experts, "experts_used": used, "expert_ffn_dim": width, "expert_renorm": renorm}
+
+
 def make_args(gf: GGUFFile, h: Hyper, layers: list[LayerSpec], **model_fields: Any) -> ModelArgs:
     """ModelArgs from the shared hyper-parameters, one spec per layer and model-level fields."""
     if len(layers) != h.n_layers:
@@ -159,6 +176,15 @@ class WeightLoader:
                 raise ModelFormatError(f"{self.gf.path.name}: '{name}' has no rows {rows[0]}:{rows[1]}")
             raw = raw[rows[0] : rows[1]]
         return self.backend.prepare_weight(raw, self.gf.tensors[name].ggml_type)
+
+    def experts(self, name: str) -> tuple[Any, ...]:
+        """A (experts, rows, cols) tensor as one prepared matrix per expert: a kernel given the routed
+        experts' matrices reads only their bytes."""
+        raw = self.gf.raw(self._checked(name))
+        if raw.ndim != 3:
+            raise ModelFormatError(f"{self.gf.path.name}: '{name}' should have 3 dimensions, not {raw.ndim}")
+        ggml_type = self.gf.tensors[name].ggml_type
+        return tuple(self.backend.prepare_weight(raw[e], ggml_type) for e in range(raw.shape[0]))
 
     def vector(self, name: str) -> Any:
         return self.backend.prepare_vector(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)

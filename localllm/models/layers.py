@@ -12,7 +12,8 @@ from typing import Any
 from localllm.models.base import ForwardBatch, WeightLoader
 from localllm.models.spec import LayerSpec, ModelArgs
 
-MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down"})
+MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router"})
+EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
 
 
 @dataclass(slots=True)
@@ -26,9 +27,9 @@ class LayerWeights:
     wv: Any
     wo: Any
     ffn_norm: Any
-    gate: Any
-    up: Any
-    down: Any
+    gate: Any = None  # the dense FFN (a mixture-of-experts layer's shared expert), None where none
+    up: Any = None
+    down: Any = None
     bq: Any = None
     bk: Any = None
     bv: Any = None
@@ -36,11 +37,19 @@ class LayerWeights:
     k_norm: Any = None
     post_attn_norm: Any = None
     post_ffn_norm: Any = None
+    router: Any = None  # (experts, dim): each token's expert logits
+    gate_exps: tuple = ()  # one (expert_ffn_dim, dim) matrix per expert
+    up_exps: tuple = ()
+    down_exps: tuple = ()
+    shexp_gate: Any = None  # (dim,): the shared expert's sigmoid gate
 
 
 def wanted(spec: LayerSpec) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
-    names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down"]
+    names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm"]
+    names += ["gate", "up", "down"] if spec.dense_ffn else []
+    names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
+    names += ["shexp_gate"] if spec.shared_expert else []
     names += ["bq", "bk", "bv"] if spec.qkv_bias else []
     names += ["q_norm", "k_norm"] if spec.qk_norm else []
     names += ["post_attn_norm"] if spec.post_attn_norm else []
@@ -72,7 +81,10 @@ def load_layer(
             values[field] = w.matrix(f"blk.{il}.{name}", (lo, hi))
             continue
         name = f"blk.{il}.{names[field]}"
-        values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
+        if field in EXPERTS:
+            values[field] = w.experts(name)
+        else:
+            values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
     return LayerWeights(**values)
 
 
@@ -102,6 +114,16 @@ def self_attention(
 
 
 def feed_forward(b: Any, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
+    """The dense FFN, or the routed experts' weighted sum (plus the gated shared expert)."""
+    if not spec.experts:
+        return dense_ffn(b, spec, lw, h)
+    out = b.moe_ffn(h, lw, spec)
+    if spec.shared_expert:
+        out = out + dense_ffn(b, spec, lw, h) * b.sigmoid_gate(h, lw.shexp_gate)
+    return out
+
+
+def dense_ffn(b: Any, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
     gate, up = b.linear_many(h, [lw.gate, lw.up])
     act = b.swiglu(gate, up) if spec.activation == "silu" else b.geglu(gate, up)
     return (b.linear_precise if spec.precise_down else b.linear)(act, lw.down)

@@ -70,10 +70,25 @@ class LayerSpec:
     activation: str = "silu"
     precise_down: bool = False  # near-float activations for the down projection (GeGLU outliers)
     attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) (gemma2); 0 = off
+    # Mixture of experts (0 experts: the dense gate/up/down FFN). Each token's router softmax picks
+    # `experts_used` experts; their outputs are summed with the picked probabilities, renormalised to
+    # sum 1 where `expert_renorm` (mixtral, qwen3moe), as they are (qwen2moe) otherwise.
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn_dim: int = 0  # each expert's hidden width
+    expert_renorm: bool = False
+    shared_expert: bool = False  # plus the dense FFN (ffn_*_shexp) under a sigmoid gate (qwen2moe)
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        if self.experts and not 0 < self.experts_used <= self.experts:
+            raise ValueError(f"{self.experts_used} experts used per token of {self.experts}")
+
+    @property
+    def dense_ffn(self) -> bool:
+        """Whether the layer runs the dense gate/up/down FFN (alone, or as the shared expert)."""
+        return not self.experts or self.shared_expert
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.architectures import TENSOR_NAMES
+from localllm.errors import ModelFormatError
 from localllm.models.base import ForwardBatch, WeightLoader
 from localllm.models.layers import decoder_layer, fused_rows, load_layer
 from localllm.models.spec import ModelArgs
@@ -26,6 +27,11 @@ class Transformer:
         self.backend = backend
         self.args = args
         check_model(gf, args, names)  # shapes and byte ranges, before any kernel sees a byte
+        if any(s.experts for s in args.layers) and not backend.runs_moe:
+            raise ModelFormatError(
+                f"{gf.path.name}: the {backend.name} backend does not run mixture-of-experts layers "
+                f"({args.architecture}); use --backend numba"
+            )
         names = {**TENSOR_NAMES, **(names or {})}
         w = WeightLoader(gf, backend)
         self.tok_embd = w.matrix("token_embd.weight")

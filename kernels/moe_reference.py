@@ -1,0 +1,42 @@
+"""NumPy twins of kernels/moe.py: routing and the mixture-of-experts FFN in plain float32."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+RENORM_MIN = np.float32(6.103515625e-5)
+
+
+def route(logits: np.ndarray, k: int, renorm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (T, k), weights (T, k)): softmax over all experts, the k most probable (ties: lower index),
+    their probabilities renormalised to sum 1 if renorm (mixtral, qwen3moe) or as they are (qwen2moe)."""
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p = (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, axis=1)
+    if renorm:
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), RENORM_MIN)
+    return ids.astype(np.int64), w.astype(np.float32)
+
+
+def moe_ffn(
+    h: np.ndarray, router: np.ndarray, experts: Callable[[int], Sequence[np.ndarray]], k: int, renorm: bool
+) -> np.ndarray:
+    """sum over each token's routed experts of weight * down(silu(gate(h)) * up(h)); router (E, dim)
+    float, experts(e) -> (gate, up, down) float matrices of expert e (only routed ones are asked)."""
+    ids, weights = route(h @ router.T, k, renorm)
+    out = np.zeros_like(h, dtype=np.float32)
+    for e in np.unique(ids):
+        gate, up, down = experts(int(e))
+        t, j = np.nonzero(ids == e)
+        g, u = h[t] @ gate.T, h[t] @ up.T
+        act = g / (np.float32(1.0) + np.exp(-g)) * u
+        np.add.at(out, t, weights[t, j][:, None] * (act @ down.T))
+    return out
+
+
+def sigmoid_gate(h: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """(T, 1) sigmoid(h . weight)."""
+    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-(h @ weight)))).astype(np.float32)[:, None]
