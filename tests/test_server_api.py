@@ -4,6 +4,7 @@ n > 1, suffix (fill-in-the-middle), system_fingerprint, /v1/responses and /v1/me
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from localllm.tokenizer.fim import fim_tokens, infill_ids
 
 @pytest.fixture(scope="module")
 def srv(tiny_model_path: Path, index_dir: Path) -> Iterator[Running]:
-    with running_server(engine_factory(tiny_model_path, index_dir)) as running:
+    # a context of 1024 (the tiny model trained 256) leaves room for prompts with tools
+    with running_server(engine_factory(tiny_model_path, index_dir, ctx_size=1024)) as running:
         yield running
 
 
@@ -231,3 +233,251 @@ def test_suffix_fills_the_middle_on_qwen25_coder(qwen25c_path: Path, model_index
         r = post(running, "/v1/completions", {**body, "max_tokens": 8, "temperature": 0})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"].startswith("n % 2 == 0")
+
+
+# ------------------------------------------------------------------------------------ /v1/responses
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
+def test_responses_text_matches_chat(client: openai.OpenAI, srv: Running) -> None:
+    kw = {"temperature": 0, "max_output_tokens": 8}
+    r = client.responses.create(model=MODEL_ID, input="hello there", instructions="Be brief.", **kw)
+    chat = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}],
+        temperature=0,
+        max_tokens=8,
+    )
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL_ID
+    assert r.output_text == chat.choices[0].message.content
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    items = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "hello there"}]},
+    ]
+    assert client.responses.create(model=MODEL_ID, input=items, **kw).output_text == r.output_text
+    srv.wait_idle()
+
+
+def test_responses_stream_events(client: openai.OpenAI, srv: Running) -> None:
+    kw = {"model": MODEL_ID, "input": "hello there", "temperature": 0, "max_output_tokens": 8}
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed" if whole.status == "completed" else "response.incomplete",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text == events[-1].response.output_text
+    srv.wait_idle()
+
+
+def test_responses_forced_function_call(client: openai.OpenAI, srv: Running) -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}
+    kw = {
+        "model": MODEL_ID,
+        "input": "weather?",
+        "tools": [tool],
+        "temperature": 1.0,
+        "max_output_tokens": 200,
+    }
+    r = client.responses.create(tool_choice={"type": "function", "name": "get_weather"}, **kw)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    assert json.loads(calls[0].arguments)["city"] in ("Paris", "Rome")
+    events = list(client.responses.create(tool_choice="required", stream=True, **kw))
+    done = [
+        e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+    ]
+    assert done and json.loads(done[0].arguments)["unit"] in ("C", "F")
+    # the call and its output fed back as input items
+    back = [
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Rome"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": '{"temp": 21}'},
+    ]
+    again = post(srv, "/v1/responses", {"input": back, "tools": [tool], "max_output_tokens": 2})
+    assert again.status_code == 200, again.text
+    srv.wait_idle()
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "unknown": 1}, "unknown"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+        ({"input": []}, "input"),
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "hi", "text": {"format": {"type": "sound"}}}, "response_format"),
+    ],
+)
+def test_responses_errors(srv: Running, body: dict, param: str) -> None:
+    r = post(srv, "/v1/responses", body)
+    assert r.status_code == 400, r.text
+    assert error_of(r)["param"] == param
+
+
+# ------------------------------------------------------------------------------------- /v1/messages
+
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+
+
+def anthropic_events(text: str) -> list[tuple[str, dict]]:
+    """(event name, payload) of each SSE event, checking that the name matches the payload's type."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        name_line, data_line = block.split("\n")
+        name, payload = name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))
+        assert payload["type"] == name
+        out.append((name, payload))
+    return out
+
+
+def test_messages_text(srv: Running, client: openai.OpenAI) -> None:
+    body = {
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello there"}]}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    r = post(srv, "/v1/messages", body, headers=ANTHROPIC)
+    assert r.status_code == 200, r.text
+    m = r.json()
+    chat = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}],
+        temperature=0,
+        max_tokens=8,
+    )
+    assert m["type"] == "message" and m["role"] == "assistant" and m["id"].startswith("msg_")
+    assert m["content"] == [{"type": "text", "text": chat.choices[0].message.content}]
+    assert m["stop_reason"] == ("max_tokens" if chat.choices[0].finish_reason == "length" else "end_turn")
+    assert m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] == chat.usage.prompt_tokens
+    assert m["usage"]["output_tokens"] == chat.usage.completion_tokens
+    events = anthropic_events(post(srv, "/v1/messages", {**body, "stream": True}).text)
+    names = [name for name, _ in events]
+    assert names[:2] == ["message_start", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    text = "".join(p["delta"]["text"] for name, p in events if name == "content_block_delta")
+    assert text == m["content"][0]["text"]
+    assert events[-2][1]["delta"]["stop_reason"] == m["stop_reason"]
+    srv.wait_idle()
+
+
+def test_messages_stop_sequence(srv: Running) -> None:
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0}
+    body["metadata"] = {"user_id": "u1"}
+    text = post(srv, "/v1/messages", body).json()["content"][0]["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    m = post(srv, "/v1/messages", {**body, "stop_sequences": [stop]}).json()
+    assert m["stop_reason"] == "stop_sequence" and m["stop_sequence"] == stop
+
+
+def test_messages_tool_use(srv: Running) -> None:
+    tool = {"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER_PARAMS}
+    body = {
+        "messages": [{"role": "user", "content": "weather?"}],
+        "max_tokens": 200,
+        "temperature": 1.0,
+        "tools": [tool],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
+    m = post(srv, "/v1/messages", body).json()
+    uses = [b for b in m["content"] if b["type"] == "tool_use"]
+    assert m["stop_reason"] == "tool_use" and uses and uses[0]["input"]["city"] in ("Paris", "Rome")
+    events = anthropic_events(post(srv, "/v1/messages", {**body, "stream": True}).text)
+    starts = [p["content_block"] for name, p in events if name == "content_block_start"]
+    assert any(b["type"] == "tool_use" and b["name"] == "get_weather" for b in starts)
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    # the tool_use and its tool_result fed back
+    history = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Rome"}}
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21 C"}]},
+    ]
+    r = post(srv, "/v1/messages", {"messages": history, "tools": [tool], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    srv.wait_idle()
+
+
+@pytest.mark.parametrize(
+    "body,status,kind",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request_error"),  # no max_tokens
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "top_q": 1},
+            400,
+            "invalid_request_error",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "model": "claude-x"},
+            404,
+            "not_found_error",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 1},
+            400,
+            "invalid_request_error",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1,
+                "thinking": {"type": "enabled"},
+            },
+            400,
+            "invalid_request_error",
+        ),
+    ],
+)
+def test_messages_errors_are_anthropic_shaped(srv: Running, body: dict, status: int, kind: str) -> None:
+    r = post(srv, "/v1/messages", body)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == kind and err["error"]["message"]
+    if "top_q" in body:
+        assert "top_q" in err["error"]["message"]
+
+
+def test_x_api_key(tiny_model_path: Path, index_dir: Path) -> None:
+    with running_server(engine_factory(tiny_model_path, index_dir), api_key="sekret") as running:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        assert post(running, "/v1/messages", body, headers={"x-api-key": "sekret"}).status_code == 200
+        bearer = {"authorization": "Bearer sekret"}
+        assert post(running, "/v1/messages", body, headers=bearer).status_code == 200
+        wrong = post(running, "/v1/messages", body, headers={"x-api-key": "nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        assert (
+            post(running, "/v1/responses", {"input": "hi"}, headers={"x-api-key": "nope"}).status_code == 401
+        )
+
+
+def test_messages_tool_result_blocks_must_be_text(srv: Running) -> None:
+    result = {"type": "tool_result", "tool_use_id": "t", "content": ["not a block"]}
+    r = post(srv, "/v1/messages", {"messages": [{"role": "user", "content": [result]}], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

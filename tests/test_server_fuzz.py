@@ -24,7 +24,13 @@ SCHEMA = schemathesis.openapi.from_dict(
 OPERATIONS = {op.label: op for op in (result.ok() for result in SCHEMA.get_all_operations())}
 MODES = [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
-EXAMPLES = {"POST /v1/chat/completions": 30, "POST /v1/completions": 30}  # the others are cheap: 15
+# the others are cheap: 15
+EXAMPLES = {
+    "POST /v1/chat/completions": 30,
+    "POST /v1/completions": 30,
+    "POST /v1/responses": 30,
+    "POST /v1/messages": 30,
+}
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from localllm.server.embeddings import create_embeddings
 from localllm.server.guards import BodyLimitMiddleware, BrowserGuard
 from localllm.server.jobs import (
     CLIENT_CLOSED,
+    ChatRun,
     EventStream,
     Job,
     collect,
@@ -45,6 +46,8 @@ from localllm.server.jobs import (
     submit_choices,
     total_usage,
 )
+from localllm.server.messages import PATH as MESSAGES_PATH
+from localllm.server.messages import anthropic_error, create_message
 from localllm.server.metrics import ServerMetrics
 from localllm.server.protocol import (
     APIError,
@@ -67,6 +70,7 @@ from localllm.server.protocol import (
     message_dicts,
     token_logprobs,
 )
+from localllm.server.responses import create_response
 from localllm.server.streaming import ChunkBuilder
 from localllm.server.structured_output import constrained_params
 from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan, tool_stream
@@ -133,6 +137,10 @@ class ServerState:
     @property
     def llm(self) -> LLMEngine:
         return self.ready().engine
+
+    async def start_chat(self, body: ChatCompletionRequest, prefix: str) -> ChatRun:
+        """The chat pipeline for endpoints that speak another API (server/responses.py, messages.py)."""
+        return await start_chat(self, body, prefix)
 
     def check_model(self, name: str | None) -> None:
         """The 404 for a model name this server does not serve (None: the served model)."""
@@ -376,8 +384,9 @@ async def echo_of(
 # -------------------------------------------------------------------------------------------- handlers
 
 
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = _state(request)
+async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: str = "chatcmpl") -> ChatRun:
+    """Validate a chat request, render its prompt (tools included), and submit its choices: what
+    /v1/chat/completions, /v1/responses and /v1/messages share."""
     llm = check_request(state, body).engine
     tools = tool_plan(body, state.template.source) if state.template is not None else None
     max_tokens = body.max_new_tokens()
@@ -385,9 +394,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
-    n = body.num_choices
-    jobs = await submit_choices(state, [prompt_ids], params, n, "chatcmpl")
-    rid, totals = jobs[0].id, lambda: total_usage(jobs, [len(prompt_ids)], n)
+    jobs = await submit_choices(state, [prompt_ids], params, body.num_choices, prefix)
+    return ChatRun(jobs, prompt_ids, tools)
+
+
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    run = await start_chat(state, body)
+    llm, jobs, tools, n = state.llm, run.jobs, run.tools, body.num_choices
+    rid, totals = jobs[0].id, run.usage
     if body.stream:
         chunks = ChunkBuilder(rid, state.config.model_id, llm.tokenizer, "chat.completion.chunk")
         chunks.include_usage, chunks.logprobs = body.include_usage(), bool(body.logprobs)
@@ -531,11 +546,15 @@ def _error(
     code: str | None = None,
     headers: dict[str, str] | None = None,
     request: Request | None = None,
+    path: str | None = None,
 ) -> JSONResponse:
     if request is not None:  # uvicorn's access log is off, so refused requests are logged here
         # rate_key: a flood of refusals logs one line per kind per interval (server/logs.py)
         extra = {"rate_key": f"{status}:{code}"}
         log.info("%s %s -> %d: %s", request.method, request.url.path, status, message, extra=extra)
+    path = path or (request.url.path if request is not None else "")
+    if path.startswith(MESSAGES_PATH):  # Anthropic's clients read Anthropic's error shape
+        return JSONResponse(anthropic_error(status, message), status_code=status, headers=headers)
     return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
 
 
@@ -578,7 +597,7 @@ async def on_http_error(request: Request, e: Exception) -> JSONResponse:
 
 async def on_unexpected(request: Request, e: Exception) -> JSONResponse:
     log.exception("internal error on %s", request.url.path, exc_info=e)
-    return _error(500, "internal server error", "server_error")
+    return _error(500, "internal server error", "server_error", path=request.url.path)
 
 
 # ------------------------------------------------------------------------------------------------ auth
@@ -590,17 +609,25 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()  # Anthropic's clients send it bare in x-api-key
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if secrets.compare_digest(given, self.expected):
+        headers = dict(scope["headers"])
+        given, x_api_key = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+        if secrets.compare_digest(given, self.expected) or secrets.compare_digest(x_api_key, self.key):
             return await self.app(scope, receive, send)
-        message = "Incorrect API key provided." if given else NO_KEY_MESSAGE
+        message = "Incorrect API key provided." if given or x_api_key else NO_KEY_MESSAGE
         response = _error(
-            401, message, "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"}
+            401,
+            message,
+            "invalid_request_error",
+            None,
+            "invalid_api_key",
+            {"WWW-Authenticate": "Bearer"},
+            path=scope["path"],
         )
         await response(scope, receive, send)
 
@@ -648,6 +675,8 @@ def _routes(app: FastAPI) -> None:
     app.add_api_route("/v1/chat/completions", chat_completions, **generating)
     app.add_api_route("/v1/completions", completions, **generating)
     app.add_api_route("/v1/embeddings", create_embeddings, **post)
+    app.add_api_route("/v1/responses", create_response, **generating)
+    app.add_api_route(MESSAGES_PATH, create_message, **generating)
     app.add_api_route("/v1/models", list_models, methods=["GET"], responses=ERROR_RESPONSES)
     app.add_api_route("/v1/models/{model}", get_model, methods=["GET"], responses=ERROR_RESPONSES | not_found)
     app.add_api_route("/tokenize", tokenize, **post)

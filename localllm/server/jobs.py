@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
@@ -140,6 +141,18 @@ async def merged(jobs: list[Job]) -> AsyncIterator[tuple[int, StepOutput]]:
     finally:
         for task in pending:
             task.cancel()
+
+
+@dataclass
+class ChatRun:
+    """A submitted chat request: its choices' jobs, its prompt, and its tool plan (tool_calls.ToolPlan)."""
+
+    jobs: list[Job]
+    prompt_ids: list[int]
+    tools: Any = None
+
+    def usage(self) -> dict[str, Any]:
+        return total_usage(self.jobs, [len(self.prompt_ids)], len(self.jobs))
 
 
 def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str, Any]:

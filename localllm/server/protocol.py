@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from localllm.engine.output import StepOutput, TokenLogprob
 from localllm.sampling_params import OPENAI_DEFAULTS, SamplingParams, resolve_sampling
@@ -291,6 +291,16 @@ class CompletionRequest(SamplingRequest):
     def generates(self) -> bool:
         """max_tokens 0 only scores (echo) the prompt: no completion is generated."""
         return self.max_tokens != 0
+
+
+def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
+    """The chat request another API's request (Responses, Messages) translates to; a 400 if invalid."""
+    try:
+        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+        raise APIError(f"{where}: {first.get('msg')}", param=where.split(".")[0]) from None
 
 
 class TokenizeRequest(_Request):

@@ -32,6 +32,12 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def sse_event(event: str, payload: dict[str, Any]) -> bytes:
+    """A named event (`event:` line), as the Responses and Anthropic Messages streams frame theirs."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event}\ndata: {data}\n\n".encode()
+
+
 def sse_error(message: str, type: str = "server_error", code: str | None = None) -> bytes:
     """An error after the 200 header went out can only be reported inside the stream (as vLLM does)."""
     return sse(error_body(message, type, None, code))

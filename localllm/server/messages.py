@@ -1,0 +1,308 @@
+"""POST /v1/messages: Anthropic's Messages API, as Claude-style agents speak it, over the chat pipeline.
+
+A request is translated to a chat request (system -> a system message, content blocks -> messages,
+tool_use / tool_result blocks -> tool calls and tool messages, tools' input_schema -> parameters,
+tool_choice auto/any/tool/none) and run as /v1/chat/completions runs one; the reply comes back as
+content blocks with Anthropic's stop_reason. Errors on this path have Anthropic's shape
+({"type": "error", "error": {"type", "message"}}); `x-api-key` is accepted as the key (app.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+
+from localllm.engine.output import StepOutput
+from localllm.errors import LocalLLMError
+from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
+from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
+from localllm.server.streaming import sse_event
+
+if TYPE_CHECKING:
+    from localllm.server.app import ServerState
+
+PATH = "/v1/messages"
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body for an HTTP status."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class AnthropicMessage(_Request):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class MessagesRequest(_Request):
+    model: str | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(None, description=NOOP)
+    service_tier: str | None = Field(None, description=NOOP)
+    thinking: dict[str, Any] | None = Field(None, description=NOT_YET)
+    container: Any = Field(None, description=NOT_YET)
+    mcp_servers: Any = Field(None, description=NOT_YET)
+
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "thinking": (None, {"type": "disabled"}),
+        "container": (None,),
+        "mcp_servers": (None, []),
+    }
+
+    def to_chat(self) -> Any:
+        """The equivalent chat request (protocol.ChatCompletionRequest)."""
+        for name, accepted in self.REFUSED.items():
+            if not any(getattr(self, name) == ok for ok in accepted):
+                raise APIError(f"'{name}' is not supported by this server yet", param=name)
+        system = system_text(self.system)
+        messages = [{"role": "system", "content": system}] if system else []
+        for i, m in enumerate(self.messages):
+            messages += chat_messages(m, i)
+        choice, parallel = chat_tool_choice(self.tool_choice)
+        return chat_request(
+            {
+                "model": self.model,
+                "messages": messages,
+                "max_tokens": self.max_tokens,
+                "stop": self.stop_sequences,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": self.top_k,
+                "tools": [chat_tool(t, i) for i, t in enumerate(self.tools)] if self.tools else None,
+                "tool_choice": choice,
+                "parallel_tool_calls": parallel,
+            }
+        )
+
+
+# ------------------------------------------------------------------------------------ translation
+
+
+def system_text(system: str | list[dict[str, Any]] | None) -> str:
+    if system is None or isinstance(system, str):
+        return system or ""
+    return blocks_text(system, "system")
+
+
+def blocks_text(blocks: list[dict[str, Any]], where: str) -> str:
+    texts = []
+    for block in blocks:
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise APIError(f"{where}: blocks of type {kind!r} are not supported here", param=where)
+        texts.append(block["text"])
+    return "\n".join(texts)
+
+
+def chat_messages(message: AnthropicMessage, i: int) -> list[dict[str, Any]]:
+    """One Anthropic turn as chat messages: tool results first (as tool messages), then the text, with
+    an assistant's tool_use blocks as its tool_calls."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    where = f"messages[{i}]"
+    out: list[dict[str, Any]] = []
+    texts, calls = [], []
+    for block in message.content:
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use" and message.role == "assistant":
+            calls.append(_tool_call(block, where))
+        elif kind == "tool_result" and message.role == "user":
+            content = block.get("content", "")
+            text = content if isinstance(content, str) else blocks_text(content, "messages")
+            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+        else:
+            raise APIError(
+                f"{where}: {message.role} blocks of type {kind!r} are not supported", param="messages"
+            )
+    if texts or calls or not out:
+        turn: dict[str, Any] = {
+            "role": message.role,
+            "content": "\n".join(texts) if texts or not calls else None,
+        }
+        if calls:
+            turn["tool_calls"] = calls
+        out.append(turn)
+    return out
+
+
+def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+        raise APIError(f"{where}: a tool_use block needs a name and an input object", param="messages")
+    fn = {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}
+    return {"id": block.get("id"), "type": "function", "function": fn}
+
+
+def chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    """A client tool ({name, description, input_schema}) in chat's form; server tools are refused."""
+    if tool.get("type", "custom") != "custom":
+        raise APIError(f"tools[{i}]: tools of type {tool.get('type')!r} are not supported", param="tools")
+    fn = {
+        "name": tool.get("name"),
+        "description": tool.get("description"),
+        "parameters": tool.get("input_schema"),
+    }
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
+    """tool_choice (auto, any, tool, none) as chat's, and parallel_tool_calls."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type")
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    raise APIError("tool_choice.type must be auto, any, tool (with a name) or none", param="tool_choice")
+
+
+# --------------------------------------------------------------------------------------- the reply
+
+
+def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.get("content"):
+        blocks.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        fn = call["function"]
+        blocks.append(
+            {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": json.loads(fn["arguments"])}
+        )
+    return blocks
+
+
+def stop_of(outs: list[StepOutput], message: dict[str, Any]) -> tuple[str, str | None]:
+    """Anthropic's stop_reason and stop_sequence."""
+    if message.get("tool_calls"):
+        return "tool_use", None
+    last = outs[-1] if outs else None
+    if last is not None and last.finish_reason == "length":
+        return "max_tokens", None
+    if last is not None and isinstance(last.stop_reason, str):
+        return "stop_sequence", last.stop_reason
+    return "end_turn", None
+
+
+def messages_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    cached = chat_usage["prompt_tokens_details"]["cached_tokens"]
+    return {
+        "input_tokens": chat_usage["prompt_tokens"] - cached,  # Anthropic counts cache reads apart
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": chat_usage["completion_tokens"],
+    }
+
+
+def message_body(rid: str, model: str, run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
+    choice = chat_choice(0, outs, None)
+    message = (run.tools.apply(choice) if run.tools is not None else choice)["message"]
+    stop_reason, stop_sequence = stop_of(outs, message)
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(message),
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": messages_usage(run.usage()),
+    }
+
+
+# ---------------------------------------------------------------------------------------- handler
+
+
+async def create_message(body: MessagesRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    run = await state.start_chat(body.to_chat(), "msg")
+    rid, model = run.jobs[0].id.replace("-", "_", 1), state.config.model_id
+    if body.stream:
+        return EventStream(stream(rid, model, run), run.jobs)
+    results = await collect(run.jobs, request)
+    if results is None:
+        return Response(status_code=CLIENT_CLOSED)
+    return JSONResponse(message_body(rid, model, run, results[0]))
+
+
+def event(kind: str, **data: Any) -> bytes:
+    return sse_event(kind, {"type": kind, **data})
+
+
+async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
+    """message_start, the text block's deltas as they come (with tools, the reply's blocks once it
+    ends), message_delta with the stop reason and usage, message_stop."""
+    job, live = run.jobs[0], run.tools is None
+    head = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": []}
+    usage = {**messages_usage(run.usage()), "output_tokens": 0}
+    yield event("message_start", message={**head, "stop_reason": None, "stop_sequence": None, "usage": usage})
+    outs: list[StepOutput] = []
+    try:
+        if live:
+            yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        async for out in job.outputs():
+            outs.append(out)
+            if live and out.text:
+                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": out.text})
+        body = message_body(rid, model, run, outs)
+        for chunk in _blocks(body["content"], live):
+            yield chunk
+        delta = {"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]}
+        yield event("message_delta", delta=delta, usage=body["usage"])
+        yield event("message_stop")
+    except Exception as e:  # after the 200 header an error can only travel inside the stream
+        message = str(e) if isinstance(e, LocalLLMError | APIError) else "internal server error"
+        yield event("error", error={"type": "api_error", "message": message})
+    finally:
+        job.close()
+
+
+def _blocks(blocks: list[dict[str, Any]], live: bool) -> list[bytes]:
+    """The closing events of the live text block, or each block whole."""
+    if live:
+        return [event("content_block_stop", index=0)]
+    chunks = []
+    for index, block in enumerate(blocks):
+        if block["type"] == "text":
+            chunks.append(
+                event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            )
+            delta = {"type": "text_delta", "text": block["text"]}
+        else:
+            chunks.append(event("content_block_start", index=index, content_block={**block, "input": {}}))
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        chunks.append(event("content_block_delta", index=index, delta=delta))
+        chunks.append(event("content_block_stop", index=index))
+    return chunks

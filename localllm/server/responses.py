@@ -1,0 +1,378 @@
+"""POST /v1/responses: OpenAI's Responses API, as newer agents speak it, over the chat pipeline.
+
+A request is translated to a chat request (instructions -> a system message, input items -> messages,
+function tools -> tools, text.format -> response_format) and run as /v1/chat/completions runs one; the
+reply comes back as output items (a `message` with `output_text`, `function_call`s). Nothing is stored:
+`previous_response_id` and `conversation` are refused. Streams use the API's named events:
+response.created, response.in_progress, response.output_item.added, response.content_part.added,
+response.output_text.delta ... response.completed (or response.incomplete).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+
+from localllm.engine.output import StepOutput
+from localllm.errors import LocalLLMError
+from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
+from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
+from localllm.server.streaming import sse_event
+
+if TYPE_CHECKING:
+    from localllm.server.app import ServerState
+
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponsesRequest(_Request):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = Field(None, description='{"format": {...}}: text, json_object, json_schema')
+    truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled' (too long is a 400).")
+    stream_options: dict[str, Any] | None = Field(None, description=NOOP)
+    metadata: dict[str, str] | None = Field(None, description=NOOP)
+    store: bool | None = Field(None, description="Accepted; nothing is ever stored.")
+    user: str | None = Field(None, description=NOOP)
+    safety_identifier: str | None = Field(None, description=NOOP)
+    prompt_cache_key: str | None = Field(None, description="Accepted; prefix caching is automatic.")
+    prompt_cache_retention: str | None = Field(None, description=NOOP)
+    service_tier: str | None = Field(None, description=NOOP)
+    include: list[str] | None = Field(None, description=NOT_YET)
+    previous_response_id: str | None = Field(None, description=NOT_YET)
+    conversation: Any = Field(None, description=NOT_YET)
+    background: bool | None = Field(None, description=NOT_YET)
+    reasoning: dict[str, Any] | None = Field(None, description=NOT_YET)
+    prompt: dict[str, Any] | None = Field(None, description=NOT_YET)
+    max_tool_calls: int | None = Field(None, description=NOT_YET)
+    top_logprobs: int | None = Field(None, description=NOT_YET)
+
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "include": (None, []),
+        "previous_response_id": (None,),
+        "conversation": (None,),
+        "background": (None, False),
+        "reasoning": (None, {}),
+        "prompt": (None,),
+        "max_tool_calls": (None,),
+        "top_logprobs": (None, 0),
+    }
+
+    def check_supported(self) -> None:
+        for name, accepted in self.REFUSED.items():
+            if not any(getattr(self, name) == ok for ok in accepted):
+                raise APIError(f"'{name}' is not supported by this server yet", param=name)
+
+    def to_chat(self) -> Any:
+        """The equivalent chat request (protocol.ChatCompletionRequest)."""
+        self.check_supported()
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        return chat_request(
+            {
+                "model": self.model,
+                "messages": system + input_messages(self.input),
+                "max_completion_tokens": self.max_output_tokens,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "tools": [chat_tool(t, i) for i, t in enumerate(self.tools)] if self.tools else None,
+                "tool_choice": chat_tool_choice(self.tool_choice),
+                "parallel_tool_calls": self.parallel_tool_calls,
+                "response_format": response_format(self.text),
+            }
+        )
+
+
+# ------------------------------------------------------------------------------------ translation
+
+
+def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as chat messages: messages, function calls (grouped into one assistant turn) and
+    their outputs (tool messages)."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(given):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise APIError(f"input[{i}].role must be user, assistant, system or developer", param="input")
+            messages.append({"role": role, "content": text_of(item.get("content"), f"input[{i}]")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function", "function": _call_function(item, i)}
+            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = text_of(item.get("output"), f"input[{i}].output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        else:
+            raise APIError(f"input[{i}]: items of type {kind!r} are not supported", param="input")
+    if not messages:
+        raise APIError("'input' is empty", param="input")
+    return messages
+
+
+def _call_function(item: dict[str, Any], i: int) -> dict[str, Any]:
+    name, arguments = item.get("name"), item.get("arguments", "{}")
+    if not isinstance(name, str) or not isinstance(arguments, str):
+        raise APIError(f"input[{i}]: a function_call needs a name and arguments (JSON text)", param="input")
+    return {"name": name, "arguments": arguments}
+
+
+def text_of(content: Any, where: str) -> str:
+    """A text or a list of text parts (input_text / output_text) as one text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(f"{where}: content must be a string or a list of parts", param="input")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or "text" not in part:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise APIError(
+                f"{where}: content parts of type {kind!r} are not supported (text only)", param="input"
+            )
+        texts.append(str(part["text"]))
+    return "\n".join(texts)
+
+
+def chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    """A Responses function tool ({type, name, description, parameters}) in chat's form."""
+    if tool.get("type") != "function":
+        raise APIError(f"tools[{i}]: only tools of type 'function' are supported", param="tools")
+    fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+    return {"type": "function", "function": fn}
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise APIError("tool_choice must be none, auto, required or name a function", param="tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
+def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """text.format as chat's response_format."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return fmt
+    schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+# --------------------------------------------------------------------------------------- the reply
+
+
+def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The assistant message as output items: its text, then its function calls."""
+    items = []
+    calls = message.get("tool_calls") or []
+    if message.get("content") or not calls:
+        items.append(message_item(message.get("content") or "", "completed"))
+    for call in calls:
+        fn = call["function"]
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call["id"],
+                "name": fn["name"],
+                "arguments": fn["arguments"],
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def message_item(text: str, status: str, item_id: str | None = None) -> dict[str, Any]:
+    content = [output_text(text)] if status == "completed" else []
+    item_id = item_id or f"msg_{uuid.uuid4().hex}"
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def responses_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": chat_usage["total_tokens"],
+    }
+
+
+def response_body(
+    rid: str, body: ResponsesRequest, model: str, created: int, output: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The response object, in progress (no usage yet) until `finish` completes it."""
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": False,
+        "temperature": body.temperature,
+        "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "top_p": body.top_p,
+        "truncation": "disabled",
+        "usage": None,
+        "user": body.user,
+        "metadata": body.metadata or {},
+    }
+
+
+def finish(response: dict[str, Any], run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
+    """The response completed (or incomplete: cut at max_output_tokens) with its output and usage."""
+    message = reply_message(run, outs)
+    truncated = bool(outs) and outs[-1].finish_reason == "length" and not message.get("tool_calls")
+    return {
+        **response,
+        "status": "incomplete" if truncated else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
+        "output": output_items(message),
+        "usage": responses_usage(run.usage()),
+    }
+
+
+def reply_message(run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
+    choice = chat_choice(0, outs, None)
+    return (run.tools.apply(choice) if run.tools is not None else choice)["message"]
+
+
+# ---------------------------------------------------------------------------------------- handler
+
+
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    run = await state.start_chat(body.to_chat(), "resp")
+    response = response_body(
+        run.jobs[0].id.replace("-", "_", 1), body, state.config.model_id, int(time.time()), []
+    )
+    if body.stream:
+        return EventStream(stream(response, run), run.jobs)
+    results = await collect(run.jobs, request)
+    if results is None:
+        return Response(status_code=CLIENT_CLOSED)
+    return JSONResponse(finish(response, run, results[0]))
+
+
+class _Events:
+    """Numbered events of one stream."""
+
+    def __init__(self) -> None:
+        self.numbers = itertools.count()
+
+    def __call__(self, kind: str, **data: Any) -> bytes:
+        return sse_event(kind, {"type": kind, "sequence_number": next(self.numbers), **data})
+
+
+async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]:
+    """The Responses event stream: text deltas as they come (with tools, the reply is parsed once it
+    ends and sent as whole items), then the done events and response.completed."""
+    event, job = _Events(), run.jobs[0]
+    yield event("response.created", response=response)
+    yield event("response.in_progress", response=response)
+    outs: list[StepOutput] = []
+    msg_id, live = f"msg_{uuid.uuid4().hex}", run.tools is None
+    try:
+        if live:
+            for chunk in _open_message(event, msg_id):
+                yield chunk
+        async for out in job.outputs():
+            outs.append(out)
+            if live and out.text:
+                yield event(
+                    "response.output_text.delta",
+                    item_id=msg_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=out.text,
+                )
+        done = finish(response, run, outs)
+        if live:
+            done["output"][0]["id"] = msg_id
+        for chunk in _close_items(event, done["output"], opened=live):
+            yield chunk
+        kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+        yield event(kind, response=done)
+    except Exception as e:  # after the 200 header an error can only travel inside the stream
+        code = getattr(e, "code", None)
+        kind = "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error"
+        yield event("error", code=code or kind, message=str(e), param=None)
+    finally:
+        job.close()
+
+
+def _open_message(event: _Events, msg_id: str) -> list[bytes]:
+    return [
+        event("response.output_item.added", output_index=0, item=message_item("", "in_progress", msg_id)),
+        event(
+            "response.content_part.added",
+            item_id=msg_id,
+            output_index=0,
+            content_index=0,
+            part=output_text(""),
+        ),
+    ]
+
+
+def _close_items(event: _Events, items: list[dict[str, Any]], opened: bool) -> list[bytes]:
+    """Each output item's closing events (and, unless it was streamed live, its opening ones)."""
+    chunks = []
+    for index, item in enumerate(items):
+        if item["type"] == "message":
+            part, where = (
+                item["content"][0],
+                {"item_id": item["id"], "output_index": index, "content_index": 0},
+            )
+            if not opened:
+                chunks += _open_message(event, item["id"])
+                if part["text"]:
+                    chunks.append(event("response.output_text.delta", **where, delta=part["text"]))
+            chunks.append(event("response.output_text.done", **where, text=part["text"]))
+            chunks.append(event("response.content_part.done", **where, part=part))
+        else:
+            chunks.append(
+                event("response.output_item.added", output_index=index, item={**item, "arguments": ""})
+            )
+            where = {"item_id": item["id"], "output_index": index}
+            chunks.append(event("response.function_call_arguments.delta", **where, delta=item["arguments"]))
+            chunks.append(
+                event("response.function_call_arguments.done", **where, arguments=item["arguments"])
+            )
+        chunks.append(event("response.output_item.done", output_index=index, item=item))
+    return chunks
