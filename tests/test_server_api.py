@@ -481,3 +481,17 @@ def test_messages_tool_result_blocks_must_be_text(srv: Running) -> None:
     result = {"type": "tool_result", "tool_use_id": "t", "content": ["not a block"]}
     r = post(srv, "/v1/messages", {"messages": [{"role": "user", "content": [result]}], "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.slow
+def test_embeddings_match_llama_server(smollm2_path: Path, model_index_dir: Path) -> None:
+    """SmolLM2's embeddings against llama-server's (tests/fixtures/make_embedding_reference.py)."""
+    from localllm.llm import LLM
+
+    reference = json.loads((Path(__file__).parent / "data" / "smollm2_embeddings.json").read_text())
+    llm = LLM(smollm2_path, index_dir=model_index_dir)
+    for pooling in ("last", "mean"):
+        theirs = np.asarray(reference[pooling])
+        ours = llm.embed(reference["texts"], pooling=pooling)
+        assert np.all(np.sum(theirs * ours, axis=1) > 0.998), pooling
+    assert np.array_equal(llm.embed(reference["texts"]), llm.embed(reference["texts"], pooling="last"))
