@@ -495,3 +495,38 @@ def test_embeddings_match_llama_server(smollm2_path: Path, model_index_dir: Path
         ours = llm.embed(reference["texts"], pooling=pooling)
         assert np.all(np.sum(theirs * ours, axis=1) > 0.998), pooling
     assert np.array_equal(llm.embed(reference["texts"]), llm.embed(reference["texts"], pooling="last"))
+
+
+def test_every_openai_field_is_declared() -> None:
+    """Each parameter the installed `openai` client can send to /v1/responses and /v1/embeddings is
+    declared (honoured, a no-op, or a 400 naming it), so none is refused as unknown unnoticed."""
+    import typing
+
+    from openai.types import embedding_create_params
+    from openai.types.responses import response_create_params
+
+    from localllm.server.embeddings import EmbeddingRequest
+    from localllm.server.responses import ResponsesRequest
+
+    responses = typing.get_type_hints(response_create_params.ResponseCreateParamsBase)
+    assert set(responses) <= set(ResponsesRequest.model_fields)
+    embeddings = typing.get_type_hints(embedding_create_params.EmbeddingCreateParams)
+    assert set(embeddings) <= set(EmbeddingRequest.model_fields)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("moderation", {"x": 1}), ("background", True), ("include", ["reasoning.encrypted_content"])],
+)
+def test_responses_refused_fields_name_themselves(srv: Running, field: str, value: object) -> None:
+    r = post(srv, "/v1/responses", {"input": "hi", field: value})
+    assert r.status_code == 400 and error_of(r)["param"] == field
+
+
+def test_messages_count_tokens(srv: Running) -> None:
+    body = {"system": "Be brief.", "messages": [{"role": "user", "content": "hello there"}]}
+    counted = post(srv, "/v1/messages/count_tokens", body).json()["input_tokens"]
+    m = post(srv, "/v1/messages", {**body, "max_tokens": 1}).json()
+    assert counted == m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] > 0
+    bad = post(srv, "/v1/messages/count_tokens", {**body, "max_tokens": 1})
+    assert bad.status_code == 400 and bad.json()["type"] == "error"

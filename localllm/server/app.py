@@ -47,7 +47,7 @@ from localllm.server.jobs import (
     total_usage,
 )
 from localllm.server.messages import PATH as MESSAGES_PATH
-from localllm.server.messages import anthropic_error, create_message
+from localllm.server.messages import anthropic_error, count_message_tokens, create_message
 from localllm.server.metrics import ServerMetrics
 from localllm.server.protocol import (
     APIError,
@@ -141,6 +141,12 @@ class ServerState:
     async def start_chat(self, body: ChatCompletionRequest, prefix: str) -> ChatRun:
         """The chat pipeline for endpoints that speak another API (server/responses.py, messages.py)."""
         return await start_chat(self, body, prefix)
+
+    async def chat_prompt_length(self, body: ChatCompletionRequest) -> int:
+        """The tokens of a chat request's prompt, tools included (Anthropic's count_tokens)."""
+        check_request(self, body)
+        tools = tool_plan(body, self.template.source) if self.template is not None else None
+        return len(await run_in_threadpool(chat_prompt_ids, self, body.messages, True, None, tools))
 
     def check_model(self, name: str | None) -> None:
         """The 404 for a model name this server does not serve (None: the served model)."""
@@ -677,6 +683,7 @@ def _routes(app: FastAPI) -> None:
     app.add_api_route("/v1/embeddings", create_embeddings, **post)
     app.add_api_route("/v1/responses", create_response, **generating)
     app.add_api_route(MESSAGES_PATH, create_message, **generating)
+    app.add_api_route(f"{MESSAGES_PATH}/count_tokens", count_message_tokens, **post)
     app.add_api_route("/v1/models", list_models, methods=["GET"], responses=ERROR_RESPONSES)
     app.add_api_route("/v1/models/{model}", get_model, methods=["GET"], responses=ERROR_RESPONSES | not_found)
     app.add_api_route("/tokenize", tokenize, **post)

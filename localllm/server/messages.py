@@ -99,6 +99,21 @@ class MessagesRequest(_Request):
         )
 
 
+class CountTokensRequest(_Request):
+    """POST /v1/messages/count_tokens: what a request would put in the prompt."""
+
+    model: str | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = Field(None, description=NOT_YET)
+    mcp_servers: Any = Field(None, description=NOT_YET)
+
+    def to_chat(self) -> Any:
+        return MessagesRequest(**self.model_dump(exclude_none=True), max_tokens=1).to_chat()
+
+
 # ------------------------------------------------------------------------------------ translation
 
 
@@ -255,6 +270,11 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse(message_body(rid, model, run, results[0]))
+
+
+async def count_message_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+    state: ServerState = request.app.state.server
+    return {"input_tokens": await state.chat_prompt_length(body.to_chat())}
 
 
 def event(kind: str, **data: Any) -> bytes:

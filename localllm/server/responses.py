@@ -61,6 +61,12 @@ class ResponsesRequest(_Request):
     prompt: dict[str, Any] | None = Field(None, description=NOT_YET)
     max_tool_calls: int | None = Field(None, description=NOT_YET)
     top_logprobs: int | None = Field(None, description=NOT_YET)
+    prompt_cache_options: dict[str, Any] | None = Field(None, description="Accepted; caching is automatic.")
+    moderation: Any = Field(None, description=NOT_YET)
+    context_management: Any = Field(None, description=NOT_YET)
+    background_options: Any = Field(None, description=NOT_YET)
+    access_programs: Any = Field(None, description=NOT_YET)
+    image: Any = Field(None, description=NOT_YET)
 
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
         "include": (None, []),
@@ -71,6 +77,11 @@ class ResponsesRequest(_Request):
         "prompt": (None,),
         "max_tool_calls": (None,),
         "top_logprobs": (None, 0),
+        "moderation": (None,),
+        "context_management": (None,),
+        "background_options": (None,),
+        "access_programs": (None,),
+        "image": (None,),
     }
 
     def check_supported(self) -> None:
