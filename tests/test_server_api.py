@@ -530,3 +530,11 @@ def test_messages_count_tokens(srv: Running) -> None:
     assert counted == m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] > 0
     bad = post(srv, "/v1/messages/count_tokens", {**body, "max_tokens": 1})
     assert bad.status_code == 400 and bad.json()["type"] == "error"
+
+
+def test_embedding_groups() -> None:
+    from localllm.server.embeddings import groups
+
+    ids = [[1] * 3, [2] * 3, [3] * 5, [4] * 20, [5]]
+    assert groups(ids, 8) == [[[1] * 3, [2] * 3], [[3] * 5], [[4] * 20], [[5]]]
+    assert [len(g) for g in groups([[1]] * 10, 4)] == [4, 4, 2]

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from localllm.server.app import ServerState
 
 
+PASSES_PER_CALL = 4  # forward passes of inputs per engine call, at most (a long input: its chunks)
+
+
 class EmbeddingRequest(_Request):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
@@ -68,6 +71,19 @@ def input_ids(state: ServerState, llm: LLMEngine, body: EmbeddingRequest) -> lis
     return out
 
 
+def groups(ids: list[list[int]], max_tokens: int) -> list[list[list[int]]]:
+    """Consecutive inputs in groups of at most `max_tokens` tokens (an input longer than that alone)."""
+    out: list[list[list[int]]] = []
+    size = max_tokens
+    for item in ids:
+        if size + len(item) > max_tokens:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += len(item)
+    return out
+
+
 def encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str:
     """A vector as floats, or as base64 of its little-endian float32 bytes (what the openai client reads)."""
     if encoding_format == "base64":
@@ -86,7 +102,11 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
             param="dimensions",
         )
     ids = await run_in_threadpool(input_ids, state, llm, body)
-    vectors = await run_on_engine(state, lambda engine: embed_token_ids(engine, ids))
+    vectors = []
+    for group in groups(ids, PASSES_PER_CALL * llm.config.max_num_batched_tokens):
+        # one engine call per group: generation steps run between them, so a big request never
+        # freezes the streams of others for long
+        vectors += list(await run_on_engine(state, lambda engine, g=group: embed_token_ids(engine, g)))
     data = [
         {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
         for i, v in enumerate(vectors)
