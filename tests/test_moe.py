@@ -207,3 +207,22 @@ def test_info_shows_experts_and_active_parameters(files, tmp_path) -> None:
     active = info.parameters - routed + routed * N_USED // N_EXPERTS
     assert (info.extra["experts"], info.extra["experts per token"]) == (N_EXPERTS, N_USED)
     assert info.extra["active parameters"].endswith(f"({active:,}) per token")
+
+
+def test_refusals_are_one_line(files, tmp_path) -> None:
+    """More experts used than there are, and a backend without the MoE layer, are refused by name."""
+    from localllm.backends.numpy_ref import NumpyBackend
+    from localllm.errors import ModelFormatError
+    from localllm.gguf_file import GGUFFile
+    from localllm.models import load_model
+
+    gf = GGUFFile.open(files["qwen3moe"], tmp_path)
+    gf.metadata["qwen3moe.expert_used_count"] = 9
+    with pytest.raises(ModelFormatError, match="expert_used_count' is 9; expected 1 to 8"):
+        load_model(gf, NumpyBackend())
+
+    class NoMoe(NumpyBackend):
+        name, runs_moe = "plain", False
+
+    with pytest.raises(ModelFormatError, match="the plain backend does not run mixture-of-experts"):
+        load_model(GGUFFile.open(files["mixtral"], tmp_path), NoMoe())
