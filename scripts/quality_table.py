@@ -1,6 +1,7 @@
 """The README's quality table: what each quantization type costs, localllm- and llama-quantize-made.
 
     python scripts/quality_table.py --llama-bin DIR [--source Q4_K_M.gguf] [--text FILE] [--chunks N]
+    python scripts/quality_table.py --llama-bin DIR --on-load
     python scripts/quality_table.py --llama-bin DIR --compare-perplexity [--models a.gguf,b.gguf]
 
 The first form makes an F16 GGUF by dequantizing the source (localllm quantize --type F16
@@ -10,7 +11,10 @@ with the same engine: perplexity and KL divergence against F16 in one pass (`--k
 decode speed (`localllm bench -p 0 -n 64`).  It prints a Markdown table and a verdict per type (the
 targets: localllm's perplexity within 1% of llama-quantize's, its mean KLD at most 1.1x).
 
-The second form runs `llama-perplexity` and `localllm perplexity` back to back on each model (ctx 512,
+The second form adds rows for quantize-on-load: the F16 model exported as a Hugging Face directory
+(export_hf), then `prepare_model(..., "int8"/"int4")` as `LLM(HF_DIR, quantize=...)` does.
+
+The third form runs `llama-perplexity` and `localllm perplexity` back to back on each model (ctx 512,
 the same chunks of the same text) and prints both estimates, their gap and the speed ratio.
 
 Everything is written under --work (default /tmp/localllm-quality); nothing is committed.
@@ -103,7 +107,27 @@ def quality_table(args: argparse.Namespace) -> None:
     print_table(rows)
 
 
-def print_table(rows: dict) -> None:
+def on_load_table(args: argparse.Namespace) -> None:
+    """Rows for `LLM(HF_DIR, quantize=...)`: the F16 model exported as a Hugging Face directory, then
+    quantized on load (int8, int4), measured against the same F16 logits."""
+    from localllm.convert.export_hf import export_hf
+    from localllm.convert.on_load import prepare_model
+
+    work = args.work
+    hf = work / "f16-hf"
+    if not hf.exists():
+        export_hf(work / "f16.gguf", hf, dtype="float16")
+    rows = {}
+    for q in ("int8", "int4"):
+        path = prepare_model(str(hf), work / "home", q)
+        key = (f"{q} on load ({path.stem.rsplit('-', 1)[-1]})", "localllm")
+        rows[key] = {**measure(path, work / "f16.logits", args.threads), "bytes": path.stat().st_size}
+        rows[key]["bpw"] = bits_per_weight(path)[0]
+        print(f"# {key}: {json.dumps(rows[key])}", file=sys.stderr, flush=True)
+    print_table(rows, verdicts=False)
+
+
+def print_table(rows: dict, verdicts: bool = True) -> None:
     print("| type | made by | MiB | bits/weight | PPL | KLD vs F16 (mean, p99) | same top-1 | decode tok/s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for (t, maker), r in rows.items():
@@ -114,7 +138,7 @@ def print_table(rows: dict) -> None:
             f"| {r['tg_mean']:.1f} ± {r['tg_sd']:.1f} |"
         )
     print()
-    for t in TYPES:
+    for t in TYPES if verdicts else ():
         ours, theirs = rows[t, "localllm"], rows[t, "llama-quantize"]
         ppl_gap = ours["ppl"] / theirs["ppl"] - 1
         kld_ratio = ours["kld_mean"] / theirs["kld_mean"] if theirs["kld_mean"] else float("nan")
@@ -164,11 +188,19 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/localllm-quality"))
     p.add_argument("--compare-perplexity", action="store_true")
     p.add_argument(
+        "--on-load", action="store_true", help="rows for --quantize int8/int4 on load (after the table)"
+    )
+    p.add_argument(
         "--models",
         default="SmolLM2-135M-Instruct.Q4_1.gguf,qwen2.5-coder-0.5b-instruct-q4_k_m.gguf,gemma-3-270m-q4_k_m.gguf",
     )
     args = p.parse_args()
-    compare_perplexity(args) if args.compare_perplexity else quality_table(args)
+    if args.compare_perplexity:
+        compare_perplexity(args)
+    elif args.on_load:
+        on_load_table(args)
+    else:
+        quality_table(args)
 
 
 if __name__ == "__main__":
