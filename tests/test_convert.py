@@ -96,6 +96,24 @@ def test_hugging_face_layout(tmp_path) -> None:
     assert config["architectures"] == ["Gemma3ForCausalLM"] and config["head_dim"] == 16
 
 
+def test_llama3_rope_scaling_becomes_rope_freqs(tmp_path) -> None:
+    _, hf, _ = _round_trip(tmp_path, "llama")
+    config = json.loads((hf / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    config["rope_theta"] = 10000.0
+    (hf / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "llama3.gguf"
+    convert_hf(hf, out, "Q8_0")
+    freqs = next(t for t in _reader(out).tensors if t.name == "rope_freqs.weight")
+    # head_dim 16: wavelengths 2*pi*10000**(2i/16); under 8192/4 -> 1, over 8192 -> 8, between blended
+    smooth = (8192 / (2 * np.pi * 1000.0) - 1) / 3
+    expected = [1, 1, 1, 1, 1, 1, 1 / ((1 - smooth) / 8 + smooth), 8]
+    np.testing.assert_allclose(np.asarray(freqs.data), expected, rtol=1e-5)
+    assert "llama.rope.scaling.type" not in gguf_metadata(_reader(out))
+    engine = LLMEngine(EngineConfig(model=str(out), threads=1, ctx_size=64))
+    assert np.isfinite(score_tokens(engine, list(range(3, 20)))).all()
+
+
 def test_bf16_tensors_are_read_exactly(tmp_path) -> None:
     values = np.array([[1.0, -2.5], [0.15625, 3e38]], dtype=np.float32)
     words = (values.view(np.uint32) >> 16).astype("<u2")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from localllm.convert.checkpoint import TensorRef, list_tensors, load_tensor, read_config, tensor_files
-from localllm.convert.hparams import gguf_hparams
+from localllm.convert.hparams import gguf_hparams, llama3_rope_factors
 from localllm.convert.names import ARCHITECTURES, gguf_name, norm_shift, permute_qk
 from localllm.convert.vocab import Vocab, add_vocab, load_vocab
 from localllm.errors import LocalLLMError
@@ -26,10 +26,11 @@ from localllm.errors import LocalLLMError
 
 @dataclass(slots=True)
 class Item:
-    ref: TensorRef
+    ref: TensorRef | None  # None for a tensor made here (rope_freqs.weight)
     name: str  # GGUF name
     shape: tuple[int, ...]
     target: str = "F32"
+    data: np.ndarray | None = None
 
 
 def architecture(config: dict[str, Any]) -> str:
@@ -55,6 +56,8 @@ def plan(arch: str, config: dict[str, Any], refs: list[TensorRef], n_vocab: int,
                 raise LocalLLMError(f"{ref.name} has {shape[0]} rows for a vocabulary of {n_vocab} tokens")
             shape = (n_vocab, *shape[1:])  # Gemma pads its embedding past the vocabulary: dropped
         items.append(Item(ref, name, shape))
+    if (factors := llama3_rope_factors(config)) is not None:
+        items.append(Item(None, "rope_freqs.weight", factors.shape, data=factors))
     names = [i.name for i in items]
     if "token_embd.weight" not in names:
         raise LocalLLMError("the checkpoint has no model.embed_tokens.weight")
@@ -66,6 +69,8 @@ def plan(arch: str, config: dict[str, Any], refs: list[TensorRef], n_vocab: int,
 
 def prepare(arch: str, config: dict[str, Any], item: Item) -> np.ndarray:
     """A tensor as GGUF stores it (before type conversion), float32."""
+    if item.data is not None:
+        return item.data
     data = load_tensor(item.ref)[: item.shape[0]]
     if arch == "llama" and item.name.split(".")[-2] in ("attn_q", "attn_k"):
         heads = config["num_attention_heads"]

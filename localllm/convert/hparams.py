@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from localllm.convert.names import HF_ARCHITECTURE, MODEL_TYPE
 from localllm.errors import LocalLLMError
@@ -49,7 +52,34 @@ def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any]:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         return {"rope.scaling.type": "linear", "rope.scaling.factor": float(scaling["factor"])}
-    raise LocalLLMError(f"rope_scaling of type {kind!r} is not supported by localllm convert (only linear)")
+    if kind == "llama3":
+        return {}  # a rope_freqs.weight tensor instead (llama3_rope_factors)
+    raise LocalLLMError(
+        f"rope_scaling of type {kind!r} is not supported by localllm convert (linear, llama3)"
+    )
+
+
+def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray | None:
+    """Llama 3.1's RoPE frequency divisors per dimension pair (the rope_freqs.weight llama.cpp writes):
+    1 for wavelengths under original_context / high_freq_factor, `factor` above original_context /
+    low_freq_factor, a smooth blend between."""
+    s = config.get("rope_scaling") or {}
+    if s.get("rope_type", s.get("type")) != "llama3":
+        return None
+    dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    freqs = 1.0 / (float(config.get("rope_theta", 10000.0)) ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = s.get("factor", 8.0), s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old = s.get("original_max_position_embeddings", 8192)
+    out = []
+    for wavelen in 2 * math.pi / freqs.astype(np.float64):
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def hf_config(arch: str, hp: dict[str, Any], tied: bool, bos: int | None, eos: int | None) -> dict[str, Any]:
