@@ -226,3 +226,11 @@ def test_refusals_are_one_line(files, tmp_path) -> None:
 
     with pytest.raises(ModelFormatError, match="the plain backend does not run mixture-of-experts"):
         load_model(GGUFFile.open(files["mixtral"], tmp_path), NoMoe())
+
+
+@pytest.mark.parametrize("variant", list(MOE_VARIANTS))
+def test_torch_backend_conforms(files, variant: str) -> None:
+    """The torch backend's MoE layer (on the CPU here) within the same calibrated bounds."""
+    pytest.importorskip("torch")
+    ref = load_fixture(variant)
+    assert failures(teacher_forced(files[variant], ref, "torch"), ref) == []

@@ -207,7 +207,13 @@ class TorchBackend(Backend):
     def run_layers(self, model: Any, x: Any, batch: ForwardBatch, kv: Any) -> Any | None:
         """Decode-only steps through a fixed-shape stack (a CUDA graph on CUDA) when static_decode is on;
         else None, and the model runs its layers op by op over the paged path."""
-        return _static_run_layers(self, model, x, kv) if self.static_decode else None
+        if not self.static_decode:
+            return None
+        if any(s.experts for s in model.args.layers):  # routing reads the device: no fixed-shape graph
+            h = self._host  # (begin_step planned attention for the static stack; plan the paged path)
+            self._groups = self._plan(h.query_start_loc, h.context_lens, h.block_tables) if h else []
+            return None
+        return _static_run_layers(self, model, x, kv)
 
     # ---- operations -----------------------------------------------------------------------------
 
@@ -231,6 +237,28 @@ class TorchBackend(Backend):
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
         return torch.tanh(x / cap) * cap
+
+    # ---- mixture of experts (kernels/moe_reference.py's computation, in torch) -----------------
+
+    runs_moe = True
+
+    def moe_ffn(self, h: torch.Tensor, lw: Any, spec: Any) -> torch.Tensor:
+        """Each routed expert on its tokens only; the routing waits for the device (the static
+        decode stack is not used for mixture-of-experts models, see run_layers)."""
+        probs = torch.softmax(self.linear(h, lw.router).float(), dim=-1)
+        weights, ids = torch.topk(probs, spec.experts_used, dim=-1)
+        if spec.expert_renorm:
+            weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
+        out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+        for e in ids.unique().tolist():
+            t, j = torch.nonzero(ids == e, as_tuple=True)
+            x = h[t]
+            act = self.swiglu(self.linear(x, lw.gate_exps[e]), self.linear(x, lw.up_exps[e]))
+            out.index_add_(0, t, self.linear(act, lw.down_exps[e]) * weights[t, j, None])
+        return out
+
+    def sigmoid_gate(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(h.float() @ weight)[:, None]
 
     def to_numpy(self, x: Any) -> np.ndarray:
         out = x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float32)
