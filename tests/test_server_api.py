@@ -538,3 +538,53 @@ def test_embedding_groups() -> None:
     ids = [[1] * 3, [2] * 3, [3] * 5, [4] * 20, [5]]
     assert groups(ids, 8) == [[[1] * 3, [2] * 3], [[3] * 5], [[4] * 20], [[5]]]
     assert [len(g) for g in groups([[1]] * 10, 4)] == [4, 4, 2]
+
+
+def test_anthropic_client(srv: Running) -> None:
+    """The official `anthropic` client against /v1/messages: a reply, a stream, a tool call, a count."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    greedy = {"temperature": 0}  # extra_body: this client version no longer sends sampling fields
+    kw = {"model": MODEL_ID, "max_tokens": 8, "extra_body": greedy}
+    messages = [{"role": "user", "content": "hello there"}]
+    m = client.messages.create(messages=messages, system="Be brief.", **kw)
+    assert (
+        m.role == "assistant" and m.content[0].type == "text" and m.stop_reason in ("end_turn", "max_tokens")
+    )
+    with client.messages.stream(messages=messages, system="Be brief.", **kw) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == m.content[0].text == final.content[0].text
+    assert final.usage.output_tokens == m.usage.output_tokens
+    tool = {"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER_PARAMS}
+    choice = {"type": "tool", "name": "get_weather"}
+    kw = {**kw, "max_tokens": 200, "extra_body": {"temperature": 1.0}}
+    called = client.messages.create(messages=messages, tools=[tool], tool_choice=choice, **kw)
+    use = next(b for b in called.content if b.type == "tool_use")
+    assert called.stop_reason == "tool_use" and use.input["city"] in ("Paris", "Rome")
+    count = client.messages.count_tokens(model=MODEL_ID, messages=messages, system="Be brief.")
+    assert count.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(messages=messages, max_tokens=1, model="claude-nope")
+    srv.wait_idle()
+
+
+def test_anthropic_fields_are_declared() -> None:
+    """Each parameter the installed `anthropic` client can send is declared in MessagesRequest."""
+    import typing
+
+    params = pytest.importorskip("anthropic.types.message_create_params")
+    from localllm.server.messages import MessagesRequest
+
+    assert set(typing.get_type_hints(params.MessageCreateParamsBase)) <= set(MessagesRequest.model_fields)
+
+
+def test_messages_output_config_format(srv: Running) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema["additionalProperties"] = False
+    body = {"messages": [{"role": "user", "content": "json?"}], "max_tokens": 60, "temperature": 0}
+    fmt = {"format": {"type": "json_schema", "schema": schema}}
+    m = post(srv, "/v1/messages", {**body, "output_config": fmt}).json()
+    assert isinstance(json.loads(m["content"][0]["text"])["ok"], bool)
+    r = post(srv, "/v1/messages", {**body, "output_config": {"effort": "high"}})
+    assert r.status_code == 400 and "effort" in r.json()["error"]["message"]

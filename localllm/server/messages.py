@@ -61,8 +61,17 @@ class MessagesRequest(_Request):
     stream: bool | None = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = Field(
+        None, description="format (a JSON schema) is enforced; effort is refused."
+    )
     metadata: dict[str, Any] | None = Field(None, description=NOOP)
     service_tier: str | None = Field(None, description=NOOP)
+    cache_control: dict[str, Any] | None = Field(None, description="Accepted; prefix caching is automatic.")
+    diagnostics: dict[str, Any] | None = Field(None, description=NOOP)
+    inference_geo: str | None = Field(None, description=NOOP)
+    speed: str | None = Field(None, description=NOOP)
+    user_profile_id: str | None = Field(None, description=NOOP)
+    workspace_id: str | None = Field(None, description=NOOP)
     thinking: dict[str, Any] | None = Field(None, description=NOT_YET)
     container: Any = Field(None, description=NOT_YET)
     mcp_servers: Any = Field(None, description=NOT_YET)
@@ -72,6 +81,20 @@ class MessagesRequest(_Request):
         "container": (None,),
         "mcp_servers": (None, []),
     }
+
+    def response_format(self) -> dict[str, Any] | None:
+        """output_config.format (a JSON schema) as chat's response_format."""
+        config = dict(self.output_config or {})
+        if config.pop("effort", None) is not None:
+            raise APIError("'output_config.effort' is not supported by this server", param="output_config")
+        fmt = config.pop("format", None)
+        if config:
+            raise APIError(f"output_config: unknown keys {sorted(config)}", param="output_config")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
+            raise APIError("output_config.format must be a json_schema with a schema", param="output_config")
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
     def to_chat(self) -> Any:
         """The equivalent chat request (protocol.ChatCompletionRequest)."""
@@ -95,6 +118,7 @@ class MessagesRequest(_Request):
                 "tools": [chat_tool(t, i) for i, t in enumerate(self.tools)] if self.tools else None,
                 "tool_choice": choice,
                 "parallel_tool_calls": parallel,
+                "response_format": self.response_format(),
             }
         )
 
