@@ -588,3 +588,22 @@ def test_messages_output_config_format(srv: Running) -> None:
     assert isinstance(json.loads(m["content"][0]["text"])["ok"], bool)
     r = post(srv, "/v1/messages", {**body, "output_config": {"effort": "high"}})
     assert r.status_code == 400 and "effort" in r.json()["error"]["message"]
+
+
+def test_text_streams_live_with_tools_offered(srv: Running, client: openai.OpenAI) -> None:
+    """With tools offered (tool_choice auto) a reply that makes no call still streams as it comes."""
+    fn = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}
+    kw = {"model": MODEL_ID, "input": "hello there", "tools": [fn], "temperature": 0, "max_output_tokens": 12}
+    whole = client.responses.create(**kw)
+    assert not [i for i in whole.output if i.type == "function_call"]
+    events = list(client.responses.create(stream=True, **kw))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == whole.output_text == events[-1].response.output_text
+    tool = {"name": "get_weather", "input_schema": WEATHER_PARAMS}
+    body = {"messages": [{"role": "user", "content": "hello there"}], "tools": [tool]}
+    body |= {"max_tokens": 12, "temperature": 0}
+    m = post(srv, "/v1/messages", body).json()
+    streamed = anthropic_events(post(srv, "/v1/messages", {**body, "stream": True}).text)
+    texts = [p["delta"]["text"] for name, p in streamed if name == "content_block_delta"]
+    assert len(texts) > 1 and "".join(texts) == m["content"][0]["text"]
+    srv.wait_idle()

@@ -21,6 +21,7 @@ from localllm.engine.output import StepOutput
 from localllm.errors import LocalLLMError
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
+from localllm.server.responses import live_text
 from localllm.server.streaming import sse_event
 
 if TYPE_CHECKING:
@@ -306,22 +307,29 @@ def event(kind: str, **data: Any) -> bytes:
 
 
 async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
-    """message_start, the text block's deltas as they come (with tools, the reply's blocks once it
-    ends), message_delta with the stop reason and usage, message_stop."""
-    job, live = run.jobs[0], run.tools is None
+    """message_start, the text block's deltas as they come, then the reply's other blocks (tool_use,
+    once the reply has ended and been parsed), message_delta with the stop reason and usage,
+    message_stop."""
+    job, texts = run.jobs[0], live_text(run)
     head = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": []}
     usage = {**messages_usage(run.usage()), "output_tokens": 0}
     yield event("message_start", message={**head, "stop_reason": None, "stop_sequence": None, "usage": usage})
     outs: list[StepOutput] = []
+    streamed: str | None = None
     try:
-        if live:
-            yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
         async for out in job.outputs():
             outs.append(out)
-            if live and out.text:
-                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": out.text})
+            for text in texts(out):
+                if streamed is None:
+                    streamed = ""
+                    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                streamed += text
+                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
         body = message_body(rid, model, run, outs)
-        for chunk in _blocks(body["content"], live):
+        blocks = body["content"]
+        if streamed is not None and (not blocks or blocks[0]["type"] != "text"):
+            blocks.insert(0, {"type": "text", "text": streamed})  # the text block streamed stays
+        for chunk in _blocks(blocks, streamed is not None):
             yield chunk
         delta = {"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]}
         yield event("message_delta", delta=delta, usage=body["usage"])
@@ -333,20 +341,20 @@ async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
         job.close()
 
 
-def _blocks(blocks: list[dict[str, Any]], live: bool) -> list[bytes]:
-    """The closing events of the live text block, or each block whole."""
-    if live:
-        return [event("content_block_stop", index=0)]
+def _blocks(blocks: list[dict[str, Any]], opened: bool) -> list[bytes]:
+    """Each block's events: the closing one of the text block streamed live (`opened`), the others whole."""
     chunks = []
     for index, block in enumerate(blocks):
+        if index == 0 and opened:
+            chunks.append(event("content_block_stop", index=0))
+            continue
         if block["type"] == "text":
-            chunks.append(
-                event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-            )
+            start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
         else:
-            chunks.append(event("content_block_start", index=index, content_block={**block, "input": {}}))
+            start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        chunks.append(event("content_block_start", index=index, content_block=start))
         chunks.append(event("content_block_delta", index=index, delta=delta))
         chunks.append(event("content_block_stop", index=index))
     return chunks

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from fastapi import Request
@@ -25,6 +25,7 @@ from localllm.errors import LocalLLMError
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
 from localllm.server.streaming import sse_event
+from localllm.server.tool_calls import ToolStream
 
 if TYPE_CHECKING:
     from localllm.server.app import ServerState
@@ -311,32 +312,46 @@ class _Events:
         return sse_event(kind, {"type": kind, "sequence_number": next(self.numbers), **data})
 
 
+class _Deltas:
+    """Stands in for streaming.ChunkBuilder: tool_calls.ToolStream's deltas come back as they are."""
+
+    @staticmethod
+    def chat_delta(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return delta
+
+
+def live_text(run: ChatRun) -> Callable[[StepOutput], list[str]]:
+    """The text of each output that can be shown as it comes: all of it without tools; with tools, what
+    tool_calls.ToolStream lets through (the content before a call's marker; the calls come at the end)."""
+    if run.tools is None:
+        return lambda out: [out.text] if out.text else []
+    tool_stream = ToolStream(run.tools, _Deltas())
+    return lambda out: [d["content"] for d in tool_stream.chat_output(out) if d.get("content")]
+
+
 async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]:
-    """The Responses event stream: text deltas as they come (with tools, the reply is parsed once it
-    ends and sent as whole items), then the done events and response.completed."""
-    event, job = _Events(), run.jobs[0]
+    """The Responses event stream: text deltas as they come, then the reply's items (function calls
+    once the reply has ended and been parsed), the done events and response.completed."""
+    event, job, texts = _Events(), run.jobs[0], live_text(run)
     yield event("response.created", response=response)
     yield event("response.in_progress", response=response)
     outs: list[StepOutput] = []
-    msg_id, live = f"msg_{uuid.uuid4().hex}", run.tools is None
+    msg_id, streamed = f"msg_{uuid.uuid4().hex}", None
     try:
-        if live:
-            for chunk in _open_message(event, msg_id):
-                yield chunk
         async for out in job.outputs():
             outs.append(out)
-            if live and out.text:
-                yield event(
-                    "response.output_text.delta",
-                    item_id=msg_id,
-                    output_index=0,
-                    content_index=0,
-                    delta=out.text,
-                )
+            for text in texts(out):
+                if streamed is None:
+                    streamed = ""
+                    for chunk in _open_message(event, msg_id):
+                        yield chunk
+                streamed += text
+                where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+                yield event("response.output_text.delta", **where, delta=text)
         done = finish(response, run, outs)
-        if live:
-            done["output"][0]["id"] = msg_id
-        for chunk in _close_items(event, done["output"], opened=live):
+        if streamed is not None:
+            _keep_message(done["output"], msg_id, streamed)
+        for chunk in _close_items(event, done["output"], opened=streamed is not None):
             yield chunk
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
         yield event(kind, response=done)
@@ -346,6 +361,14 @@ async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]
         yield event("error", code=code or kind, message=str(e), param=None)
     finally:
         job.close()
+
+
+def _keep_message(items: list[dict[str, Any]], msg_id: str, streamed: str) -> None:
+    """The streamed message stays the first item, under the id it was streamed with."""
+    if items and items[0]["type"] == "message":
+        items[0]["id"] = msg_id
+    else:
+        items.insert(0, message_item(streamed, "completed", msg_id))
 
 
 def _open_message(event: _Events, msg_id: str) -> list[bytes]:
@@ -365,6 +388,7 @@ def _close_items(event: _Events, items: list[dict[str, Any]], opened: bool) -> l
     """Each output item's closing events (and, unless it was streamed live, its opening ones)."""
     chunks = []
     for index, item in enumerate(items):
+        opened = opened and index == 0  # only the first message can have been streamed live
         if item["type"] == "message":
             part, where = (
                 item["content"][0],
