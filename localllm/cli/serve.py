@@ -97,8 +97,9 @@ def serve(
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says otherwise).
 
-    Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health, /metrics,
-    and a chat page at / (--no-webui turns it off).
+    OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models.
+
+    Also Anthropic's /v1/messages, /tokenize, /detokenize, /health, /metrics, a chat page at / (--no-webui).
 
     Examples:
 
