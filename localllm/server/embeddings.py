@@ -8,6 +8,8 @@ token's, and L2-normalised). `input`: a text, a list of texts, a token-id list o
 from __future__ import annotations
 
 import base64
+import logging
+import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -23,6 +25,8 @@ from localllm.server.protocol import NOOP, APIError, _Request, check_token_ids
 if TYPE_CHECKING:
     from localllm.engine.engine import LLMEngine
     from localllm.server.app import ServerState
+
+log = logging.getLogger("localllm.server")
 
 
 PASSES_PER_CALL = 4  # forward passes of inputs per engine call, at most (a long input: its chunks)
@@ -102,6 +106,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
             param="dimensions",
         )
     ids = await run_in_threadpool(input_ids, state, llm, body)
+    started = time.perf_counter()
     vectors = []
     for group in groups(ids, PASSES_PER_CALL * llm.config.max_num_batched_tokens):
         # one engine call per group: generation steps run between them, so a big request never
@@ -112,6 +117,9 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
         for i, v in enumerate(vectors)
     ]
     num_tokens = sum(len(x) for x in ids)
+    elapsed = time.perf_counter() - started
+    log.info("embeddings: %d inputs, %d tokens in %.2f s (%.0f tok/s)", len(ids), num_tokens, elapsed,
+             num_tokens / max(elapsed, 1e-9))  # fmt: skip
     return {
         "object": "list",
         "data": data,
