@@ -142,7 +142,9 @@ def test_op_path_conforms_and_agrees_with_the_fused_stack(files, variant: str) -
     e.backend.fuse_layers = False
     ops = teacher_forced(e, ref)
     assert failures(ops, ref) == []
-    assert np.abs(fused - ops).max() / np.abs(ops).max() < 0.02
+    # float experts: the same kernels in the same order (no 8-bit rounding whose flips layers amplify)
+    bound = 1e-5 if MOE_VARIANTS[variant][1] == "F32" else 0.02
+    assert np.abs(fused - ops).max() / np.abs(ops).max() < bound
 
 
 def _layers(**change):
