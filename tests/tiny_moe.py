@@ -137,3 +137,12 @@ def _moe_layer(t: RandomTensors, arch: str, p: str, s: Shape) -> None:
         t.matrix(f"{p}.ffn_gate_shexp.weight", SHARED_FFN, dim)
         t.matrix(f"{p}.ffn_up_shexp.weight", SHARED_FFN, dim)
         t.matrix(f"{p}.ffn_down_shexp.weight", dim, SHARED_FFN)
+
+
+# The benchmark's file (README, Benchmarks): python tests/tiny_moe.py OUT.gguf Q4_0
+BENCH_SHAPE = Shape(dim=1024, heads=16, kv_heads=4, head_dim=64, expert_ffn=768, n_layers=8)
+
+if __name__ == "__main__":
+    import sys
+
+    write_moe_variant(Path(sys.argv[1]), "qwen3moe", sys.argv[2], shape=BENCH_SHAPE)
