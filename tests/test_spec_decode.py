@@ -245,4 +245,6 @@ def test_bench_spec_compares_off_and_on(tiny_model_path, tmp_path, monkeypatch):
     assert result.exit_code == 0, (result.output, result.exception)
     data = json.loads(out.read_text())
     assert data["workload"] == "creative" and len(data["on_tokens_per_s"]["samples"]) == 1
-    assert data["drafted_tokens"] > 0 and data["acceptance_rate"] == 1.0  # its own draft: always right
+    # its own draft is always right (though the policy soon finds that drafting with itself never pays)
+    assert data["accepted_tokens"] == data["drafted_tokens"]
+    assert data["off_tokens_per_s"]["mean"] > 0 and data["on_tokens_per_s"]["mean"] > 0

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 WORKLOADS = ("edit", "code", "creative")
-SOURCES = ("engine/block_manager.py", "engine/scheduler.py", "sampler.py", "engine/sequence.py")
+SOURCES = (
+    "engine/block_manager.py",
+    "engine/scheduler.py",
+    "sampler.py",
+    "engine/sequence.py",
+    "engine/output.py",
+    "engine/kv_cache.py",
+    "engine/loop_guard.py",
+    "engine/detokenizer.py",
+)
 STORIES = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Write a poem about autumn rain in a busy city.",

@@ -29,7 +29,7 @@ def spec(
     draft_max: c.DraftMax = 8,
     workload: Workload = None,
     n_gen: Annotated[int, typer.Option("-n", "--n-gen", help="Tokens generated per prompt.")] = 128,
-    prompts: Annotated[int, typer.Option("--prompts", help="Prompts in the workload (1-4).")] = 2,
+    prompts: Annotated[int, typer.Option("--prompts", help="Prompts in the workload (1-8).")] = 2,
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each mode.")] = 3,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Requests decoded together.")] = 1,
     temperature: Annotated[

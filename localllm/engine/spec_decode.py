@@ -49,7 +49,12 @@ class SpecStats:
 
 
 class NgramProposer:
-    """Prompt lookup: no model, no state."""
+    """Prompt lookup: no model, no state, no cost worth timing."""
+
+    pass_seconds, pass_tokens = 0.0, 0
+
+    def prefill(self, scheduled: list[ScheduledSeq]) -> None:
+        pass
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[tuple[list[int], Any]]:
         return [(propose_ngram(seq.token_ids, k), None) for seq, k in requests]
@@ -74,15 +79,21 @@ class SpecDecoder:
         self.stats = SpecStats()
         self.enabled = True  # off: plain steps (bench compares both on one engine)
         self._probs: dict[str, np.ndarray | None] = {}
-        self._draft_seconds = 0.0
+        self._draft_seconds = 0.0  # this step's drafting, catching up included
         self._drafted = 0
+        self._per_token: float | None = None  # this step's draft seconds per drafted token, if measured
 
     def propose(self, plan: SchedulerOutput) -> None:
         """Attach drafts to the plan's decoding sequences, growing their block tables to hold them."""
         start = time.perf_counter()
-        decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
         self._drafted = 0
-        if not decodes or not self.enabled:
+        if not self.enabled:
+            return
+        prefills = [it for it in plan.scheduled if it.num_tokens > 1 or not it.samples]
+        if prefills:
+            self.proposer.prefill(prefills)
+        decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
+        if not decodes:
             return
         lengths = self.policy.lengths([it.seq.request_id for it in decodes], plan.num_tokens)
         wanted = self._allocate(decodes, lengths, self.max_num_batched_tokens - plan.num_tokens)
@@ -94,6 +105,8 @@ class SpecDecoder:
             if not draft:  # nothing found: give back the blocks taken for it
                 self.block_manager.trim(item.seq, item.seq.num_tokens)
         self._draft_seconds = time.perf_counter() - start
+        p = self.proposer
+        self._per_token = p.pass_seconds / p.pass_tokens if p.pass_tokens else None
 
     def _allocate(
         self, decodes: list[ScheduledSeq], lengths: list[int], budget: int
@@ -126,8 +139,8 @@ class SpecDecoder:
         if all(it.num_tokens == 1 for it in plan.scheduled):
             num_tokens = plan.num_tokens + self._drafted
             forward = seconds - self._draft_seconds
-            self.policy.costs.record(num_tokens, forward, self._draft_seconds, self._drafted)
-        self._draft_seconds, self._drafted = 0.0, 0
+            self.policy.costs.record(num_tokens, forward, self._per_token)
+        self._draft_seconds, self._drafted, self._per_token = 0.0, 0, None
 
     def release(self, request_id: str) -> None:
         """A finished or aborted request: drop its draft state (and the draft model's blocks)."""

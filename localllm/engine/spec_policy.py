@@ -63,16 +63,19 @@ class StepCosts:
         self.draft_per_token = 0.0
         self._seen: set[int] = set()
 
-    def record(self, num_tokens: int, seconds: float, draft_seconds: float, drafted: int) -> None:
+    def record(self, num_tokens: int, seconds: float, draft_per_token: float | None = None) -> None:
+        """A step of num_tokens query tokens took `seconds` in the target; drafting, where measured,
+        cost draft_per_token seconds per drafted token (prompt lookup: none to speak of)."""
+        if draft_per_token is not None:
+            old_per = self.draft_per_token
+            self.draft_per_token = (
+                draft_per_token if not old_per else (1 - EMA) * old_per + EMA * draft_per_token
+            )
         if num_tokens not in self._seen:  # a size's first step may load or compile kernels: not a cost
             self._seen.add(num_tokens)
             return
         old = self.times.get(num_tokens)
         self.times[num_tokens] = seconds if old is None else (1 - EMA) * old + EMA * seconds
-        if drafted:
-            per = draft_seconds / drafted
-            old_per = self.draft_per_token
-            self.draft_per_token = per if not old_per else (1 - EMA) * old_per + EMA * per
 
     def step_time(self, num_tokens: int) -> float | None:
         """The measured time of a step of num_tokens, interpolated between measured sizes."""
