@@ -191,7 +191,7 @@ def test_greedy_verify_keeps_the_argmax_prefix():
 # ---- the front ends ---------------------------------------------------------------------------------------
 
 
-def test_metrics_report_drafted_and_accepted(tiny_model_path, index_dir):
+def test_metrics_report_drafted_and_accepted(tiny_model_path, index_dir, monkeypatch):
     from localllm.server.metrics import ServerMetrics
 
     engine = make_engine(tiny_model_path, index_dir, prompt_lookup=True)
@@ -202,6 +202,15 @@ def test_metrics_report_drafted_and_accepted(tiny_model_path, index_dir):
     assert f"localllm:spec_decode_num_draft_tokens_total {float(stats.drafted_tokens)}" in text
     assert f"localllm:spec_decode_num_accepted_tokens_total {float(stats.accepted_tokens)}" in text
     assert f"localllm:spec_decode_draft_acceptance_rate {stats.acceptance_rate}" in text
+    import httpx
+
+    from localllm.bench import serving
+
+    monkeypatch.setattr(httpx, "get", lambda *args, **kw: SimpleNamespace(text=text))
+    counts = serving.spec_counts("http://server", {})  # what bench serve reads back
+    assert counts["drafted_tokens"] == stats.drafted_tokens
+    assert counts["accepted_tokens"] == stats.accepted_tokens
+    assert counts["acceptance_rate"] == pytest.approx(stats.acceptance_rate)
 
 
 def _cli(tmp_path, *args: str):

@@ -141,6 +141,33 @@ def model_name(base: str, headers: dict[str, str], fallback: str) -> str:
         return fallback
 
 
+SPEC_METRICS = {
+    "localllm:spec_decode_num_draft_tokens_total": "drafted_tokens",
+    "localllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
+}
+
+
+def spec_counts(base: str, headers: dict[str, str]) -> dict[str, float] | None:
+    """Speculative decoding's counts from a localllm server's /metrics (None: no speculation, or another
+    server), with the acceptance rate."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{base}/metrics", headers=headers, timeout=10).text
+    except httpx.HTTPError:
+        return None
+    counts = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in SPEC_METRICS:
+            counts[SPEC_METRICS[name]] = float(value)
+    if len(counts) < len(SPEC_METRICS):
+        return None
+    drafted = counts["drafted_tokens"]
+    counts["acceptance_rate"] = counts["accepted_tokens"] / drafted if drafted else 0.0
+    return counts
+
+
 def prompt_tokens(base: str, model: str, headers: dict[str, str], prompt: str) -> int | None:
     """The server's count of prompt tokens for `prompt`, from a max_tokens=1 request; None if unknown."""
     import httpx
@@ -496,6 +523,11 @@ def print_serving(levels: list[dict[str, Any]], info: dict[str, Any]) -> None:
             table.add_row(f"{stat.capitalize()} {name} (ms)", *(f"{lv[key][stat]:.2f}" for lv in levels))
     console = Console()
     console.print(table)
+    if spec := info.get("speculative"):
+        console.print(
+            f"speculative decoding: drafted {spec['drafted_tokens']:.0f}, accepted "
+            f"{spec['accepted_tokens']:.0f} ({100 * spec['acceptance_rate']:.0f}%)"
+        )
     for level in levels:
         for error in level["errors"]:
             console.print(f"[red]concurrency {level['concurrency']}: {error}[/]")

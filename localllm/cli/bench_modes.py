@@ -113,7 +113,10 @@ def serve(
         load.model = model_name or serving.model_name(base, load.headers, path.stem if path else "default")
         tpw = _tokens_per_word(serving, load) if dataset != "jsonl" else None
         results = serving.run_sweep(load, _serve_workload(serving, shape, tpw or 1.0))
+        spec = serving.spec_counts(base, load.headers)  # a localllm server's, over the whole sweep
     info = _serve_info(url, base, path, backend, threads, load.model, tpw)
+    if spec is not None:
+        info["speculative"] = spec
     serving.print_serving(results, info)
     config = {**shape, "request_rate": serving.json_rate(request_rate), "ignore_eos": ignore_eos}
     _write_json(json_out, {"system": info, "config": config, "results": results})
