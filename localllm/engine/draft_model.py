@@ -9,7 +9,9 @@ draft passes. Rejected drafts are forgotten by rewinding the shadow's num_comput
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,7 @@ class DraftModel:
         self.vocab_size = target.args.vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
         self.pass_seconds, self.pass_tokens = 0.0, 0
+        self.governor = _governor_like(getattr(backend, "governor", None))
         backend.warmup(self.model, target.cache_types)
 
     def prefill(self, scheduled: list[ScheduledSeq]) -> None:
@@ -79,7 +82,8 @@ class DraftModel:
             if num_new > 0 and self.block_manager.allocate(shadow, num_new):
                 items.append(ScheduledSeq(shadow, num_new))
         if items:
-            self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
+            with self._own_governor():
+                self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
             for item in items:
                 item.seq.num_computed_tokens += item.num_tokens
 
@@ -129,7 +133,22 @@ class DraftModel:
 
     def _forward(self, items: list[ScheduledSeq]) -> np.ndarray:
         batch = self.runner.prepare(items)
-        return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
+        with self._own_governor():
+            return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
+
+    @contextlib.contextmanager
+    def _own_governor(self) -> Iterator[None]:
+        """The draft's steps pick their thread count from their own timings: mixed with the target's
+        (a 1-token draft step is ~2x faster than a 1-token target step), they would mislead its choice."""
+        backend = self.model.backend
+        if self.governor is None:
+            yield
+            return
+        target, backend.governor = backend.governor, self.governor
+        try:
+            yield
+        finally:
+            backend.governor = target
 
     def _choose(self, shadow: Sequence, row: np.ndarray) -> tuple[int, np.ndarray | None]:
         """The draft token, processed as the target's own sampling would (penalties over the shadow's
@@ -146,6 +165,15 @@ class DraftModel:
         entry = self.shadows.pop(request_id, None)
         if entry is not None and entry[0].block_table:
             self.block_manager.free(entry[0])
+
+
+def _governor_like(governor: Any) -> Any:
+    """A fresh thread governor with the target's choices (None for backends without one)."""
+    if governor is None:
+        return None
+    from localllm.backends.threads import ThreadGovernor
+
+    return ThreadGovernor(governor.max_threads, adaptive=len(governor.candidates) > 1)
 
 
 def _fit(row: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -106,7 +106,7 @@ class SpecDecoder:
                 self.block_manager.trim(item.seq, item.seq.num_tokens)
         self._draft_seconds = time.perf_counter() - start
         p = self.proposer
-        self._per_token = p.pass_seconds / p.pass_tokens if p.pass_tokens else None
+        self._per_token = p.pass_seconds / p.pass_tokens if wanted and p.pass_tokens else None
 
     def _allocate(
         self, decodes: list[ScheduledSeq], lengths: list[int], budget: int
