@@ -7,6 +7,7 @@ byte-level BPE vocabulary of tiny_model.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +17,36 @@ DIM, FFN, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 4, 2, 16
 ARCHS = ("llama", "qwen2", "gemma3")
 
 
-def _metadata(w, arch: str, n_layers: int, window: int, rope_scale: float) -> None:
+@dataclass(frozen=True)
+class Shape:
+    """The file's sizes: the tiny fixtures' by default, bigger for a benchmark
+    (fixtures/make_bench_arch_files.py). head_dim 0: the variant's own; vocab None: tiny_model's."""
+
+    dim: int = DIM
+    ffn: int = FFN
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int = 0
+    ctx: int = 512
+    vocab: tuple | None = None
+
+    def tokens(self) -> tuple[list[str], list[int], list[str]]:
+        return self.vocab or vocabulary()
+
+
+TINY = Shape()
+
+
+def _metadata(w, arch: str, n_layers: int, window: int, rope_scale: float, s: Shape = TINY) -> None:
     import gguf
 
-    tokens, types, merges = vocabulary()
+    tokens, types, merges = s.tokens()
     w.add_block_count(n_layers)
-    w.add_context_length(512)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_context_length(s.ctx)
+    w.add_embedding_length(s.dim)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
     w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     if window:
@@ -34,8 +55,8 @@ def _metadata(w, arch: str, n_layers: int, window: int, rope_scale: float) -> No
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scale)
     if arch == "gemma3":
-        w.add_key_length(HEAD_DIM)
-        w.add_value_length(HEAD_DIM)
+        w.add_key_length(s.head_dim or HEAD_DIM)
+        w.add_value_length(s.head_dim or HEAD_DIM)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -48,34 +69,35 @@ def _metadata(w, arch: str, n_layers: int, window: int, rope_scale: float) -> No
 
 
 def write_arch_model(path: Path, arch: str, quant: str = "Q8_0", n_layers: int = 6, window: int = 16,
-                     seed: int = 1, rope_scale: float = 2.0) -> Path:  # fmt: skip
+                     seed: int = 1, rope_scale: float = 2.0, shape: Shape = TINY) -> Path:  # fmt: skip
     """A random `arch` model; `window` applies to every llama layer and to gemma3's local layers,
     `rope_scale` is llama's linear RoPE scaling factor."""
     import gguf
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    _metadata(w, arch, n_layers, window, rope_scale)
+    _metadata(w, arch, n_layers, window, rope_scale, shape)
     t = RandomTensors(w, rng, quant)
     matrix, vector = t.matrix, t.vector
 
-    matrix("token_embd.weight", len(vocabulary()[0]), DIM)
-    vector("output_norm.weight", DIM)
-    nq, nkv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    dim, ffn, head_dim = shape.dim, shape.ffn, shape.head_dim or HEAD_DIM
+    matrix("token_embd.weight", len(shape.tokens()[0]), dim)
+    vector("output_norm.weight", dim)
+    nq, nkv = shape.heads * head_dim, shape.kv_heads * head_dim
     for il in range(n_layers):
         p = f"blk.{il}"
-        for name, n in (("attn_norm", DIM), ("ffn_norm", DIM)):
+        for name, n in (("attn_norm", dim), ("ffn_norm", dim)):
             vector(f"{p}.{name}.weight", n)
-        for name, rows, cols in (("attn_q", nq, DIM), ("attn_k", nkv, DIM), ("attn_v", nkv, DIM),
-                                 ("attn_output", DIM, nq), ("ffn_gate", FFN, DIM), ("ffn_up", FFN, DIM),
-                                 ("ffn_down", DIM, FFN)):  # fmt: skip
+        for name, rows, cols in (("attn_q", nq, dim), ("attn_k", nkv, dim), ("attn_v", nkv, dim),
+                                 ("attn_output", dim, nq), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
+                                 ("ffn_down", dim, ffn)):  # fmt: skip
             matrix(f"{p}.{name}.weight", rows, cols)
         if arch == "qwen2":
             for name, n in (("attn_q", nq), ("attn_k", nkv), ("attn_v", nkv)):
                 w.add_tensor(f"{p}.{name}.bias", (0.3 * rng.standard_normal(n)).astype(np.float32))
         if arch == "gemma3":
-            for name, n in (("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM),
-                            ("post_attention_norm", DIM), ("post_ffw_norm", DIM)):  # fmt: skip
+            for name, n in (("attn_q_norm", head_dim), ("attn_k_norm", head_dim),
+                            ("post_attention_norm", dim), ("post_ffw_norm", dim)):  # fmt: skip
                 vector(f"{p}.{name}.weight", n)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -102,11 +124,13 @@ SOFTCAPS = {"attn": 1.5, "final": 30.0}  # attention's small enough that droppin
 OUT_SCALE, GEMMA2_EMBD_SCALE = 16.0, 6.0
 
 
-def _variant_metadata(w, variant: str, arch: str, n_layers: int, head_dim: int) -> None:
+def _variant_metadata(
+    w, variant: str, arch: str, n_layers: int, head_dim: int, s: Shape, window: int
+) -> None:
     import gguf
 
-    _metadata(w, arch, n_layers, 16 if variant == "gemma2" else 0, 1.0)
-    if head_dim != DIM // HEADS or arch == "gemma2":
+    _metadata(w, arch, n_layers, window if variant == "gemma2" else 0, 1.0, s)
+    if head_dim != s.dim // s.heads or arch == "gemma2":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if variant == "gemma2":
@@ -115,7 +139,7 @@ def _variant_metadata(w, variant: str, arch: str, n_layers: int, head_dim: int) 
     if arch == "phi3":
         w.add_rope_dimension_count(head_dim)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
-        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 64 if variant == "phi3_long" else 512)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 64 if variant == "phi3_long" else s.ctx)
     if variant == "llama_yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
@@ -124,26 +148,26 @@ def _variant_metadata(w, variant: str, arch: str, n_layers: int, head_dim: int) 
 
 def write_variant(
     path: Path, variant: str, quant: str | None = None, n_layers: int = 4, seed: int = 7,
-    extra: dict[str, np.ndarray] | None = None,
+    extra: dict[str, np.ndarray] | None = None, shape: Shape = TINY, window: int = 16,
 ) -> Path:  # fmt: skip
     """A random-weight file of one of VARIANTS, peaky enough that most next tokens are clear; `extra`
-    adds tensors no model reads."""
+    adds tensors no model reads; `window`: gemma2's on its even layers."""
     import gguf
 
     arch, default_quant, _ = VARIANTS[variant]
     quant = quant or default_quant
-    head_dim = V_HEAD_DIM.get(variant, HEAD_DIM)
+    head_dim = shape.head_dim or V_HEAD_DIM.get(variant, HEAD_DIM)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    _variant_metadata(w, variant, arch, n_layers, head_dim)
+    _variant_metadata(w, variant, arch, n_layers, head_dim, shape, window)
     t = RandomTensors(w, rng, quant)
     matrix, vector = t.matrix, t.vector
 
-    n_vocab = len(vocabulary()[0])
-    matrix("token_embd.weight", n_vocab, DIM, GEMMA2_EMBD_SCALE if arch == "gemma2" else 1.0)
+    n_vocab, dim = len(shape.tokens()[0]), shape.dim
+    matrix("token_embd.weight", n_vocab, dim, GEMMA2_EMBD_SCALE if arch == "gemma2" else 1.0)
     if arch != "gemma2":
-        matrix("output.weight", n_vocab, DIM, OUT_SCALE)
-    vector("output_norm.weight", DIM)
+        matrix("output.weight", n_vocab, dim, OUT_SCALE)
+    vector("output_norm.weight", dim)
     if variant == "llama3":
         w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 6.0, head_dim // 2).astype(np.float32))
     if arch == "phi3":
@@ -151,7 +175,7 @@ def write_variant(
             factors = rng.uniform(1.0, 6.0, head_dim // 2).astype(np.float32)
             w.add_tensor(f"rope_factors_{kind}.weight", factors)
     for il in range(n_layers):
-        _variant_layer(variant, arch, f"blk.{il}", head_dim, matrix, vector)
+        _variant_layer(arch, f"blk.{il}", head_dim, shape, matrix, vector)
     for name, data in (extra or {}).items():
         w.add_tensor(name, data)
     w.write_header_to_file()
@@ -161,24 +185,24 @@ def write_variant(
     return path
 
 
-def _variant_layer(variant: str, arch: str, p: str, head_dim: int, matrix, vector) -> None:
-    nq, nkv = HEADS * head_dim, KV_HEADS * head_dim
-    vector(f"{p}.attn_norm.weight", DIM)
-    vector(f"{p}.ffn_norm.weight", DIM)
+def _variant_layer(arch: str, p: str, head_dim: int, s: Shape, matrix, vector) -> None:
+    nq, nkv, dim, ffn = s.heads * head_dim, s.kv_heads * head_dim, s.dim, s.ffn
+    vector(f"{p}.attn_norm.weight", dim)
+    vector(f"{p}.ffn_norm.weight", dim)
     if arch == "phi3":
-        matrix(f"{p}.attn_qkv.weight", nq + 2 * nkv, DIM, 1.5)
-        matrix(f"{p}.ffn_up.weight", 2 * FFN, DIM)
+        matrix(f"{p}.attn_qkv.weight", nq + 2 * nkv, dim, 1.5)
+        matrix(f"{p}.ffn_up.weight", 2 * ffn, dim)
     else:
-        matrix(f"{p}.attn_q.weight", nq, DIM, 1.5)
-        matrix(f"{p}.attn_k.weight", nkv, DIM, 1.5)
-        matrix(f"{p}.attn_v.weight", nkv, DIM)
-        matrix(f"{p}.ffn_gate.weight", FFN, DIM)
-        matrix(f"{p}.ffn_up.weight", FFN, DIM)
-    matrix(f"{p}.attn_output.weight", DIM, nq)
-    matrix(f"{p}.ffn_down.weight", DIM, FFN)
+        matrix(f"{p}.attn_q.weight", nq, dim, 1.5)
+        matrix(f"{p}.attn_k.weight", nkv, dim, 1.5)
+        matrix(f"{p}.attn_v.weight", nkv, dim)
+        matrix(f"{p}.ffn_gate.weight", ffn, dim)
+        matrix(f"{p}.ffn_up.weight", ffn, dim)
+    matrix(f"{p}.attn_output.weight", dim, nq)
+    matrix(f"{p}.ffn_down.weight", dim, ffn)
     if arch == "qwen3":
         vector(f"{p}.attn_q_norm.weight", head_dim, 0.5)
         vector(f"{p}.attn_k_norm.weight", head_dim, 0.5)
     if arch == "gemma2":
-        vector(f"{p}.post_attention_norm.weight", DIM)
-        vector(f"{p}.post_ffw_norm.weight", DIM)
+        vector(f"{p}.post_attention_norm.weight", dim)
+        vector(f"{p}.post_ffw_norm.weight", dim)
