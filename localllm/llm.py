@@ -108,11 +108,16 @@ class LLM:
         return self.engine.sampling_params(given)
 
     def generate(
-        self, prompts: str | list[str] | list[list[int]], params: Params | list[SamplingParams] = None
+        self,
+        prompts: str | list[str] | list[list[int]],
+        params: Params | list[SamplingParams] = None,
+        **constraint: Any,
     ) -> list[RequestOutput]:
+        """Completions of `prompts`. `json_schema=` (a dict or JSON text), `grammar=` (GBNF or Lark) or
+        `regex=` constrains every output to it."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        return self.engine.generate(list(prompts), params)
+        return self.engine.generate(list(prompts), constrained(params, **constraint))
 
     def embed(
         self,
@@ -127,9 +132,12 @@ class LLM:
 
         return embed_token_ids(self.engine, embedding_inputs(self.engine, inputs), pooling, normalize)
 
-    def chat(self, messages: list[dict[str, str]], params: Params = None) -> RequestOutput:
-        """One assistant reply to `messages`, through the chat template."""
-        return self.engine.generate([self.apply_chat_template(messages)], params)[0]
+    def chat(self, messages: list[dict[str, str]], params: Params = None, **constraint: Any) -> RequestOutput:
+        """One assistant reply to `messages`, through the chat template (`json_schema=`, `grammar=` or
+        `regex=` constrain it, as in `generate`)."""
+        return self.engine.generate([self.apply_chat_template(messages)], constrained(params, **constraint))[
+            0
+        ]
 
     @functools.cached_property
     def chat_template(self) -> Any:
@@ -142,6 +150,27 @@ class LLM:
         from localllm.tokenizer.chat_template import apply_chat_template
 
         return apply_chat_template(self.tokenizer, self.chat_template, messages)
+
+
+def constrained(
+    params: Params | list[SamplingParams],
+    json_schema: Any = None,
+    grammar: str | None = None,
+    regex: str | None = None,
+) -> Params | list[SamplingParams]:
+    """`params` with the constraint the keywords ask for attached (unchanged when none is given)."""
+    import dataclasses
+
+    from localllm.structured.spec import structured_from
+
+    spec = structured_from(json_schema, grammar, regex)
+    if spec is None:
+        return params
+    if isinstance(params, list):
+        return [dataclasses.replace(p, structured=spec) for p in params]
+    if isinstance(params, SamplingParams):
+        return dataclasses.replace(params, structured=spec)
+    return {**(params or {}), "structured": spec}
 
 
 def embedding_inputs(engine: Any, inputs: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:

@@ -47,6 +47,8 @@ def chat(
     ] = None,
     stop: c.Stop = None,
     loop_guard: c.LoopGuard = True,
+    json_schema: c.JsonSchemaFile = None,
+    grammar: c.GrammarFile = None,
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
@@ -82,6 +84,7 @@ def chat(
     from localllm.tokenizer.chat_template import require_chat_template
 
     flags = c.sampling_flags(locals())
+    flags["structured"] = c.structured_spec(json_schema, grammar)
     interactive = sys.stdin.isatty()
     path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
     spec = c.spec_options(prompt_lookup, draft_model, draft_max)

@@ -86,6 +86,18 @@ Quantize = Annotated[
     ),
 ]
 GroupSize = Annotated[int, typer.Option("--group-size", help="Weights per --quantize scale (32 only).")]
+JsonSchemaFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--json-schema", help="Constrain the output to this JSON schema (a .json file).", metavar="FILE"
+    ),
+]
+GrammarFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--grammar", help="Constrain the output to this GBNF or Lark grammar (a file).", metavar="FILE"
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -221,6 +233,25 @@ def sampling_flags(arguments: Mapping[str, Any]) -> dict[str, Any]:
     flags["stop"] = flags["stop"] or None
     resolve_sampling(flags)
     return flags
+
+
+def structured_spec(json_schema: Path | None, grammar: Path | None) -> Any:
+    """The constraint --json-schema / --grammar ask for (read now: a bad file fails before loading)."""
+    from localllm.errors import ConfigError
+    from localllm.structured.spec import StructuredSpec
+
+    if json_schema is not None and grammar is not None:
+        raise ConfigError("give --json-schema or --grammar, not both")
+    path = json_schema or grammar
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    if json_schema is not None:
+        return StructuredSpec.json_schema(text, f"--json-schema {path}")
+    return StructuredSpec("lark" if path.suffix == ".lark" else "grammar", text, f"--grammar {path}")
 
 
 def sampling_params(engine: Any, flags: Mapping[str, Any], builtin: Mapping[str, Any] | None = None) -> Any:

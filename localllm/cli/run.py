@@ -38,6 +38,8 @@ def run(
     max_tokens: c.MaxTokens = None,
     stop: c.Stop = None,
     loop_guard: c.LoopGuard = True,
+    json_schema: c.JsonSchemaFile = None,
+    grammar: c.GrammarFile = None,
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
@@ -66,6 +68,7 @@ def run(
     from localllm.tokenizer.chat_template import chat_template_source
 
     flags = c.sampling_flags(locals())
+    flags["structured"] = c.structured_spec(json_schema, grammar)
     model, prompt = _model_and_prompt(args or [])
     path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v), quantize, group_size)
     spec = c.spec_options(prompt_lookup, draft_model, draft_max)

@@ -42,3 +42,17 @@ class StructuredSpec:
         if not isinstance(schema, dict):
             raise InvalidRequestError(f"{name}: a JSON schema must be an object")
         return cls("json_schema", json.dumps(schema), name)  # property order kept: models follow it
+
+
+def structured_from(
+    json_schema: Any = None, grammar: str | None = None, regex: str | None = None
+) -> StructuredSpec | None:
+    """The Python API's keywords as a spec (at most one may be given; None: unconstrained)."""
+    given = [name for name, v in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex)) if v]
+    if len(given) > 1:
+        raise InvalidRequestError(f"give one of json_schema, grammar and regex, not {' and '.join(given)}")
+    if json_schema is not None:
+        return StructuredSpec.json_schema(json_schema)
+    if grammar is not None:
+        return StructuredSpec("grammar", grammar, "grammar")
+    return StructuredSpec("regex", regex, "regex") if regex is not None else None
