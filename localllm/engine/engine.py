@@ -246,7 +246,7 @@ class LLMEngine:
             return self._finish(request, text, "stop", matched, logprob, now)
         if seq.constraint is not None and not _advance(seq.constraint, token.token_id):
             return self._finish(request, text + request.detokenizer.finish(), "stop", None, logprob, now)
-        if request.guard is not None and request.guard.add(token.token_id):
+        if request.guard is not None and request.guard.add(token.token_id) and not _closes(seq):
             tail = text + request.detokenizer.finish()
             return self._finish(request, tail, "repetition", None, logprob, now)
         params = seq.params
@@ -317,6 +317,15 @@ class LLMEngine:
                     if out.finished:
                         pending.discard(out.request_id)
         return [collect_request_output(i, prompt_ids[i], collected[i]) for i in ids]
+
+
+def _closes(seq: Sequence) -> bool:
+    """A looping constrained reply is steered to end its document rather than cut (structured/closing.py)."""
+    if seq.constraint is None:
+        return False
+    if not seq.constraint.closing:
+        log.info("%s: the constrained reply loops; steering it to close its document", seq.request_id)
+    return seq.constraint.start_closing()
 
 
 def _advance(constraint: Any, token_id: int) -> bool:

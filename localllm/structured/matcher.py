@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from localllm.errors import InvalidRequestError
+from localllm.structured.closing import Closers, StringState, narrow
 from localllm.structured.spec import JSON_OPTIONS, StructuredSpec
 
+CLOSING_TOKENS = 64  # tokens a looping reply gets to close its document before the guard cuts it
 CACHE_SIZE = 256  # compiled grammars kept (by spec); a server sees the same few schemas again and again
 
 
@@ -81,6 +83,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
         self._cache: OrderedDict[StructuredSpec, str] = OrderedDict()
         self._lock = threading.Lock()
+        self._closers: Closers | None = None
 
     def compile(self, spec: StructuredSpec) -> str:
         with self._lock:
@@ -108,16 +111,25 @@ class GrammarCompiler:
 
     def matcher(self, spec: StructuredSpec) -> Constraint:
         eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else min(self.tokenizer.eog_ids)
-        return Constraint(self.compile(spec), lltokenizer(self.tokenizer), self.vocab_size, eos)
+        if self._closers is None:
+            self._closers = Closers(self.tokenizer, self.vocab_size)
+        return Constraint(
+            self.compile(spec), lltokenizer(self.tokenizer), self.vocab_size, eos, self._closers
+        )
 
 
 class Constraint:
     """One sequence's grammar state: the mask of tokens allowed next, advanced by each accepted token."""
 
-    def __init__(self, grammar: str, lltok: Any, vocab_size: int, eos_id: int):
+    def __init__(self, grammar: str, lltok: Any, vocab_size: int, eos_id: int, closers: Closers):
         import llguidance
 
         self._matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        self._lltok = lltok
+        self._closers = closers
+        self._string = StringState()
+        self.closing = False  # set by start_closing: steer to the end of the document
+        self._closing_tokens = 0
         self.vocab_size = vocab_size
         self.bits = np.zeros((max(vocab_size, lltok.vocab_size) + 31) // 32, dtype=np.int32)
         self._fresh = False  # bits hold the mask for the current state
@@ -138,6 +150,8 @@ class Constraint:
     def mask_logits(self, logits: np.ndarray) -> np.ndarray:
         """`logits` (a copy) with every token the grammar refuses at -inf."""
         allowed = self.allowed()
+        if self.closing:
+            allowed = narrow(allowed, self._closers, self._string.inside)
         if not allowed.any():  # the matcher failed: let only end-of-text through
             allowed[self.eos_id] = True
         return np.where(allowed[: logits.shape[0]], logits, np.float32(-np.inf)).astype(np.float32)
@@ -145,7 +159,15 @@ class Constraint:
     def accept(self, token_id: int) -> bool:
         """Advance over a sampled token; False if the grammar refuses it (then the matcher is in error)."""
         self._fresh = False
+        self._string.feed(self._lltok.decode_bytes([token_id]))
+        self._closing_tokens += self.closing
         return bool(self._matcher.consume_token(token_id))
+
+    def start_closing(self) -> bool:
+        """The reply is looping: from now on prefer the tokens that end the document (closing.py).
+        False once it has had CLOSING_TOKENS tokens to do so (then the caller ends the request)."""
+        self.closing = True
+        return self._closing_tokens < CLOSING_TOKENS
 
     @property
     def is_finished(self) -> bool:

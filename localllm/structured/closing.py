@@ -1,0 +1,61 @@
+"""Ending a looping constrained reply as a complete document instead of cutting it.
+
+When the loop guard sees a constrained reply repeat itself, a cut would leave invalid JSON. Instead the
+sequence's mask narrows to closing tokens wherever the grammar allows one: inside a string, a quote
+(optionally followed by `}` / `]`); elsewhere, tokens made only of `}` and `]`, else a comma (it ends
+a number and moves on to the next required key). Where the grammar allows none of them, the model goes
+on as before, under the grammar.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+_QUOTE = re.compile(rb'"[\]}]*')
+_CLOSE = re.compile(rb"[\]}]+")
+_COMMA = re.compile(rb", ?")
+
+
+class Closers:
+    """The vocabulary's closing tokens, as bool arrays over the logits (built once per tokenizer)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int):
+        self.quote = np.zeros(vocab_size, dtype=bool)
+        self.close = np.zeros(vocab_size, dtype=bool)
+        self.comma = np.zeros(vocab_size, dtype=bool)
+        for i in range(min(vocab_size, tokenizer.vocab_size)):
+            if tokenizer.is_control(i):
+                continue
+            data = tokenizer.token_bytes(i)
+            self.quote[i] = _QUOTE.fullmatch(data) is not None
+            self.close[i] = _CLOSE.fullmatch(data) is not None
+            self.comma[i] = _COMMA.fullmatch(data) is not None
+
+
+class StringState:
+    """Whether the JSON written so far is inside a string (unescaped quotes toggle it)."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._escaped = False
+
+    def feed(self, data: bytes) -> None:
+        for byte in data:
+            if self._escaped:
+                self._escaped = False
+            elif byte == 0x5C and self.inside:  # backslash
+                self._escaped = True
+            elif byte == 0x22:  # quote
+                self.inside = not self.inside
+
+
+def narrow(allowed: np.ndarray, closers: Closers, inside_string: bool) -> np.ndarray:
+    """`allowed` restricted to the first kind of closing token the grammar allows, if any."""
+    for wanted in (closers.quote,) if inside_string else (closers.close, closers.comma):
+        narrowed = allowed & wanted[: allowed.shape[0]]
+        if narrowed.any():
+            return narrowed
+    return allowed
