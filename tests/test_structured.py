@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pytest
 from pydantic import BaseModel
 from test_server import CHAT, MODEL_ID, Running, engine_factory, error_of, post, running_server, sse_payloads
@@ -264,3 +265,24 @@ def test_tool_results_fed_back(srv: Running) -> None:
         legacy["choices"][0]["finish_reason"] == "function_call"
         and message["function_call"]["name"] == "get_weather"
     )
+
+
+def test_closing_narrows_to_the_end_of_the_document(engine: LLMEngine) -> None:
+    from localllm.structured.closing import Closers, StringState, narrow
+
+    tok = engine.tokenizer
+    closers = Closers(tok, engine.args.vocab_size)
+    ids = {tok.token_bytes(i): i for i in range(tok.vocab_size)}
+    state = StringState()
+    state.feed(b'{"a": "x\\"y')
+    assert state.inside
+    allowed = np.ones(engine.args.vocab_size, dtype=bool)
+    inside = narrow(allowed, closers, True)
+    assert inside[ids[b'"']] and not inside[ids[b"a"]]
+    outside = narrow(allowed, closers, False)
+    assert outside[ids[b"}"]] and not outside[ids[b'"']] and not outside[ids[b","]]
+    allowed[[ids[b"}"], ids[b"]"]]] = False
+    assert narrow(allowed, closers, False)[ids[b","]]
+    none = np.zeros_like(allowed)
+    none[ids[b"a"]] = True
+    assert narrow(none, closers, False) is none  # nothing closing allowed: unchanged
