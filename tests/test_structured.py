@@ -286,3 +286,15 @@ def test_closing_narrows_to_the_end_of_the_document(engine: LLMEngine) -> None:
     none = np.zeros_like(allowed)
     none[ids[b"a"]] = True
     assert narrow(none, closers, False) is none  # nothing closing allowed: unchanged
+
+
+def test_tool_calls_with_n_choices(srv: Running) -> None:
+    body = chat(srv, tools=[WEATHER], tool_choice="required", n=2, seed=4, max_tokens=200)
+    assert [c["finish_reason"] for c in body["choices"]] == ["tool_calls", "tool_calls"]
+    body = {"model": MODEL_ID, "messages": CHAT, "max_tokens": 200, "stream": True, "n": 2, "seed": 4}
+    r = post(srv, "/v1/chat/completions", {**body, "tools": [WEATHER], "tool_choice": "required"})
+    finals = [
+        c["choices"][0] for c in sse_payloads(r.text) if c["choices"] and c["choices"][0]["finish_reason"]
+    ]
+    assert sorted(c["index"] for c in finals) == [0, 1]
+    assert all(c["finish_reason"] == "tool_calls" for c in finals)

@@ -1,9 +1,10 @@
 """Grammar masks for a step computed on a helper thread while the forward pass runs.
 
 A constrained sequence's next-token mask depends only on the tokens it has already accepted, so it can
-be computed before the logits exist. llguidance releases the GIL while it computes, so the mask costs
-(almost) nothing when the forward pass leaves a core free; `LOCALLLM_MASK_OVERLAP=0` computes masks
-in line instead (to measure the difference: localllm/bench/structured.py).
+be computed before the logits exist, and llguidance releases the GIL while it computes. Measured on a
+loaded 2-core machine (localllm/bench/structured.py) it did not pay: a mask costs ~0.02 ms against a
+20+ ms step, and the thread competes with the forward pass's own. So masks are computed in line unless
+`LOCALLLM_MASK_OVERLAP=1` (for machines with cores to spare; both give the same tokens).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class _Pending:
 class MaskPrefetcher:
     def __init__(self, overlap: bool | None = None):
         if overlap is None:
-            overlap = os.environ.get("LOCALLLM_MASK_OVERLAP", "1") != "0"
+            overlap = os.environ.get("LOCALLLM_MASK_OVERLAP", "0") == "1"
         self.overlap = overlap
         self._pool: ThreadPoolExecutor | None = None
 

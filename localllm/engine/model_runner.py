@@ -73,7 +73,7 @@ class ModelRunner:
         """One forward pass; per scheduled sequence the tokens it emits: none (a prefill chunk short of
         the prompt's end), one sampled token, or a verify step's accepted drafts and one more token."""
         batch = self.prepare(scheduled)
-        masks = self._masks.start(scheduled)  # grammar masks computed while the forward runs
+        masks = self._masks.start(scheduled)  # grammar masks beside the forward pass, if overlap is on
         logits = self.backend.to_numpy(self.model.forward(batch, self.kv_cache))
         masks.wait()
         results: list[list[SampledToken]] = []
