@@ -204,6 +204,8 @@ def test_constraint_errors_name_their_field(srv: Running) -> None:
     assert error_of(post(srv, "/v1/chat/completions", bad), 400)["param"] == "guided_grammar"
     two = {"prompt": "x", "guided_regex": "a", "grammar": 'root ::= "a"'}
     assert error_of(post(srv, "/v1/completions", two), 400)["param"] == "grammar"
+    odd = {"messages": CHAT, "tools": [WEATHER], "tool_choice": {"type": "function", "function": "x"}}
+    assert error_of(post(srv, "/v1/chat/completions", odd), 400)["param"] == "tool_choice"
     rf = {"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": "{"}}}
     assert error_of(post(srv, "/v1/chat/completions", rf), 400)["param"] == "response_format"
 

@@ -136,7 +136,8 @@ def _choice(value: Any, names: set[str], param: str, legacy: bool) -> tuple[str,
         return value, None
     name = None
     if isinstance(value, dict):
-        name = value.get("name") if legacy else (value.get("function") or {}).get("name")
+        named = value if legacy else value.get("function")
+        name = named.get("name") if isinstance(named, dict) else None
     if not isinstance(name, str):
         raise APIError(f"{param} must be 'none', 'auto', 'required' or name a function", param=param)
     if name not in names:

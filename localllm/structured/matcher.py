@@ -176,4 +176,5 @@ class Constraint:
 
     @property
     def error(self) -> str:
-        return self._matcher.get_error() if self._matcher.is_error() else ""
+        # llguidance appends its parser state and grammar: the first line says what went wrong
+        return self._matcher.get_error().split("\n")[0] if self._matcher.is_error() else ""
