@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 WORKLOADS = ("edit", "code", "creative")
+WARMUP_ROUNDS = 2
 SOURCES = (
     "engine/block_manager.py",
     "engine/scheduler.py",
@@ -116,10 +117,11 @@ def decode_rate(engine: Any, prompts: list[list[int]], params: Any, concurrency:
 def compare(
     engine: Any, workload: str, prompts: list[list[int]], params: Any, reps: int, concurrency: int
 ) -> SpecComparison:
-    """Speculation off and on, alternating which goes first, after one untimed run of each."""
+    """Speculation off and on, alternating which goes first, after two untimed runs of each (the thread
+    governor learns each new step size, and verify steps bring eight new ones)."""
     spec = engine.spec
     result = SpecComparison(workload, concurrency)
-    for rep in range(-1, reps):
+    for rep in range(-WARMUP_ROUNDS, reps):
         for on in (False, True) if rep % 2 else (True, False):
             spec.enabled = on
             drafted, accepted = spec.stats.drafted_tokens, spec.stats.accepted_tokens
