@@ -49,7 +49,8 @@ def run(model: str, n_gen: int = 96, reps: int = 3, batches: tuple[int, ...] = (
     from localllm.engine.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max(batches)))
-    decode_rate(engine, "schema, overlap", 8, 1, 0)  # warm: kernels, llguidance's tokenizer, the grammar
+    for mode in MODES:  # warm: kernels, llguidance's tokenizer, the grammar, both sampling paths
+        decode_rate(engine, mode, 8, max(batches), 0)
     lines = [f"load average before: {os.getloadavg()}"]
     for batch in batches:
         rates: dict[str, list[float]] = {m: [] for m in MODES}
@@ -66,4 +67,4 @@ def run(model: str, n_gen: int = 96, reps: int = 3, batches: tuple[int, ...] = (
 
 
 if __name__ == "__main__":
-    print("\n".join(run(sys.argv[1], *(int(a) for a in sys.argv[2:3]))))
+    print("\n".join(run(sys.argv[1], *(int(a) for a in sys.argv[2:4]))))  # MODEL [n_gen [reps]]
