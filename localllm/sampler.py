@@ -51,16 +51,35 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
     top-k, top-p and min-p applied. Speculative decoding's acceptance rule reads the same numbers."""
     candidates = _top_k_candidates(logits, params.top_k)
     scaled = logits[candidates].astype(np.float64) / params.temperature
+    weights = np.exp(scaled - scaled.max())
+    total = weights.sum()
+    # Sorting a whole vocabulary costs 4-13 ms a token: sort only the tokens that can survive the cuts.
+    survivors = _rank_cut_superset(weights, total, params)
+    if survivors is not None:
+        candidates, scaled, weights = candidates[survivors], scaled[survivors], weights[survivors]
     order = np.argsort(-scaled, kind="stable")
-    candidates, scaled = candidates[order], scaled[order]
-    probs = np.exp(scaled - scaled[0])
-    probs /= probs.sum()
+    candidates, probs = candidates[order], weights[order] / total
     keep = len(probs)
     if params.top_p < 1.0:
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
     if params.min_p > 0.0:
         keep = min(keep, max(1, int(np.sum(probs >= params.min_p * probs[0]))))
     return candidates[:keep], probs[:keep] / probs[:keep].sum()
+
+
+def _rank_cut_superset(weights: np.ndarray, total: float, params: SamplingParams) -> np.ndarray | None:
+    """A mask of the candidates that min-p and top-p could keep (all of those they keep, in index
+    order, so the stable sort breaks ties as before); None when there is no cut by rank. Weights are
+    exp(scaled - max): the likeliest is 1. The margins only ever keep a few more, never fewer."""
+    floor = params.min_p * (1 - 1e-9) if params.min_p > 0.0 else 0.0
+    n, m = len(weights), 64
+    while params.top_p < 1.0 and m < n:
+        kth = np.partition(weights, n - m)[n - m]  # the m-th largest weight
+        if weights[weights >= kth].sum() >= total * (params.top_p + 1e-9):
+            floor = max(floor, kth)
+            break
+        m *= 8
+    return weights >= floor if floor > 0.0 else None
 
 
 def dense_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -150,3 +150,42 @@ def test_server_requests_follow_the_same_rule():
     assert (plain.temperature, plain.top_p, plain.max_tokens) == (1.0, 1.0, None)
     greedy = ChatCompletionRequest(messages=messages, temperature=0, top_k=-1).sampling_params(7, None)
     assert (greedy.temperature, greedy.top_k, greedy.max_tokens) == (0.0, 0, 7)
+
+
+def _distribution_by_full_sort(logits, params):
+    """distribution() as it was written first: the whole vocabulary sorted, then cut."""
+    from localllm.sampler import _top_k_candidates
+
+    candidates = _top_k_candidates(logits, params.top_k)
+    scaled = logits[candidates].astype(np.float64) / params.temperature
+    order = np.argsort(-scaled, kind="stable")
+    candidates, scaled = candidates[order], scaled[order]
+    probs = np.exp(scaled - scaled[0])
+    probs /= probs.sum()
+    keep = len(probs)
+    if params.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
+    if params.min_p > 0.0:
+        keep = min(keep, max(1, int(np.sum(probs >= params.min_p * probs[0]))))
+    return candidates[:keep], probs[:keep] / probs[:keep].sum()
+
+
+def test_distribution_sorts_only_survivors_but_keeps_the_same_tokens():
+    from localllm.sampler import distribution
+
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        vocab = int(rng.choice([50, 1000, 49152]))
+        logits = (rng.standard_normal(vocab) * rng.choice([0.5, 3, 10])).astype(np.float32)
+        if trial % 5 == 0:
+            logits[rng.integers(0, vocab, 10)] = logits.max()  # ties at the top
+        params = SamplingParams(
+            temperature=float(rng.choice([0.3, 0.8, 1.5])),
+            top_p=float(rng.choice([1.0, 0.9, 0.5, 0.99])),
+            min_p=float(rng.choice([0.0, 0.05, 0.2])),
+            top_k=int(rng.choice([0, 0, 40])),
+        )
+        got, got_p = distribution(logits, params)
+        want, want_p = _distribution_by_full_sort(logits, params)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got_p, want_p, rtol=1e-12, atol=1e-15)
