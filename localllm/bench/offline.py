@@ -1,6 +1,6 @@
 """Offline benchmark in llama-bench's shape: prompt processing (ppN) and text generation (tgN) rates.
 
-Every test runs once to warm up, then `reps` times; rows report mean and standard deviation of tokens/s.
+Every test runs twice to warm up, then `reps` times; rows report mean and standard deviation of tokens/s.
 Decode rows also report the weight bandwidth they achieve (bytes of weights read per token x tokens/s),
 since CPU decode is bound by memory bandwidth. A llama-bench binary, when given, runs in the same
 process tree on the same model so the two can be compared under the same machine load.
@@ -66,6 +66,9 @@ def model_facts(gf: Any) -> dict[str, Any]:
     return {"model": str(name), "size_bytes": gf.size, "params": params, "quant": quant}
 
 
+WARMUP_RUNS = 2  # see OfflineBench._repeat
+
+
 class OfflineBench:
     def __init__(self, engine: Any, reps: int, seed: int = 0):
         self.engine = engine
@@ -83,7 +86,11 @@ class OfflineBench:
         return self.rng.integers(100, self.engine.args.vocab_size - 100, size=n).tolist()
 
     def _repeat(self, once) -> list[float]:
-        once()  # warm-up
+        # Warm-up: the kernels, and the thread governor's first look at this test's step sizes with
+        # each thread count (threads.py); with one warm-up run, a 512-token prefill's first timed run
+        # was always its 1-thread probe, half the 2-thread rate on a quiet machine.
+        for _ in range(WARMUP_RUNS):
+            once()
         return [once() for _ in range(self.reps)]
 
     def prompt_processing(self, n_prompt: int) -> BenchRow:
