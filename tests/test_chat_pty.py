@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -44,6 +45,9 @@ def spawn(model, home, *args):
         codec_errors="replace",
         dimensions=(30, 100),
         timeout=TIMEOUT,
+        # A test run started in the background of a shell inherits SIGINT ignored, and so would the
+        # chat: Ctrl-C would then never reach it. A user's terminal delivers it; so does this.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     child.logfile_read = io.StringIO()
     child.expect(PROMPT)
