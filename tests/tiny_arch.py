@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tiny_model import CHATML, RandomTensors, vocabulary
+from tiny_model import RandomTensors, vocabulary, write_vocabulary
 
 DIM, FFN, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 4, 2, 16
 ARCHS = ("llama", "qwen2", "gemma3")
@@ -57,15 +57,7 @@ def _metadata(w, arch: str, n_layers: int, window: int, rope_scale: float, s: Sh
     if arch == "gemma3":
         w.add_key_length(s.head_dim or HEAD_DIM)
         w.add_value_length(s.head_dim or HEAD_DIM)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    write_vocabulary(w, (tokens, types, merges))
 
 
 def write_arch_model(path: Path, arch: str, quant: str = "Q8_0", n_layers: int = 6, window: int = 16,

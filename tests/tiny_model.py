@@ -36,6 +36,23 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, MERGES
 
 
+def write_vocabulary(writer, vocab: tuple[list[str], list[int], list[str]], unk: bool = False) -> None:
+    """The byte-level BPE vocabulary, its special ids and the ChatML template, as every tiny writer
+    stores them (same calls, same order: the fixtures' bytes, pinned by sha256, depend on it)."""
+    tokens, types, merges = vocab
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    if unk:
+        writer.add_unk_token_id(0)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+
+
 class RandomTensors:
     """Random weights into a GGUFWriter: matrices (quantized to `quant` unless F32) and vectors near 1,
     in the order asked (test files are reproducible from their seed)."""
@@ -80,16 +97,7 @@ def write_tiny_model(
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    write_vocabulary(w, (tokens, types, merges), unk=True)
     for key, value in (extra_metadata or {}).items():
         w.add_string(key, value)
     t = RandomTensors(w, rng, quant)

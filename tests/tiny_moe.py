@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from tiny_arch import DIM, HEADS, KV_HEADS, OUT_SCALE
-from tiny_model import CHATML, RandomTensors, vocabulary
+from tiny_model import RandomTensors, vocabulary, write_vocabulary
 
 # variant -> (general.architecture, quant, what the file exercises)
 MOE_VARIANTS = {
@@ -60,15 +60,7 @@ def _moe_metadata(w, arch: str, s: Shape) -> None:
     if s.head_dim != s.dim // s.heads:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    write_vocabulary(w, (tokens, types, merges))
 
 
 def write_moe_variant(path: Path, variant: str, quant: str | None = None, seed: int = 11,
