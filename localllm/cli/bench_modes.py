@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -93,37 +94,43 @@ def serve(
 
       localllm bench serve --url http://127.0.0.1:8080 --request-rate 2 --json llama-server.json
     """
+    _serve_command(SimpleNamespace(**locals()))
+
+
+def _serve_command(o: SimpleNamespace) -> None:
     from localllm.bench import serving
 
-    levels = _levels(concurrency)
-    _check_serve_flags(dataset, dataset_path, plot)
+    levels = _levels(o.concurrency)
+    _check_serve_flags(o.dataset, o.dataset_path, o.plot)
     shape = {
-        "dataset": dataset,
-        "num_prompts": num_prompts,
-        "input_len": input_len,
-        "output_len": output_len,
-        "random_range_ratio": range_ratio,
-        "prefix_len": prefix_len if dataset == "prefix" else 0,
-        "seed": seed,
-        "dataset_path": str(dataset_path) if dataset_path else None,
+        "dataset": o.dataset,
+        "num_prompts": o.num_prompts,
+        "input_len": o.input_len,
+        "output_len": o.output_len,
+        "random_range_ratio": o.range_ratio,
+        "prefix_len": o.prefix_len if o.dataset == "prefix" else 0,
+        "seed": o.seed,
+        "dataset_path": str(o.dataset_path) if o.dataset_path else None,
     }
-    launch = (backend, threads, parallel or max(levels), ctx_size, server_args)
-    with _target(url, model, launch) as (base, path):
-        load = serving.LoadConfig(base, "", levels, request_rate, ignore_eos, timeout, api_key, seed)
-        load.model = model_name or serving.model_name(base, load.headers, path.stem if path else "default")
-        tpw = _tokens_per_word(serving, load) if dataset != "jsonl" else None
+    launch = (o.backend, o.threads, o.parallel or max(levels), o.ctx_size, o.server_args)
+    with _target(o.url, o.model, launch) as (base, path):
+        load = serving.LoadConfig(
+            base, "", levels, o.request_rate, o.ignore_eos, o.timeout, o.api_key, o.seed
+        )
+        load.model = o.model_name or serving.model_name(base, load.headers, path.stem if path else "default")
+        tpw = _tokens_per_word(serving, load) if o.dataset != "jsonl" else None
         results = serving.run_sweep(load, _serve_workload(serving, shape, tpw or 1.0))
         spec = serving.spec_counts(base, load.headers)  # a localllm server's, over the whole sweep
-    info = _serve_info(url, base, path, backend, threads, load.model, tpw)
+    info = _serve_info(o.url, base, path, o.backend, o.threads, load.model, tpw)
     if spec is not None:
         info["speculative"] = spec
     serving.print_serving(results, info)
-    config = {**shape, "request_rate": serving.json_rate(request_rate), "ignore_eos": ignore_eos}
-    _write_json(json_out, {"system": info, "config": config, "results": results})
-    if plot is not None:
+    config = {**shape, "request_rate": serving.json_rate(o.request_rate), "ignore_eos": o.ignore_eos}
+    _write_json(o.json_out, {"system": info, "config": config, "results": results})
+    if o.plot is not None:
         from localllm.bench.plots import plot_serving
 
-        print(f"plot written to {plot_serving(results, info, plot)}", file=sys.stderr)
+        print(f"plot written to {plot_serving(results, info, o.plot)}", file=sys.stderr)
 
 
 def _check_serve_flags(dataset: str, dataset_path: Path | None, plot: Path | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -77,27 +78,35 @@ def chat(
 
       localllm chat base-model.gguf --chat-template chatml
     """
+    _chat_command(SimpleNamespace(**locals()))
+
+
+def _chat_command(o: SimpleNamespace) -> None:
     from localllm.chat.session import ChatSession
     from localllm.engine.async_engine import AsyncEngine
     from localllm.gguf_file import GGUFFile
     from localllm.sampling_params import CHAT_DEFAULTS
     from localllm.tokenizer.chat_template import require_chat_template
 
-    flags = c.sampling_flags(locals())
-    flags["structured"] = c.structured_spec(json_schema, grammar)
+    flags = c.sampling_flags(vars(o))
+    flags["structured"] = c.structured_spec(o.json_schema, o.grammar)
     interactive = sys.stdin.isatty()
-    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
-    spec = c.spec_options(prompt_lookup, draft_model, draft_max)
+    path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
+    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max)
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
-    template = require_chat_template(metadata, path.name, chat_template, defaults.get("chat_template"), HINT)
+    template = require_chat_template(
+        metadata, path.name, o.chat_template, defaults.get("chat_template"), HINT
+    )
     config = c.engine_config(
-        path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v, device=device, **spec,
+        path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=1, cache_type_k=o.cache_type_k,
+        cache_type_v=o.cache_type_v, device=o.device, **spec,
     )  # fmt: skip
     engine = _load(config, interactive)
     params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # to the end of its turn, or the limit
-    session = ChatSession(engine.tokenizer, template, engine.max_model_len, system or defaults.get("system"))
+    session = ChatSession(
+        engine.tokenizer, template, engine.max_model_len, o.system or defaults.get("system")
+    )
     runner = AsyncEngine(engine)
     counter = iter(range(1 << 62))
 
@@ -106,7 +115,7 @@ def chat(
 
     try:
         if interactive:
-            _interactive(session, stream, params, path, backend, engine.max_model_len)
+            _interactive(session, stream, params, path, o.backend, engine.max_model_len)
         else:
             from localllm.chat.repl import answer_once
 

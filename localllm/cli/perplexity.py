@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -54,29 +55,33 @@ def perplexity(
 
       localllm perplexity model.Q4_0.gguf wiki.test.raw -c 512 --chunks 20 --json
     """
+    _perplexity_command(SimpleNamespace(**locals()))
+
+
+def _perplexity_command(o: SimpleNamespace) -> None:
     from localllm.engine.engine import LLMEngine
 
-    if save_logits and kl_divergence:
+    if o.save_logits and o.kl_divergence:
         raise LocalLLMError("--save-logits and --kl-divergence go in separate runs (base, then model)")
-    text = _text(file, save_logits, force) if not kl_divergence else ""
-    ctx_size = _base_ctx(kl_divergence) if kl_divergence else ctx_size
-    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
+    text = _text(o.file, o.save_logits, o.force) if not o.kl_divergence else ""
+    o.ctx_size = _base_ctx(o.kl_divergence) if o.kl_divergence else o.ctx_size
+    path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
     # The engine's context is a cap that a prompt must stay under, so a full chunk needs one more.
     config = c.engine_config(
-        path, backend, threads, ctx_size + 1, defaults, max_num_seqs=1, enable_prefix_caching=False,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device,
+        path, o.backend, o.threads, o.ctx_size + 1, defaults, max_num_seqs=1, enable_prefix_caching=False,
+        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, device=o.device,
     )  # fmt: skip
-    with c.loading(backend, path):
+    with c.loading(o.backend, path):
         engine = LLMEngine(config)
-    if kl_divergence:
-        _run_kld(engine, path, kl_divergence, chunks, as_json)
+    if o.kl_divergence:
+        _run_kld(engine, path, o.kl_divergence, o.chunks, o.as_json)
         return
     from localllm.perplexity import perplexity as compute
 
-    with _Progress(quiet=as_json) as on_chunk:
-        result = compute(engine, text, ctx_size, chunks, on_chunk, save_logits)
-    if as_json:
-        print(json.dumps({"model": str(path), "file": file, **result.as_dict()}))
+    with _Progress(quiet=o.as_json) as on_chunk:
+        result = compute(engine, text, o.ctx_size, o.chunks, on_chunk, o.save_logits)
+    if o.as_json:
+        print(json.dumps({"model": str(path), "file": o.file, **result.as_dict()}))
         return
     print(
         f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.5f} "

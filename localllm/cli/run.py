@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -64,30 +65,36 @@ def run(
 
       localllm run ./Qwen2.5-0.5B-Instruct "Write a haiku" --quantize int4
     """
+    _run_command(SimpleNamespace(**locals()))
+
+
+def _run_command(o: SimpleNamespace) -> None:
     from localllm.engine.engine import LLMEngine
     from localllm.tokenizer.chat_template import chat_template_source
 
-    flags = c.sampling_flags(locals())
-    flags["structured"] = c.structured_spec(json_schema, grammar)
-    model, prompt = _model_and_prompt(args or [])
-    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v), quantize, group_size)
-    spec = c.spec_options(prompt_lookup, draft_model, draft_max)
-    template = chat_template_source(chat_template, defaults.get("chat_template")) if chat else None
+    flags = c.sampling_flags(vars(o))
+    flags["structured"] = c.structured_spec(o.json_schema, o.grammar)
+    model, prompt = _model_and_prompt(o.args or [])
+    path, defaults = c.resolve(
+        model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v), o.quantize, o.group_size
+    )
+    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max)
+    template = chat_template_source(o.chat_template, defaults.get("chat_template")) if o.chat else None
     config = c.engine_config(
-        path, backend, threads, ctx_size, defaults, max_num_seqs=1, cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v, device=device, **spec,
+        path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=1, cache_type_k=o.cache_type_k,
+        cache_type_v=o.cache_type_v, device=o.device, **spec,
     )  # fmt: skip
-    with c.loading(backend, path):
+    with c.loading(o.backend, path):
         engine = LLMEngine(config)
     params = c.sampling_params(engine, flags)
-    prompt_ids = _prompt_ids(engine, prompt, chat, system or defaults.get("system"), template)
+    prompt_ids = _prompt_ids(engine, prompt, o.chat, o.system or defaults.get("system"), template)
     outputs = []
     for out in engine.stream(prompt_ids, params):
         outputs.append(out)
-        if not as_json:
+        if not o.as_json:
             sys.stdout.write(out.text)
             sys.stdout.flush()
-    _report(outputs, prompt_ids, as_json, engine.spec.stats if engine.spec else None)
+    _report(outputs, prompt_ids, o.as_json, engine.spec.stats if engine.spec else None)
 
 
 def _model_and_prompt(args: list[str]) -> tuple[str | None, str]:

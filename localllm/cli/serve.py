@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -115,35 +116,39 @@ def serve(
 
     /v1/completions stops at 16 tokens without max_tokens (OpenAI's default); chat runs to the context.
     """
+    _serve_command(SimpleNamespace(**locals()))
+
+
+def _serve_command(o: SimpleNamespace) -> None:
     from localllm.engine.engine import LLMEngine
     from localllm.server.app import ServerConfig
     from localllm.server.connections import ConnectionLimits
     from localllm.tokenizer.chat_template import chat_template_source
 
-    check_values(locals())
-    limits = ConnectionLimits(max_connections, header_timeout, body_timeout)
-    path, defaults = c.resolve(model, backend, threads, (cache_type_k, cache_type_v))
-    spec = c.spec_options(prompt_lookup, draft_model, draft_max)
+    check_values(vars(o))
+    limits = ConnectionLimits(o.max_connections, o.header_timeout, o.body_timeout)
+    path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
+    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max)
     engine_config = c.engine_config(
-        path, backend, threads, ctx_size, defaults, max_num_seqs=parallel, kv_cache_mb=kv_cache_mb,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, device=device, **spec,
+        path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=o.parallel, kv_cache_mb=o.kv_cache_mb,
+        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, device=o.device, **spec,
     )  # fmt: skip
     config = ServerConfig(
-        model_id=served_id(model, path),
-        model_aliases=tuple({path.name, path.stem, *([model] if model else [])}),
-        served_aliases=_split(alias),
-        api_key=api_key or None,
-        cors_origins=_split(cors_origins),
-        allowed_hosts=_split(allowed_hosts),
-        max_body_bytes=int(max_body_mb * 2**20),
-        max_queue=max_queue,
-        chat_template=chat_template_source(chat_template, defaults.get("chat_template")),
-        host=host,
-        port=port,
-        webui=webui,
+        model_id=served_id(o.model, path),
+        model_aliases=tuple({path.name, path.stem, *([o.model] if o.model else [])}),
+        served_aliases=_split(o.alias),
+        api_key=o.api_key or None,
+        cors_origins=_split(o.cors_origins),
+        allowed_hosts=_split(o.allowed_hosts),
+        max_body_bytes=int(o.max_body_mb * 2**20),
+        max_queue=o.max_queue,
+        chat_template=chat_template_source(o.chat_template, defaults.get("chat_template")),
+        host=o.host,
+        port=o.port,
+        webui=o.webui,
     )
-    c.first_run_notice(backend)
-    run_server(lambda: LLMEngine(engine_config), config, log_level, limits)
+    c.first_run_notice(o.backend)
+    run_server(lambda: LLMEngine(engine_config), config, o.log_level, limits)
 
 
 # flag -> (lowest allowed, highest allowed or None, what the range means)
