@@ -186,6 +186,26 @@ def test_completions_n_with_prompt_list(client: openai.OpenAI, srv: Running) -> 
     srv.wait_idle()
 
 
+# -------------------------------------------------------------------------- finish reasons on the wire
+
+
+def test_loop_guard_finish_reason_is_length_on_the_wire(client: openai.OpenAI, srv: Running) -> None:
+    # greedy, the tiny model loops on "hello" and the loop guard ends it: clients get "length" (a reason
+    # they know) and our own reason in native_finish_reason
+    r = client.completions.create(model=MODEL_ID, prompt="hello", temperature=0, max_tokens=300)
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].model_extra["native_finish_reason"] == "repetition"
+    stream = client.completions.create(
+        model=MODEL_ID, prompt="hello", temperature=0, max_tokens=300, stream=True
+    )
+    last = [c for c in stream if c.choices][-1].choices[0]
+    assert (last.finish_reason, last.model_extra["native_finish_reason"]) == ("length", "repetition")
+    # a reason clients know is sent as is, with no extra field
+    r = client.completions.create(model=MODEL_ID, prompt="hello", temperature=0, max_tokens=3)
+    assert r.choices[0].finish_reason == "length" and "native_finish_reason" not in r.choices[0].model_extra
+    srv.wait_idle()
+
+
 # ------------------------------------------------------------------------------------- suffix (FIM)
 
 

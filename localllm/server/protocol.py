@@ -374,6 +374,21 @@ def finish_reason(out: StepOutput) -> str | None:
     return out.finish_reason if out.finished else None
 
 
+# Engine finish reasons that OpenAI clients do not know, as they go on the wire: the loop guard's
+# "repetition" cut the reply short, as max_tokens would, so clients see "length" (the openai client's
+# parse() then raises LengthFinishReasonError rather than parsing a cut reply). The engine's own reason
+# goes beside it in `native_finish_reason` (OpenRouter's name for a backend's own reason).
+WIRE_FINISH_REASONS = {"repetition": "length"}
+
+
+def finish_fields(reason: str | None) -> dict[str, Any]:
+    """A choice's `finish_reason` as OpenAI clients know it, plus `native_finish_reason` when mapped."""
+    wire = WIRE_FINISH_REASONS.get(reason or "", reason)
+    if wire == reason:
+        return {"finish_reason": wire}
+    return {"finish_reason": wire, "native_finish_reason": reason}
+
+
 def is_stop_token(out: StepOutput) -> bool:
     """The final output that carries the end-of-text token itself (not part of the completion)."""
     return out.finished and out.finish_reason == "stop" and isinstance(out.stop_reason, int)
@@ -442,7 +457,7 @@ def chat_choice(index: int, outs: list[StepOutput], logprobs: dict | None) -> di
         "index": index,
         "message": {"role": "assistant", "content": "".join(o.text for o in outs)},
         "logprobs": logprobs,
-        "finish_reason": last.finish_reason if last else "stop",
+        **finish_fields(last.finish_reason if last else "stop"),
     }
 
 
@@ -461,7 +476,7 @@ def chat_response(
 
 
 def completion_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": logprobs, **finish_fields(finish)}
 
 
 def completion_response(

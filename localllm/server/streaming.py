@@ -20,6 +20,7 @@ from localllm.server.protocol import (
     completion_choice,
     completion_logprobs,
     error_body,
+    finish_fields,
     finish_reason,
     is_stop_token,
 )
@@ -88,7 +89,7 @@ class ChunkBuilder:
 
     def chat_delta(self, index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
         """A chunk of choice `index` carrying `delta` (tool calls: server/tool_calls.py)."""
-        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}])
+        return self._chunk([{"index": index, "delta": delta, "logprobs": None, **finish_fields(finish)}])
 
     def chat_output(self, index: int, out: StepOutput) -> Iterator[bytes]:
         """A content delta when there is text (or a logprob to report), then the finish chunk if done."""
@@ -103,8 +104,7 @@ class ChunkBuilder:
             }
             yield self._chunk([choice])
         if out.finished:
-            choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason(out)}
-            yield self._chunk([choice])
+            yield self.chat_delta(index, {}, finish_reason(out))
 
     # -- completions --------------------------------------------------------------------------------
 

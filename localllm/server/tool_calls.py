@@ -56,7 +56,10 @@ class ToolPlan:
     def apply(self, choice: dict[str, Any]) -> dict[str, Any]:
         """A chat.completion choice with its message's calls parsed out."""
         message, reason = self.reply(choice["message"]["content"])
-        return {**choice, "message": message, "finish_reason": reason or choice["finish_reason"]}
+        if reason is None:
+            return {**choice, "message": message}
+        rest = {k: v for k, v in choice.items() if k != "native_finish_reason"}
+        return {**rest, "message": message, "finish_reason": reason}
 
     def reply(self, text: str) -> tuple[dict[str, Any], str | None]:
         """The assistant message for `text`, and the finish_reason that replaces the engine's when the
