@@ -111,6 +111,22 @@ def test_embeddings_batched_in_few_passes(tiny_model_path: Path, index_dir: Path
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_embeddings_leave_cached_prefixes_alone(tiny_model_path: Path, index_dir: Path) -> None:
+    """Embedding inputs reuse free blocks that cache nothing before they evict a cached prompt prefix:
+    their blocks, freed, go to the front of the free list."""
+    engine = engine_factory(tiny_model_path, index_dir, num_kv_blocks=16, block_size=4)()
+    prompt = engine.tokenize_prompt("a prompt whose prefix stays cached " * 2)
+    assert len(prompt) >= 20
+    params = {"temperature": 0, "max_tokens": 1}
+    engine.generate([prompt], params)
+    cached_before = engine.generate([prompt], params)[0].cached_tokens
+    assert cached_before >= 16
+    inputs = [engine.tokenize_prompt("embed me please " * 2)] * 2  # more blocks than never-used remain
+    for _ in range(4):
+        embed_token_ids(engine, inputs)
+    assert engine.generate([prompt], params)[0].cached_tokens == cached_before
+
+
 def test_embedding_pooling_from_metadata() -> None:
     assert model_pooling({}, "llama") == "last"
     assert model_pooling({"bert.pooling_type": 1}, "bert") == "mean"

@@ -93,13 +93,17 @@ class BlockManager:
             parent = block.hash
 
     def free(self, seq: Sequence) -> None:
-        """Release seq's blocks, tail first, so a shared prefix is the last to be evicted."""
+        """Release seq's blocks, tail first, so a shared prefix is the last to be evicted. A block that
+        no hash names (a partial tail, an embedding input's) holds nothing to find again: it goes to the
+        front, to be reused before any cached prefix is evicted."""
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
+                if block.hash is None:
+                    self.free_block_ids.move_to_end(block_id, last=False)
         seq.block_table = []
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
