@@ -55,6 +55,7 @@ from .simd import (
     RANGE_KERNEL_SIG,
     call_range_kernel,
     f32,
+    fetch_add,
     ptr_f32,
     ptr_i8,
     ptr_i16,
@@ -71,6 +72,11 @@ from .simd_x86 import HAVE_AVX2, PAIRS_BYTES
 INT_PATH_MAX_T = 1 << 30 if HAVE_AVX2 else 12
 # Below this many weight bytes x rows, one thread beats paying the ~5 us parallel launch.
 PARALLEL_MIN_WORK = 96 * 1024
+
+# Each launch's tiles are cut into this many pieces per thread, taken from a shared counter: a
+# thread that another process holds off the CPU leaves its pieces to the others (a static split
+# made every launch wait for it).
+PIECES_PER_THREAD = 4
 
 # The float path dequantizes this many rows at a time: (32, K) float32 stays in L2 next to x.
 FLOAT_ROWS = 32
@@ -173,35 +179,35 @@ def _literal_kind(kind) -> int:
     return kind.literal_value
 
 
-def int_tile(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs) -> None:
+def int_tile(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs) -> None:
     """acc (T, R) += tile t of W times the quantized rows xq = (x8, dx, sx, hs, x8p, bit tables).
     (Numba only.)"""
     raise NotImplementedError
 
 
 @overload(int_tile, jit_options={"cache": True})
-def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
+def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
     kv = _literal_kind(kind)
     if kv == Q8_0:
 
-        def q8(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
+        def q8(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, q8 = _q8_fields(buf, n, k)
             mi.tile_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32)
 
         return q8
     if kv == Q6_K:
 
-        def q6(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
+        def q6(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, sc, qh2, qs = _q6_fields(buf, n, k)
-            mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16)
+            mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16, sums, pairs)
 
         return q6
     fields = NIBBLE_FIELDS[kv]
 
-    def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, dsc, msc, pairs):
+    def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
-        mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[5], xq[1], xq[2], dsc, msc, acc, s16, pairs)
+        mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[5], xq[1], xq[2], dsc, msc, acc, s16, sums, pairs)
 
     return nibbles
 
@@ -293,6 +299,7 @@ def int_range(kind, argv, lo, hi) -> None:
     s16 = np.empty((4, min(T, mi.ROW_CHUNK), k // 32, R), np.int16)
     pairs = np.empty(PAIRS_BYTES, np.uint8)
     s32 = np.empty((k // 32, R), np.int32)
+    sums = np.empty(mi.sums_len(kind == Q6_K, min(T, mi.ROW_CHUNK), k // 32), np.int32)
     dsc = np.empty((k // 32, R), np.float32)
     msc = np.empty((k // 32, R), np.float32)
     five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K  # built once per call, used by every tile
@@ -300,7 +307,7 @@ def int_range(kind, argv, lo, hi) -> None:
     mi.bit_tables(x8, bits)
     for t in range(lo, hi):
         acc[:] = 0.0
-        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs, x8p, bits), acc, s16, s32, dsc, msc, pairs)
+        int_tile(kind, buf, n, k, t, (x8, dx, sx, hs, x8p, bits), acc, s16, s32, sums, dsc, msc, pairs)
         _store(acc, y, t, n)
 
 
@@ -404,9 +411,20 @@ def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
     nt = (n + R - 1) // R
     nth = max(1, min(nth, nt))
-    for c in prange(nth):
-        call_range_kernel(fn, argv.ctypes.data, c * nt // nth, (c + 1) * nt // nth)
-    return _alive(argv, xq)
+    piece, next_tile = _pieces(nt, nth)
+    for _c in prange(nth):
+        while True:
+            lo = fetch_add(next_tile.ctypes.data, piece)
+            if lo >= nt:
+                break
+            call_range_kernel(fn, argv.ctypes.data, lo, min(nt, lo + piece))
+    return _alive(argv, xq) + next_tile[0]
+
+
+@njit(cache=True)
+def _pieces(total, nth):
+    """(tiles per piece, the shared counter of the next tile to take) for a launch over total tiles."""
+    return max(1, -(-total // (nth * PIECES_PER_THREAD))), np.zeros(1, np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -434,20 +452,26 @@ def _group_argvs(table, gemm, x, outs, xq):
 @njit(cache=True, parallel=True, nogil=True)
 def launch_many(table, gemm, quantize, x, outs, nth):
     """Several weights sharing the input x in one parallel launch (e.g. q/k/v, or gate/up): their
-    tiles form one range split over the threads, and x is quantized once.  Weight i runs its own
-    range kernel table[i, 0] and writes its (T, n_i) result at address outs[i, 0], rows outs[i, 1]
-    floats apart: its own C-contiguous array, or a column range of a shared one."""
+    tiles form one range, taken by the threads a piece at a time (see PIECES_PER_THREAD), and x is
+    quantized once.  Weight i runs its own range kernel table[i, 0] and writes its (T, n_i) result
+    at address outs[i, 0], rows outs[i, 1] floats apart: its own C-contiguous array, or a column
+    range of a shared one."""
     xq = _quantized(x, quantize)
     argvs, tiles = _group_argvs(table, gemm, x, outs, xq)
     total = tiles[-1]
     nth = max(1, min(nth, total))
-    for c in prange(nth):
-        lo, hi = c * total // nth, (c + 1) * total // nth
-        for i in range(table.shape[0]):
-            a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
-            if a < b:
-                call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
-    return _alive(argvs, xq)
+    piece, next_tile = _pieces(total, nth)
+    for _c in prange(nth):
+        while True:
+            lo = fetch_add(next_tile.ctypes.data, piece)
+            if lo >= total:
+                break
+            hi = min(total, lo + piece)
+            for i in range(table.shape[0]):
+                a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
+                if a < b:
+                    call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
+    return _alive(argvs, xq) + next_tile[0]
 
 
 @njit(cache=True, parallel=True, nogil=True)

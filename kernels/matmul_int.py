@@ -42,11 +42,16 @@ from .simd_x512 import (
     q4_block_sums_split_avx512,
     q4_pair_sums_avx512,
     q4_unpack_pairs_avx512,
+    q4_unpack_quads_vnni,
     q5_bit_tables_avx512,
     q5_high_sums_avx512,
+    q5_unpack_quads_vnni,
+    q6_unpack_quads_vnni,
     q8_block_sums16_avx512,
     q8_block_sums16_vnni,
     q8_block_sums_vnni,
+    quad_sums_split_vnni,
+    quad_sums_vnni,
 )
 
 # Up to this many rows, each row takes the direct nibble kernel rather than the unpack-once one
@@ -58,6 +63,20 @@ BIT_TABLE_LEN = BIT_TABLES * 32 if HAVE_AVX512 else 0
 # Activation rows whose integer sums are computed together (see nibble_sums_rows): their int16
 # sums, (ROW_CHUNK, nb, R) x 2, stay in L2.
 ROW_CHUNK = 16
+# With AVX512-VNNI, chunks of more than DIRECT_ROWS rows unpack each weight block once into quads
+# (quad_sums_rows, q6_sums_rows) and every path hands the float step one int32 sum per block and
+# row (two for Q6_K), from one place in the code: a row's bits never depend on its chunk's size.
+QUADS = HAVE_VNNI
+# Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB.
+Q6_BLOCKS = 64
+
+
+@njit(cache=True)
+def sums_len(q6: bool, rows: int, nb: int) -> int:
+    """int32 entries of the per-chunk sums scratch tile_nibbles / tile_q6_k take."""
+    if q6:
+        return rows * min(nb, Q6_BLOCKS) * 2 * R
+    return rows * nb * R if QUADS else 0
 
 
 def nibble_sums(q3, xr, slo, shi) -> None:
@@ -288,27 +307,161 @@ def q8_sums_portable(q4, xr, s32) -> None:
             s32[b, r] = s
 
 
+def quad_sums_rows(q3, qh3, x8, t0, t1, s32, quads) -> None:
+    """s32[ti - t0, b, r] = sum over block b of q * x8[ti] for rows t0..t1-1 (plain-order x8), q the
+    nibble plus 16 x fifth bit where qh3 has blocks: nibble_sums32_portable's sums, each weight
+    block unpacked once for all the rows (AVX512-VNNI; else the portable loop per row).
+    quads: QUADS_BYTES uint8 scratch.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(quad_sums_rows, jit_options={"cache": True})
+def _quad_sums_rows_impl(q3, qh3, x8, t0, t1, s32, quads):
+    if HAVE_VNNI:
+
+        def vnni(q3, qh3, x8, t0, t1, s32, quads):
+            q, h, p, x, s = (
+                q3.ctypes.data,
+                qh3.ctypes.data,
+                quads.ctypes.data,
+                x8.ctypes.data,
+                s32.ctypes.data,
+            )
+            k, row, five = x8.shape[1], s32.shape[1] * R * 4, qh3.shape[0] > 0
+            for b in range(q3.shape[0]):
+                if five:
+                    q5_unpack_quads_vnni(q + b * 16 * R, h + b * 4 * R, p)
+                else:
+                    q4_unpack_quads_vnni(q + b * 16 * R, 0, p)
+                for ti in range(t0, t1):
+                    quad_sums_vnni(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
+
+        return vnni
+
+    def portable(q3, qh3, x8, t0, t1, s32, quads):
+        for ti in range(t0, t1):
+            nibble_sums32_portable(q3, qh3, x8[ti], s32[ti - t0])
+
+    return portable
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, pairs) -> None:
+def nibble_sums32_portable(q3, qh3, xr, s32) -> None:
+    """s32[b, r] = sum_e q[b, e, r] * x[32b + e], q = nibble (+ 16 x fifth bit if qh3 has blocks),
+    int32, plain-order x: the portable twin of quad_sums_rows."""
+    five = qh3.shape[0] > 0
+    for b in range(q3.shape[0]):
+        xo = b * 32
+        for r in range(R):
+            s = i32(0)
+            for j in range(16):
+                q = i32(q3[b, j, r])
+                lo, hi = q & 15, q >> 4
+                if five:
+                    lo += 16 * ((i32(qh3[b, 0, r]) >> j) & 1)
+                    hi += 16 * ((i32(qh3[b, 1, r]) >> j) & 1)
+                s += lo * i32(xr[xo + j]) + hi * i32(xr[xo + 16 + j])
+            s32[b, r] = s
+
+
+def q6_sums_rows(q3, qh2, x8, b0, t0, t1, s32, quads) -> None:
+    """For Q6_K blocks b0..b0 + len(q3) - 1 and rows t0..t1-1: s32[ti - t0, b - b0] = the two halves'
+    sums of (nibble + 16 x crumb) * x8[ti] (q6_sums32_portable's), each block unpacked once
+    (AVX512-VNNI; else the portable loop per row).  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(q6_sums_rows, jit_options={"cache": True})
+def _q6_sums_rows_impl(q3, qh2, x8, b0, t0, t1, s32, quads):
+    if HAVE_VNNI:
+
+        def vnni(q3, qh2, x8, b0, t0, t1, s32, quads):
+            q, h, p, s = q3.ctypes.data, qh2.ctypes.data, quads.ctypes.data, s32.ctypes.data
+            k, row = x8.shape[1], s32.shape[1] * 2 * R * 4
+            x = x8.ctypes.data + b0 * 32
+            for b in range(q3.shape[0]):
+                q6_unpack_quads_vnni(q + b * 16 * R, h + b * 8 * R, p)
+                for ti in range(t0, t1):
+                    quad_sums_split_vnni(p, x + ti * k + b * 32, s + (ti - t0) * row + b * 2 * R * 4)
+
+        return vnni
+
+    def portable(q3, qh2, x8, b0, t0, t1, s32, quads):
+        for ti in range(t0, t1):
+            q6_sums32_portable(q3, qh2, x8[ti, 32 * b0 :], s32[ti - t0])
+
+    return portable
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def q6_sums32_portable(q3, qh2, xr, s32) -> None:
+    """Q6_K's unsigned 6-bit values (nibble + 16 x crumb) times plain-order x, per block and half:
+    s32[b, 0, r] over elements 0..15, s32[b, 1, r] over 16..31 (int32): q6_sums_rows' twin."""
+    for b in range(q3.shape[0]):
+        xo = b * 32
+        for r in range(R):
+            lo = i32(0)
+            hi = i32(0)
+            for j in range(16):
+                q = i32(q3[b, j, r])
+                c_lo = (i32(qh2[b, j % 8, r]) >> (2 * (j // 8))) & 3  # element e: byte e % 8, bits 2(e // 8)
+                c_hi = (i32(qh2[b, j % 8, r]) >> (2 * (2 + j // 8))) & 3
+                lo += ((q & 15) + 16 * c_lo) * i32(xr[xo + j])
+                hi += ((q >> 4) + 16 * c_hi) * i32(xr[xo + 16 + j])
+            s32[b, 0, r] = lo
+            s32[b, 1, r] = hi
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs) -> None:
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
     sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.
-    bits: x8's bit_tables (five-bit kinds).  s16 (4, ROW_CHUNK, nb, R) int16 scratch.  A few rows
-    take the direct kernel, more rows the unpack-once one; both give the same integer sums, and
-    the float step below is shared, so a row's result does not depend on how many rows came with it."""
+    bits: x8's bit_tables (five-bit kinds).  s16 (4, ROW_CHUNK, nb, R) int16 and sums (sums_len)
+    int32 scratch.  A few rows take the direct kernel, more rows an unpack-once one; all give the
+    same integer sums, and the float step below is shared, so a row's result does not depend on
+    how many rows came with it."""
     five = qh3.shape[0] > 0
     slo, shi, sh = s16[0], s16[1], s16[2, 0]
+    nb = q3.shape[0]
+    s32 = sums[: min(x8.shape[0], ROW_CHUNK) * nb * R].reshape((-1, nb, R))
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
         t1 = min(x8.shape[0], t0 + ROW_CHUNK)
-        if t1 - t0 <= DIRECT_ROWS:
+        direct = t1 - t0 <= DIRECT_ROWS
+        if direct:
             for ti in range(t0, t1):
                 nibble_sums(q3, x8p[ti], slo[ti - t0], shi[ti - t0])
+        elif QUADS:
+            quad_sums_rows(q3, qh3, x8, t0, t1, s32, pairs)
         else:
             nibble_sums_rows(q3, x8p, t0, t1, slo, shi, pairs)
         for ti in range(t0, t1):
-            if five:
+            if five and (direct or not QUADS):
                 high_bit_sums_tables(qh3, x8[ti], bits[ti], sh)
-            _scale_nibbles(slo[ti - t0], shi[ti - t0], sh, five, dx[ti], sx[ti], dsc, msc, acc[ti])
+            if QUADS:
+                if direct:
+                    _combine_nibbles(slo[ti - t0], shi[ti - t0], sh, five, s32[ti - t0])
+                _scale_sums(s32[ti - t0], dx[ti], sx[ti], dsc, msc, acc[ti])
+            else:
+                _scale_nibbles(slo[ti - t0], shi[ti - t0], sh, five, dx[ti], sx[ti], dsc, msc, acc[ti])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _combine_nibbles(slo, shi, sh, five, s32) -> None:
+    for b in range(slo.shape[0]):
+        for r in range(R):
+            s = i32(slo[b, r]) + i32(shi[b, r])
+            if five:
+                s += 16 * i32(sh[b, r])
+            s32[b, r] = s
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _scale_sums(s32, dx, sx, dsc, msc, acc) -> None:
+    for b in range(s32.shape[0]):
+        dxb, sxb = dx[b], sx[b]
+        for r in range(R):
+            acc[r] += dsc[b, r] * dxb * f32(s32[b, r]) + msc[b, r] * sxb
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
@@ -334,18 +487,51 @@ def tile_q8_0(d, q3, x8, dx, acc, s32) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_q6_k(d, sc, qh2, q3, x8, dx, hs, acc, s16) -> None:
+def tile_q6_k(d, sc, qh2, q3, x8, dx, hs, acc, s16, sums, quads) -> None:
     """w = d * sc16 * (q - 32), q = nibble + 16 * crumb, one int8 scale per 16 elements.
-    d (ns, R) fp16 bits, sc (nb, 2, R) int8, qh2 (nb, 8, R), q3 (nb, 16, R)."""
+    d (ns, R) fp16 bits, sc (nb, 2, R) int8, qh2 (nb, 8, R), q3 (nb, 16, R).  Per Q6_BLOCKS blocks
+    and chunk of rows: int32 sums of q * x per half block (one row at a time, or with VNNI one
+    unpacking per block for many rows), then the float step, from one place in the code."""
     slo, shi, clo, chi = s16[0, 0], s16[1, 0], s16[2, 0], s16[3, 0]
-    for ti in range(x8.shape[0]):
-        nibble_sums_split(q3, x8[ti], slo, shi)
-        crumb_sums(qh2, x8[ti], clo, chi)
-        for b in range(q3.shape[0]):
-            h0, h1 = 32 * hs[ti, 2 * b], 32 * hs[ti, 2 * b + 1]
-            dxb = dx[ti, b]
-            for r in range(R):
-                lo = i32(slo[b, r]) + 16 * i32(clo[b, r]) - h0
-                hi = i32(shi[b, r]) + 16 * i32(chi[b, r]) - h1
-                s = f32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi)
-                acc[ti, r] += f16_to_f32(d[b >> 3, r]) * dxb * s
+    nb, T = q3.shape[0], x8.shape[0]
+    s32 = sums[: min(T, ROW_CHUNK) * min(nb, Q6_BLOCKS) * 2 * R].reshape((-1, min(nb, Q6_BLOCKS), 2, R))
+    for b0 in range(0, nb, Q6_BLOCKS):
+        b1 = min(nb, b0 + Q6_BLOCKS)
+        qs, qh = q3[b0:b1], qh2[b0:b1]
+        for t0 in range(0, T, ROW_CHUNK):
+            t1 = min(T, t0 + ROW_CHUNK)
+            if QUADS and t1 - t0 > DIRECT_ROWS:
+                q6_sums_rows(qs, qh, x8, b0, t0, t1, s32, quads)
+            else:
+                for ti in range(t0, t1):
+                    nibble_sums_split(qs, x8[ti, 32 * b0 :], slo, shi)
+                    crumb_sums(qh, x8[ti, 32 * b0 :], clo, chi)
+                    _combine_q6(slo, shi, clo, chi, b1 - b0, s32[ti - t0])
+            for ti in range(t0, t1):
+                _scale_q6(d, sc, dx[ti], hs[ti], b0, b1, s32[ti - t0], acc[ti])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _combine_q6(slo, shi, clo, chi, nb, s32) -> None:
+    for b in range(nb):
+        _combine_half(slo[b], clo[b], s32[b, 0])
+        _combine_half(shi[b], chi[b], s32[b, 1])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _combine_half(s, c, out) -> None:
+    # one half per loop: with all five arrays in one loop LLVM gave up vectorising (5x slower)
+    for r in range(R):
+        out[r] = i32(s[r]) + i32(16) * i32(c[r])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _scale_q6(d, sc, dx, hs, b0, b1, s32, acc) -> None:
+    for b in range(b0, b1):
+        h0, h1 = 32 * hs[2 * b], 32 * hs[2 * b + 1]
+        dxb = dx[b]
+        for r in range(R):
+            lo = s32[b - b0, 0, r] - h0
+            hi = s32[b - b0, 1, r] - h1
+            s = f32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi)
+            acc[r] += f16_to_f32(d[b >> 3, r]) * dxb * s

@@ -215,3 +215,15 @@ def call_range_kernel(typingctx, fn_addr, argv_addr, lo, hi):
         return context.get_dummy_value()
 
     return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, addr, value):
+    """Atomically add value to the int64 at addr and return its old value: threads take the next
+    piece of work from a shared counter."""
+
+    def codegen(context, builder, signature, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.atomic_rmw("add", ptr, args[1], "monotonic")
+
+    return types.int64(types.int64, types.int64), codegen

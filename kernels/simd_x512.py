@@ -338,3 +338,179 @@ def crumb_sums_avx512(typingctx, q_addr, x_addr, s0_addr, s1_addr):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+# ---- Many activation rows with AVX512-VNNI: a block's quants unpacked once into "quads" ----------
+# (4 consecutive elements of one row in one int32 lane, as unsigned bytes: 4-bit nibbles, plus the
+# fifth bit (Q5) or the two high bits (Q6_K)), then per activation row one `vpdpbusd` per 16 rows x 4
+# elements sums straight into int32 lanes in row order: no int16 partials, no reordering stores.
+# Scratch: QUADS_BYTES, group G (elements 4G..4G+3, G < 8) of rows 16m.. at (4G + m) * 64.
+QUADS_BYTES = 8 * 4 * 64
+_V16I32T = ir.VectorType(_i32, 16)
+_V64I32T = ir.VectorType(_i32, 64)
+
+
+def _interleave(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, width: int, high: bool) -> ir.Value:
+    """vpunpck{l,h}{bw,wd} on 64 bytes: a's and b's `width`-byte elements interleaved within each
+    128-bit lane (the low or high half of each lane)."""
+    n = 16 // width  # elements per lane
+    half = n // 2 if high else 0
+    idx = [
+        (src * 64 // width) + lane * n + half + i
+        for lane in range(4)
+        for i in range(n // 2)
+        for src in (0, 1)
+    ]
+    ty = ir.VectorType(ir.IntType(8 * width), 64 // width)
+    mask = _const(ir.VectorType(_i32, len(idx)), idx)
+    return builder.bitcast(
+        builder.shuffle_vector(builder.bitcast(a, ty), builder.bitcast(b, ty), mask), _V64I8
+    )
+
+
+def _lanes(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, picks: list[tuple[int, int]]) -> ir.Value:
+    """A vector of four 128-bit lanes, lane i = lane picks[i][1] of (a, b)[picks[i][0]]."""
+    ty = ir.VectorType(_i64, 8)
+    idx = [src * 8 + 2 * lane + e for src, lane in picks for e in range(2)]
+    mask = _const(ir.VectorType(_i32, 8), idx)
+    return builder.bitcast(
+        builder.shuffle_vector(builder.bitcast(a, ty), builder.bitcast(b, ty), mask), _V64I8
+    )
+
+
+def _row_quads(builder: ir.IRBuilder, qp: ir.Value, first: int) -> list[ir.Value]:
+    """Bytes first..first+3 of a 64-row tile block (byte j of row r at j * 64 + r) as four vectors
+    of int32 lanes, vector m = rows 16m..16m+15 in order, lane = the row's 4 bytes."""
+    v = [_load(builder, qp, (first + i) * TILE_ROWS, _V64I8) for i in range(4)]
+    lo01, hi01 = _interleave(builder, v[0], v[1], 1, False), _interleave(builder, v[0], v[1], 1, True)
+    lo23, hi23 = _interleave(builder, v[2], v[3], 1, False), _interleave(builder, v[2], v[3], 1, True)
+    # x[k] lane L holds rows 16L + 4k .. 16L + 4k + 3
+    x = [
+        _interleave(builder, lo01, lo23, 2, False),
+        _interleave(builder, lo01, lo23, 2, True),
+        _interleave(builder, hi01, hi23, 2, False),
+        _interleave(builder, hi01, hi23, 2, True),
+    ]
+    p = _lanes(builder, x[0], x[1], [(0, 0), (0, 1), (1, 0), (1, 1)])
+    q = _lanes(builder, x[2], x[3], [(0, 0), (0, 1), (1, 0), (1, 1)])
+    r = _lanes(builder, x[0], x[1], [(0, 2), (0, 3), (1, 2), (1, 3)])
+    s = _lanes(builder, x[2], x[3], [(0, 2), (0, 3), (1, 2), (1, 3)])
+    return [
+        _lanes(builder, p, q, [(0, 0), (0, 2), (1, 0), (1, 2)]),
+        _lanes(builder, p, q, [(0, 1), (0, 3), (1, 1), (1, 3)]),
+        _lanes(builder, r, s, [(0, 0), (0, 2), (1, 0), (1, 2)]),
+        _lanes(builder, r, s, [(0, 1), (0, 3), (1, 1), (1, 3)]),
+    ]
+
+
+def _bytes_and(builder: ir.IRBuilder, v: ir.Value, shift: int, mask: int) -> ir.Value:
+    """(v >> shift) & mask per byte (shifted as int32 lanes; the mask drops the bits that crossed)."""
+    w = builder.bitcast(v, _V16I32T)
+    if shift:
+        w = builder.lshr(w, _const(_V16I32T, [shift] * 16))
+    return builder.and_(builder.bitcast(w, _V64I8), _const(_V64I8, [mask] * 64))
+
+
+def _fifth_bits(builder: ir.IRBuilder, hp: ir.Value, word: int, m: int, g: int) -> ir.Value:
+    """Q5: bits 4g..4g+3 of word `word` of rows 16m.. as bytes 0 or 16 of each row's int32 lane."""
+    w = builder.zext(_load(builder, hp, (word * TILE_ROWS + 16 * m) * 2, ir.VectorType(_i16, 16)), _V16I32T)
+    t = builder.and_(builder.lshr(w, _const(_V16I32T, [4 * g] * 16)), _const(_V16I32T, [15] * 16))
+    spread = builder.and_(
+        builder.mul(t, _const(_V16I32T, [0x204081] * 16)), _const(_V16I32T, [0x01010101] * 16)
+    )
+    return builder.bitcast(builder.shl(spread, _const(_V16I32T, [4] * 16)), _V64I8)
+
+
+def _unpack_quads(builder: ir.IRBuilder, qp: ir.Value, hp: ir.Value | None, pp: ir.Value, high: str) -> None:
+    """One 32-block of a 64-row tile -> QUADS_BYTES of unsigned quads; high: "" (4-bit), "q5" (hp:
+    2 x 64 uint16 fifth-bit words) or "q6" (hp: Q6_K's 8 x 64 crumb bytes)."""
+    for line in range(16):
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
+    crumbs = [_row_quads(builder, hp, 4 * c) for c in range(2)] if high == "q6" else None
+    for g in range(4):
+        quads = _row_quads(builder, qp, 4 * g)
+        for m in range(4):
+            lo, hi = _bytes_and(builder, quads[m], 0, 15), _bytes_and(builder, quads[m], 4, 15)
+            if high == "q5":
+                lo = builder.or_(lo, _fifth_bits(builder, hp, 0, m, g))
+                hi = builder.or_(hi, _fifth_bits(builder, hp, 1, m, g))
+            elif high == "q6":
+                c = crumbs[g % 2][m]  # element e's crumb: byte e % 8, bits 2 * (e // 8)
+                lo = builder.or_(
+                    lo, builder.shl(_bytes_and(builder, c, 2 * (g // 2), 3), _const(_V64I8, [4] * 64))
+                )
+                hi = builder.or_(
+                    hi, builder.shl(_bytes_and(builder, c, 4 + 2 * (g // 2), 3), _const(_V64I8, [4] * 64))
+                )
+            _store(builder, lo, pp, (4 * g + m) * 64)
+            _store(builder, hi, pp, (4 * (g + 4) + m) * 64)
+
+
+def _quads_intrinsic(high: str):
+    def codegen(context, builder, signature, args):
+        qp, hp, pp = (builder.inttoptr(a, _i8.as_pointer()) for a in args[:3])
+        _unpack_quads(builder, qp, hp if high else None, pp, high)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def q4_unpack_quads_vnni(typingctx, q_addr, h_addr, p_addr):
+    """One 32-block of a 64-row nibble tile (16 x 64 bytes, h unused) -> QUADS_BYTES of quads."""
+    return types.void(types.int64, types.int64, types.int64), _quads_intrinsic("")
+
+
+@intrinsic
+def q5_unpack_quads_vnni(typingctx, q_addr, h_addr, p_addr):
+    """q4_unpack_quads_vnni plus the fifth bits (h: the block's 2 x 64 uint16 words): values 0..31."""
+    return types.void(types.int64, types.int64, types.int64), _quads_intrinsic("q5")
+
+
+@intrinsic
+def q6_unpack_quads_vnni(typingctx, q_addr, h_addr, p_addr):
+    """Q6_K: nibbles plus 16 x crumb (h: the block's 8 x 64 crumb bytes): values 0..63."""
+    return types.void(types.int64, types.int64, types.int64), _quads_intrinsic("q6")
+
+
+def _quad_sums(builder: ir.IRBuilder, args: list[ir.Value], split: bool) -> None:
+    pp, xp, sp = (builder.inttoptr(a, _i8.as_pointer()) for a in args[:3])
+    # two accumulators per 16 rows (elements 0..15, 16..31): 8 independent vpdpbusd chains
+    acc: list = [[ir.Constant(_V16I32T, [0] * 16)] * 4 for _ in range(2)]
+    for g in range(8):
+        quad = _load(builder, xp, 4 * g, _i32)
+        v = builder.insert_element(ir.Constant(_V16I32T, ir.Undefined), quad, _const(_i32, 0))
+        xq = builder.shuffle_vector(v, v, _const(_V16I32T, [0] * 16))
+        for m in range(4):
+            w = builder.bitcast(_load(builder, pp, (4 * g + m) * 64, _V64I8), _V16I32T)
+            acc[g // 4][m] = _call(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32T, [acc[g // 4][m], w, xq])
+    for m in range(4):
+        if split:
+            _store(builder, acc[0][m], sp, m * 64)
+            _store(builder, acc[1][m], sp, (TILE_ROWS + 16 * m) * 4)
+        else:
+            _store(builder, builder.add(acc[0][m], acc[1][m]), sp, m * 64)
+
+
+@intrinsic
+def quad_sums_vnni(typingctx, p_addr, x_addr, s_addr):
+    """One activation row (plain-order int8 x) times a block unpacked by q*_unpack_quads_vnni:
+    s[r] = sum over the 32 elements of q * x (int32, 64 rows)."""
+
+    def codegen(context, builder, signature, args):
+        _quad_sums(builder, args, False)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def quad_sums_split_vnni(typingctx, p_addr, x_addr, s_addr):
+    """quad_sums_vnni with the halves apart (Q6_K's two scales): s[r] sums elements 0..15 and
+    s[64 + r] elements 16..31."""
+
+    def codegen(context, builder, signature, args):
+        _quad_sums(builder, args, True)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen

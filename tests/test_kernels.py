@@ -34,7 +34,7 @@ from localllm.kernels import reference as ref
 from localllm.kernels.packing import TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
 from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES
-from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI
+from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI, QUADS_BYTES
 from localllm.models.spec import RopeSpec
 from localllm.quant.ggml import BLOCK_KERNELS
 
@@ -442,6 +442,59 @@ def run_rows(q3, x8, lo, hi, pairs):
 @njit
 def run_one(q3, xr, lo, hi):
     mi.nibble_sums(q3, xr, lo, hi)
+
+
+def exact_quad_sums(q3, qh, xr, kind: str) -> np.ndarray:
+    """numpy's int32 sums of the unsigned quants times x per block (Q6_K: per half block)."""
+    nb = q3.shape[0]
+    q = np.concatenate([q3 & 15, q3 >> 4], axis=1).astype(np.int64)  # (nb, 32, R), element e
+    if kind == "q5":
+        q += 16 * ((qh[:, :, None, :] >> np.arange(16)[None, None, :, None]) & 1).reshape(nb, 32, -1)
+    if kind == "q6":
+        q += 16 * np.stack([(qh >> (2 * i)) & 3 for i in range(4)], axis=1).reshape(nb, 32, -1)
+    xb = xr.reshape(nb, 2, 16).astype(np.int64)
+    halves = np.einsum("bhjr,bhj->bhr", q.reshape(nb, 2, 16, -1), xb)
+    return halves if kind == "q6" else halves.sum(axis=1)
+
+
+@pytest.mark.parametrize("kind", ["q4", "q5", "q6"])
+def test_quad_sums_equal_portable_ones(kind: str) -> None:
+    """Many rows over one unpacking into quads (AVX512-VNNI `vpdpbusd`; elsewhere the portable loop
+    per row) give the portable twin's int32 sums bit for bit, and numpy's, extremes included; the
+    twin also equals the int16 kernels' partials combined (what the lone-row path hands on)."""
+    rng = np.random.default_rng(19)
+    nb, rows = 5, 6
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    qh = {
+        "q4": np.zeros((0, 2, TILE_ROWS), np.uint16),
+        "q5": rng.integers(0, 1 << 16, (nb, 2, TILE_ROWS), dtype=np.uint16),
+        "q6": rng.integers(0, 256, (nb, 8, TILE_ROWS), dtype=np.uint8),
+    }[kind]
+    x8 = rng.integers(-127, 128, (rows, nb * 32), dtype=np.int8)
+    q3[0], x8[0, :32], x8[1, 32:64] = 255, -127, 127
+    if kind != "q4":
+        qh[0] = np.iinfo(qh.dtype).max
+    shape = (rows, nb, 2, TILE_ROWS) if kind == "q6" else (rows, nb, TILE_ROWS)
+    many = np.ones(shape, np.int32)
+    (run_q6_rows if kind == "q6" else run_quad_rows)(q3, qh, x8, many, np.zeros(QUADS_BYTES, np.uint8))
+    for t in range(rows):
+        port = np.zeros(shape[1:], np.int32)
+        if kind == "q6":
+            mi.q6_sums32_portable(q3, qh, x8[t], port)
+        else:
+            mi.nibble_sums32_portable(q3, qh, x8[t], port)
+        np.testing.assert_array_equal(port, exact_quad_sums(q3, qh, x8[t], kind))
+        np.testing.assert_array_equal(many[t], port)
+
+
+@njit
+def run_quad_rows(q3, qh, x8, s32, quads):
+    mi.quad_sums_rows(q3, qh, x8, 0, x8.shape[0], s32, quads)
+
+
+@njit
+def run_q6_rows(q3, qh, x8, s32, quads):
+    mi.q6_sums_rows(q3, qh, x8, 0, 0, x8.shape[0], s32, quads)
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q4_K", "Q8_0", "Q6_K"])
