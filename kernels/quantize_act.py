@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import f32, i32
+from .simd import f32, i32, rint_f32
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
@@ -31,12 +31,33 @@ def _block_scale(x, o, qmax):
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def quantize_row(x, x8, dx, sx, hs, x8p) -> None:
-    """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32."""
-    for b in range(x.shape[0] // 32):
-        o = b * 32
-        d, inv = _block_scale(x, o, f32(127.0))
+    """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32.
+    Three passes, each a loop LLVM vectorises: one loop writing all five arrays was not (16 ns an
+    element, against 0.7 now; prefill quantizes every matmul's input, up to 512 x 8960 values)."""
+    inv = np.empty(x.shape[0] // 32, np.float32)
+    _scales(x, dx, inv)
+    _round(x, inv, x8)
+    _pairs_and_sums(x8, dx, sx, hs, x8p)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _scales(x, dx, inv) -> None:
+    for b in range(dx.shape[0]):
+        dx[b], inv[b] = _block_scale(x, b * 32, f32(127.0))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _round(x, inv, x8) -> None:
+    for b in range(inv.shape[0]):
+        ib = inv[b]
         for j in range(32):
-            x8[o + j] = np.int8(np.rint(x[o + j] * inv))
+            x8[b * 32 + j] = np.int8(i32(rint_f32(x[b * 32 + j] * ib)))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _pairs_and_sums(x8, dx, sx, hs, x8p) -> None:
+    for b in range(dx.shape[0]):
+        o = b * 32
         s0 = i32(0)
         s1 = i32(0)
         for j in range(16):
@@ -44,8 +65,7 @@ def quantize_row(x, x8, dx, sx, hs, x8p) -> None:
             s1 += i32(x8[o + 16 + j])
             x8p[o + 2 * j] = x8[o + j]
             x8p[o + 2 * j + 1] = x8[o + 16 + j]
-        dx[b] = d
-        sx[b] = d * f32(s0 + s1)
+        sx[b] = dx[b] * f32(s0 + s1)
         hs[2 * b] = s0
         hs[2 * b + 1] = s1
 

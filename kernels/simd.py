@@ -227,3 +227,15 @@ def fetch_add(typingctx, addr, value):
         return builder.atomic_rmw("add", ptr, args[1], "monotonic")
 
     return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def rint_f32(typingctx, x):
+    """Round to nearest, ties to even (np.rint) as LLVM's `llvm.rint`: one vrndscaleps / vroundps per
+    vector where the CPU has it, so loops around it vectorise (Numba's np.rint is a libm call)."""
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.rint", [ir.FloatType()])
+        return builder.call(fn, [args[0]])
+
+    return types.float32(types.float32), codegen
