@@ -13,7 +13,8 @@ Why this shape (each point measured; getting it wrong costs 3-10x):
     block costs reference-count updates, and 4-D indexing inside the hot loop stopped LLVM from
     unrolling the quant loop (it vectorised it with gathers instead: 5x slower).
 Overflow: |x8| <= 127 and 4-bit quants <= 15, so 16 products sum to <= 30480 < 2**15.
-fastmath is safe: integer math is exact; it only reorders the float scale step.
+fastmath is safe for the integer phase (exact).  The float step is compiled with simd.EXACT_FP and
+written-out FMAs: with reassociation its bits differed between a fresh compile and the disk cache.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .packing import TILE_ROWS as R
-from .simd import add16, add32, f16_to_f32, f32, i16, i32, mul16, mul32
+from .simd import EXACT_FP, add16, add32, f16_to_f32, f32, fma_f32, i16, i32, mul16, mul32
 from .simd_x86 import (
     HAVE_AVX2,
     crumb_sums_avx2,
@@ -412,7 +413,7 @@ def q6_sums32_portable(q3, qh2, xr, s32) -> None:
             s32[b, 1, r] = hi
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs) -> None:
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
@@ -456,15 +457,15 @@ def _combine_nibbles(slo, shi, sh, five, s32) -> None:
             s32[b, r] = s
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
 def _scale_sums(s32, dx, sx, dsc, msc, acc) -> None:
     for b in range(s32.shape[0]):
         dxb, sxb = dx[b], sx[b]
         for r in range(R):
-            acc[r] += dsc[b, r] * dxb * f32(s32[b, r]) + msc[b, r] * sxb
+            acc[r] = fma_f32(dsc[b, r] * dxb, f32(s32[b, r]), fma_f32(msc[b, r], sxb, acc[r]))
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
 def _scale_nibbles(slo, shi, sh, five, dx, sx, dsc, msc, acc) -> None:
     for b in range(slo.shape[0]):
         dxb, sxb = dx[b], sx[b]
@@ -472,10 +473,10 @@ def _scale_nibbles(slo, shi, sh, five, dx, sx, dsc, msc, acc) -> None:
             s = i32(slo[b, r]) + i32(shi[b, r])
             if five:
                 s += 16 * i32(sh[b, r])
-            acc[r] += dsc[b, r] * dxb * f32(s) + msc[b, r] * sxb
+            acc[r] = fma_f32(dsc[b, r] * dxb, f32(s), fma_f32(msc[b, r], sxb, acc[r]))
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def tile_q8_0(d, q3, x8, dx, acc, s32) -> None:
     """w = d * q.  d (nb, R) fp16 bits, q3 (nb, 8, R, 4) int8 quads; x8 int8 or int16 rows."""
     for ti in range(x8.shape[0]):
@@ -483,10 +484,10 @@ def tile_q8_0(d, q3, x8, dx, acc, s32) -> None:
         for b in range(q3.shape[0]):
             dxb = dx[ti, b]
             for r in range(R):
-                acc[ti, r] += f16_to_f32(d[b, r]) * dxb * f32(s32[b, r])
+                acc[ti, r] = fma_f32(f16_to_f32(d[b, r]) * dxb, f32(s32[b, r]), acc[ti, r])
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def tile_q6_k(d, sc, qh2, q3, x8, dx, hs, acc, s16, sums, quads) -> None:
     """w = d * sc16 * (q - 32), q = nibble + 16 * crumb, one int8 scale per 16 elements.
     d (ns, R) fp16 bits, sc (nb, 2, R) int8, qh2 (nb, 8, R), q3 (nb, 16, R).  Per Q6_BLOCKS blocks
@@ -525,7 +526,7 @@ def _combine_half(s, c, out) -> None:
         out[r] = i32(s[r]) + i32(16) * i32(c[r])
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
 def _scale_q6(d, sc, dx, hs, b0, b1, s32, acc) -> None:
     for b in range(b0, b1):
         h0, h1 = 32 * hs[2 * b], 32 * hs[2 * b + 1]
@@ -534,4 +535,4 @@ def _scale_q6(d, sc, dx, hs, b0, b1, s32, acc) -> None:
             lo = s32[b - b0, 0, r] - h0
             hi = s32[b - b0, 1, r] - h1
             s = f32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi)
-            acc[r] += f16_to_f32(d[b >> 3, r]) * dxb * s
+            acc[r] = fma_f32(f16_to_f32(d[b >> 3, r]) * dxb, s, acc[r])

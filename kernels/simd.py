@@ -239,3 +239,23 @@ def rint_f32(typingctx, x):
         return builder.call(fn, [args[0]])
 
     return types.float32(types.float32), codegen
+
+
+@intrinsic
+def fma_f32(typingctx, a, b, c):
+    """a * b + c rounded once (`llvm.fma`: one vfmadd per vector where the CPU has FMA)."""
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.fma", [ir.FloatType()] * 3)
+        return builder.call(fn, list(args))
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+# fastmath for float code whose bits must not depend on where LLVM compiled it.  Numba links a copy
+# of every callee into each caller's module and optimises it again there; the process runs
+# whichever copy of a symbol it loaded first: the callee's own when compiling afresh, the caller's
+# copy when loading from the on-disk cache.  With `reassoc`/`contract` the copies may round
+# differently (seen: the int matmul's scale step, cold vs cached, up to 2e-7 relative), so these
+# flags keep only those that cannot change a finite result; FMAs are written out (fma_f32).
+EXACT_FP = {"nnan", "ninf", "nsz"}
