@@ -16,7 +16,15 @@ from localllm.engine.draft_model import check_same_vocabulary
 from localllm.engine.engine import LLMEngine
 from localllm.engine.ngram import propose_ngram
 from localllm.engine.sequence import Sequence
-from localllm.engine.spec_policy import best_length, expected_tokens
+from localllm.engine.spec_policy import (
+    EXPLORE_EVERY,
+    GATE_BACKOFF_FIRST,
+    NEW_SEQ_PROBE,
+    SpecPolicy,
+    SpeedGate,
+    best_length,
+    expected_tokens,
+)
 from localllm.engine.spec_verify import verify_draft
 from localllm.errors import ConfigError
 from localllm.sampler import dense_distribution, make_generator
@@ -63,6 +71,35 @@ def test_policy_drafts_only_where_it_pays():
     assert best_length(0.9, 0.05, 8) == 8  # cheap and likely: draft the most
     assert best_length(0.2, 0.5, 8) == 0  # costly and unlikely: off
     assert 0 < best_length(0.8, 0.3, 8) < 8
+    assert best_length(0.5, 0.45, 8) == 0  # a 3% gain at best: within noise, not worth a draft
+
+
+def test_gate_stops_drafting_where_drafted_steps_are_slower_per_token():
+    gate = SpeedGate()
+    for _ in range(4):  # plain: 0.1 s a token at 8 decodes
+        gate.record(8, 8, 0.8, drafted=False)
+    for _ in range(3):  # drafted: 12 tokens in 1.5 s, 0.125 s a token
+        assert gate.is_open(8)
+        gate.record(8, 12, 1.5, drafted=True)
+    assert [gate.is_open(8) for _ in range(GATE_BACKOFF_FIRST + 1)] == [False] * GATE_BACKOFF_FIRST + [True]
+    assert gate.is_open(1)  # batch widths are judged apart
+    for _ in range(6):  # where drafting is faster, the gate stays open
+        gate.record(1, 3, 0.2, drafted=True)
+        gate.record(1, 1, 0.1, drafted=False)
+        assert gate.is_open(1)
+
+
+def test_new_sequences_start_from_what_the_ones_before_saw():
+    policy = SpecPolicy(8, cheap_probes=False)
+    policy.cost = 0.3
+    assert policy.drafts("a")  # nothing seen yet: hopeful
+    for _ in range(10):
+        policy.record_verify("a", 4, 0)
+    assert policy.lengths(["a"], 1) == [0]
+    for _ in range(3 * EXPLORE_EVERY):  # a draft model's off sequence does not probe (catch-up costs)
+        assert policy.lengths(["a"], 1) == [0]
+    starts = [policy.drafts(f"new-{i}") for i in range(2 * NEW_SEQ_PROBE)]
+    assert starts.count(True) == 2  # all start off, but every NEW_SEQ_PROBE-th
 
 
 @pytest.mark.parametrize("how", ["lookup", "self-draft", "other-draft"])

@@ -57,3 +57,15 @@ def test_busy_load_runs_processes_only_within_its_block() -> None:
         assert len(procs) == 2 and all(p.poll() is None for p in procs)
     assert all(p.poll() is not None for p in procs)
     assert label("tg128", 1) == "tg128 busy1" and label("tg128", 0) == "tg128"
+
+
+def test_a_new_small_step_size_starts_from_its_neighbours_choice() -> None:
+    """Verify steps bring new sizes: they run the settled neighbour's choice (no 2-thread step on a busy
+    machine to find out again) and time the other candidate only at the inherited probe interval."""
+    gov = ThreadGovernor(2)
+    _drive(gov, {2: 0.2, 1: 0.012}, 100, n_tokens=1)
+    chosen = _drive(gov, {2: 0.2, 1: 0.02}, 8, n_tokens=4)
+    assert chosen == [1] * 8 and gov.current_choice(4) == 1
+    chosen = _drive(gov, {2: 0.01, 1: 0.02}, 300, n_tokens=5)  # the other candidate wins here: found
+    assert chosen[0] == 1 and gov.current_choice(5) == 2
+    assert _drive(gov, {2: 0.05, 1: 0.09}, 2, n_tokens=512) == [2, 1]  # prefill sizes: measured afresh

@@ -6,6 +6,10 @@ launches) collapses from ~10 ms to ~200 ms, worse than one thread (~12 ms). So t
 steps with every candidate thread count and runs each step size with the fastest; it re-measures the
 others now and then (exponentially less often while the choice holds), so it follows the machine as
 other work comes and goes. On a quiet machine this settles on all threads after a few steps.
+
+A step size never seen before starts from the nearest measured size's choice and probe schedule instead
+of timing every candidate afresh: speculative decoding's verify steps bring up to eight new sizes, and on a
+loaded machine each first 2-thread step can cost ten 1-thread ones.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 
 EMA_WEIGHT = 0.3  # weight of a new measurement in a thread count's running step time
 FIRST_PROBE, MAX_PROBE = 8, 256  # steps between re-measurements: start, and cap while the choice holds
+INHERIT_UP_TO = 16  # step sizes (exact buckets) that start from a measured neighbour's choice
 
 
 @dataclass(slots=True)
@@ -43,10 +48,10 @@ class ThreadGovernor:
         except on a probe step, which re-measures the runner-up."""
         if len(self.candidates) == 1:
             return self.candidates[0]
-        b = self._buckets.setdefault(self.bucket_of(n_tokens), _Bucket())
-        for n in self.candidates:
-            if n not in b.times:
-                return n
+        b = self._bucket(n_tokens)
+        unmeasured = [n for n in self.candidates if n not in b.times]
+        if unmeasured and not b.best:  # a fresh bucket times each candidate; an inherited one probes
+            return unmeasured[0]
         if b.since_probe >= b.probe_every:
             return next(n for n in self.candidates if n != b.best)
         return b.best
@@ -54,7 +59,7 @@ class ThreadGovernor:
     def record(self, n_tokens: int, threads: int, seconds: float) -> None:
         if len(self.candidates) == 1:
             return
-        b = self._buckets.setdefault(self.bucket_of(n_tokens), _Bucket())
+        b = self._bucket(n_tokens)
         old = b.times.get(threads)
         probed = b.best != 0 and threads != b.best
         # the running choice is smoothed; a probe's old figure is stale, so the probe replaces it
@@ -67,6 +72,19 @@ class ThreadGovernor:
         else:
             b.since_probe += 1
         b.best = best if len(b.times) == len(self.candidates) else b.best
+
+    def _bucket(self, n_tokens: int) -> _Bucket:
+        """n_tokens' bucket; a new small one (decode and verify steps) inherits the nearest settled small
+        bucket's choice and probe interval: it runs that choice, and times the other at its first probe."""
+        key = self.bucket_of(n_tokens)
+        b = self._buckets.get(key)
+        if b is None:
+            settled = [k for k, o in self._buckets.items() if o.best and k <= INHERIT_UP_TO]
+            b = self._buckets[key] = _Bucket()
+            if settled and key <= INHERIT_UP_TO:
+                near = self._buckets[min(settled, key=lambda k: (abs(k - key), k))]
+                b.best, b.probe_every = near.best, near.probe_every
+        return b
 
     def current_choice(self, n_tokens: int) -> int | None:
         """The settled choice for a step size (None before it was measured with every candidate)."""

@@ -10,7 +10,6 @@ draft passes. Rejected drafts are forgotten by rewinding the shadow's num_comput
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,7 +67,6 @@ class DraftModel:
         self.runner = ModelRunner(self.model, self.kv)
         self.vocab_size = target.args.vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
-        self.pass_seconds, self.pass_tokens = 0.0, 0
         self.governor = _governor_like(getattr(backend, "governor", None))
         backend.warmup(self.model, target.cache_types)
 
@@ -88,24 +86,18 @@ class DraftModel:
                 item.seq.num_computed_tokens += item.num_tokens
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
-        """Up to k drafted tokens for each (sequence, k), in max(k) batched passes of the draft model.
-        Times the passes that feed one token per sequence (pass_seconds, pass_tokens): a drafted
-        token's own cost, without catching up."""
+        """Up to k drafted tokens for each (sequence, k), in max(k) batched passes of the draft model
+        (the first also catches up on the tokens the target kept since)."""
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[np.ndarray]] = [[] for _ in requests]
         active = []
-        self.pass_seconds, self.pass_tokens = 0.0, 0
         for i, (seq, k) in enumerate(requests):
             shadow = self._sync(seq)
             if self.block_manager.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens + k - 1):
                 active.append((i, shadow, k))
         while active:
             items = [ScheduledSeq(s, s.num_tokens - s.num_computed_tokens) for _, s, _ in active]
-            start = time.perf_counter()
             logits = self._forward(items)
-            if all(item.num_tokens == 1 for item in items):
-                self.pass_seconds += time.perf_counter() - start
-                self.pass_tokens += len(items)
             for (i, shadow, _), item, row in zip(active, items, logits, strict=True):
                 shadow.num_computed_tokens += item.num_tokens
                 token, q = self._choose(shadow, row)

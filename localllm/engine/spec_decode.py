@@ -49,9 +49,7 @@ class SpecStats:
 
 
 class NgramProposer:
-    """Prompt lookup: no model, no state, no cost worth timing."""
-
-    pass_seconds, pass_tokens = 0.0, 0
+    """Prompt lookup: no model, no state, next to no cost."""
 
     def prefill(self, scheduled: list[ScheduledSeq]) -> None:
         pass
@@ -75,21 +73,22 @@ class SpecDecoder:
             self.proposer: Any = DraftModel(config.draft_model, engine)
         else:
             self.proposer = NgramProposer()
-        self.policy = SpecPolicy(config.draft_max)
+        self.policy = SpecPolicy(config.draft_max, cheap_probes=not config.draft_model)
         self.stats = SpecStats()
         self.enabled = True  # off: plain steps (bench compares both on one engine)
         self._probs: dict[str, np.ndarray | None] = {}
         self._draft_seconds = 0.0  # this step's drafting, catching up included
         self._drafted = 0
-        self._per_token: float | None = None  # this step's draft seconds per drafted token, if measured
+        self._accepted = 0  # this step's kept drafts
 
     def propose(self, plan: SchedulerOutput) -> None:
         """Attach drafts to the plan's decoding sequences, growing their block tables to hold them."""
         start = time.perf_counter()
-        self._drafted = 0
+        self._drafted = self._accepted = 0
         if not self.enabled:
             return
         prefills = [it for it in plan.scheduled if it.num_tokens > 1 or not it.samples]
+        prefills = [it for it in prefills if self.policy.drafts(it.seq.request_id)]
         if prefills:
             self.proposer.prefill(prefills)
         decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
@@ -105,8 +104,6 @@ class SpecDecoder:
             if not draft:  # nothing found: give back the blocks taken for it
                 self.block_manager.trim(item.seq, item.seq.num_tokens)
         self._draft_seconds = time.perf_counter() - start
-        p = self.proposer
-        self._per_token = p.pass_seconds / p.pass_tokens if wanted and p.pass_tokens else None
 
     def _allocate(
         self, decodes: list[ScheduledSeq], lengths: list[int], budget: int
@@ -131,16 +128,18 @@ class SpecDecoder:
         self.stats.drafted_tokens += len(item.draft)
         self.stats.accepted_tokens += accepted
         self.stats.verify_steps += 1
+        self._accepted += accepted
         self.policy.record_verify(item.seq.request_id, len(item.draft), accepted)
         return tokens
 
     def record_step(self, plan: SchedulerOutput, seconds: float) -> None:
-        """Feed a decode/verify step's measured time to the cost model (steps with prefill are left out)."""
-        if all(it.num_tokens == 1 for it in plan.scheduled):
-            num_tokens = plan.num_tokens + self._drafted
-            forward = seconds - self._draft_seconds
-            self.policy.costs.record(num_tokens, forward, self._per_token)
-        self._draft_seconds, self._drafted, self._per_token = 0.0, 0, None
+        """Feed a decode/verify step's measured time, drafting included, to the policy (steps with
+        prefill are left out: they would swamp it)."""
+        if self.enabled and all(it.num_tokens == 1 and it.samples for it in plan.scheduled):
+            n = len(plan.scheduled)
+            emitted = n + self._accepted
+            self.policy.record_step(n, n + self._drafted, emitted, seconds, self._draft_seconds)
+        self._draft_seconds, self._drafted, self._accepted = 0.0, 0, 0
 
     def release(self, request_id: str) -> None:
         """A finished or aborted request: drop its draft state (and the draft model's blocks)."""
