@@ -147,8 +147,23 @@ def test_rollback_keeps_blocks_and_prefix_hashes_consistent(
     if how == "other-draft":
         assert stats.accepted_tokens < stats.drafted_tokens  # some drafts were rolled back
     valid = valid_hashes([p + outs[1][i] for i, p in enumerate(ps)], bm.block_size)
-    assert bm.hash_to_block_id and set(bm.hash_to_block_id) <= valid
-    assert all(bm.blocks[b].hash == h for h, b in bm.hash_to_block_id.items())
+    pools = [bm] if how == "lookup" else [bm, engines[1].spec.proposer.block_manager]
+    for pool in pools:  # the draft's own prefix cache too: never a block holding a draft
+        assert pool.hash_to_block_id and set(pool.hash_to_block_id) <= valid
+        assert all(pool.blocks[b].hash == h for h, b in pool.hash_to_block_id.items())
+
+
+def test_draft_pool_prefix_cache_serves_a_repeated_prompt(tiny_model_path, other_draft_path, index_dir):
+    engine = make_engine(tiny_model_path, index_dir, draft_model=str(other_draft_path))
+    engine.spec.policy.lengths = lambda ids, num_tokens: [2] * len(ids)
+    prompt = prompts(1, seed=5)[0] * 3
+    first = alone(engine, prompt, GREEDY)
+    draft = engine.spec.proposer
+    shadow = draft._new_shadow(Sequence("again", prompt, GREEDY))
+    block = draft.block_manager.block_size
+    assert shadow.num_computed_tokens == (len(prompt) - 1) // block * block > 0
+    draft.block_manager.free(shadow)
+    assert alone(engine, prompt, GREEDY) == first
 
 
 def valid_hashes(sequences: list[list[int]], block_size: int) -> set[int]:
@@ -294,3 +309,5 @@ def test_bench_spec_compares_off_and_on(tiny_model_path, tmp_path, monkeypatch):
     # its own draft is always right (though the policy soon finds that drafting with itself never pays)
     assert data["accepted_tokens"] == data["drafted_tokens"]
     assert data["off_tokens_per_s"]["mean"] > 0 and data["on_tokens_per_s"]["mean"] > 0
+    on, off = data["on_tokens_per_s"]["samples"][0], data["off_tokens_per_s"]["samples"][0]
+    assert data["paired_speedup"] == pytest.approx(on / off)

@@ -48,6 +48,13 @@ class SpecComparison:
     def speedup(self) -> float:
         return statistics.fmean(self.on) / statistics.fmean(self.off) if self.off and self.on else 0.0
 
+    @property
+    def paired_speedup(self) -> float:
+        """The median over rounds of on / off within the round: the two ran back to back, so a load
+        change between rounds (which swings the means by 10-20% on a shared machine) mostly cancels."""
+        ratios = [a / b for a, b in zip(self.on, self.off, strict=True) if b]
+        return statistics.median(ratios) if ratios else 0.0
+
     def as_dict(self) -> dict[str, Any]:
         rate = self.accepted / self.drafted if self.drafted else 0.0
         return {
@@ -56,6 +63,7 @@ class SpecComparison:
             "off_tokens_per_s": _stats(self.off),
             "on_tokens_per_s": _stats(self.on),
             "speedup": self.speedup,
+            "paired_speedup": self.paired_speedup,
             "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted,
             "acceptance_rate": rate,
@@ -139,12 +147,18 @@ def print_comparison(result: SpecComparison, info: dict[str, Any]) -> None:
     d = result.as_dict()
     off, on = d["off_tokens_per_s"], d["on_tokens_per_s"]
     what = "decode tok/s" if result.concurrency == 1 else f"tok/s at concurrency {result.concurrency}"
-    print(f"| workload | {what}, off | on | speedup | drafted | accepted | acceptance |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| workload | {what}, off | on | speedup | paired | drafted | accepted | acceptance |")
+    print("|---|---|---|---|---|---|---|---|")
     print(
         f"| {result.workload} | {off['mean']:.2f} ± {off['sd']:.2f} | {on['mean']:.2f} ± {on['sd']:.2f} | "
-        f"{result.speedup:.2f}x | {result.drafted} | {result.accepted} | {100 * d['acceptance_rate']:.0f}% |"
+        f"{result.speedup:.2f}x | {result.paired_speedup:.2f}x | {result.drafted} | {result.accepted} | "
+        f"{100 * d['acceptance_rate']:.0f}% |"
     )
+    print("paired: the median of on / off within each round (back to back); rounds: " + _rounds(result))
     print(
         f"\n{info.get('model')} ({info.get('speculation')}), {info.get('threads')} threads, " + info["load"]
     )
+
+
+def _rounds(result: SpecComparison) -> str:
+    return ", ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(result.on, result.off, strict=True))

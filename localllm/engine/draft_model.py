@@ -1,7 +1,9 @@
 """The draft model of speculative decoding: a smaller model with the target's vocabulary proposes tokens.
 
-It runs on the target's backend but has its own paged KV cache and BlockManager (without prefix caching):
-the target's pool, its prefix-cache hashes and its preemptions stay the target's alone. Each target
+It runs on the target's backend but has its own paged KV cache and BlockManager: the target's pool, its
+prefix-cache hashes and its preemptions stay the target's alone. The draft's pool has its own prefix cache
+(a new shadow starts from the blocks of an earlier one with the same prefix, e.g. a chat's next turn); only
+blocks full of tokens the target kept get a hash, never ones holding drafts. Each target
 sequence has a shadow Sequence here holding the same tokens; before drafting, the shadow's K/V catches up
 on whatever the target accepted since (its whole prompt the first time), in the first of the k batched
 draft passes. Rejected drafts are forgotten by rewinding the shadow's num_computed_tokens.
@@ -63,7 +65,7 @@ class DraftModel:
         self.kv = KVCache(
             backend, a.n_layers, num_blocks, config.block_size, a.n_kv_heads, a.head_dim, target.cache_types
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv)
         self.vocab_size = target.args.vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
@@ -84,6 +86,7 @@ class DraftModel:
                 self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
             for item in items:
                 item.seq.num_computed_tokens += item.num_tokens
+                self.block_manager.cache_full_blocks(item.seq)  # prompt tokens: the target's own
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         """Up to k drafted tokens for each (sequence, k), in max(k) batched passes of the draft model
@@ -112,8 +115,7 @@ class DraftModel:
         """seq's shadow with seq's tokens; its K/V kept as far as its earlier drafts were accepted."""
         entry = self.shadows.get(seq.request_id)
         if entry is None:
-            shadow = Sequence(seq.request_id, seq.prompt_token_ids, seq.params, seq.rng)
-            entry = (shadow, 0)
+            entry = (self._new_shadow(seq), 0)
         shadow, same = entry
         old, new = shadow.token_ids, seq.token_ids
         while same < min(len(old), len(new)) and old[same] == new[same]:
@@ -121,6 +123,16 @@ class DraftModel:
         shadow.token_ids = list(new)
         shadow.num_computed_tokens = min(shadow.num_computed_tokens, same)
         self.shadows[seq.request_id] = (shadow, len(new))
+        self.block_manager.cache_full_blocks(shadow)  # its computed tokens are all the target's here
+        return shadow
+
+    def _new_shadow(self, seq: Sequence) -> Sequence:
+        """A shadow of seq, its K/V taken from the draft's prefix cache as far as that holds seq's tokens."""
+        shadow = Sequence(seq.request_id, seq.prompt_token_ids, seq.params, seq.rng)
+        shadow.token_ids = list(seq.token_ids)
+        cached = self.block_manager.find_cached_prefix(shadow)
+        if cached and self.block_manager.allocate(shadow, 0, cached):
+            shadow.num_computed_tokens = len(cached) * self.block_manager.block_size
         return shadow
 
     def _forward(self, items: list[ScheduledSeq]) -> np.ndarray:
