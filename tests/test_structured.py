@@ -73,6 +73,27 @@ def test_json_schema_output_is_valid(engine: LLMEngine, seed: int) -> None:
     Pet.model_validate_json(text)
 
 
+FREE_DICT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "items": {"type": "object", "additionalProperties": {"type": "integer"}},
+    },
+    "required": ["name", "items"],
+}
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_budget_running_out_closes_the_document(engine: LLMEngine, seed: int) -> None:
+    """A reply that would reach max_tokens inside its document (the random model writes a long string)
+    is steered to close it in time: valid JSON, finish_reason "stop" (before: cut, "length")."""
+    text, reason = run(
+        engine, StructuredSpec.json_schema(FREE_DICT), max_tokens=64, temperature=1.0, seed=seed
+    )
+    assert reason == "stop", text
+    assert set(json.loads(text)) >= {"name", "items"}
+
+
 def test_regex_and_gbnf_and_lark(engine: LLMEngine) -> None:
     text, reason = run(engine, StructuredSpec("regex", r"[ab]{3}-[0-9]{2}"))
     assert re.fullmatch(r"[ab]{3}-[0-9]{2}", text) and reason == "stop"
@@ -242,6 +263,25 @@ def test_tool_calls_stream_like_openai(srv: Running) -> None:
         if c.choices and c.choices[0].delta.tool_calls
     ]
     assert "get_weather" in names
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_arguments_come_in_pieces_and_match(srv: Running, choice: object) -> None:
+    """The openai client's streaming helper sees the arguments grow delta by delta, and they assemble
+    to the arguments of the same reply unstreamed (same seed)."""
+    client = srv.client()
+    body = {"model": MODEL_ID, "messages": CHAT, "max_tokens": 200, "tools": [WEATHER], "tool_choice": choice}
+    body |= {"temperature": 1.0, "seed": 5, "parallel_tool_calls": False}
+    whole = client.chat.completions.create(**body).choices[0]
+    with client.chat.completions.stream(**body) as stream:
+        pieces = [e.arguments_delta for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        streamed = stream.get_final_completion().choices[0]
+    assert len(pieces) > 2 and "".join(pieces) == whole.message.tool_calls[0].function.arguments
+    calls = streamed.message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls
+    ]
+    assert streamed.finish_reason == whole.finish_reason == "tool_calls"
 
 
 def test_tool_results_fed_back(srv: Running) -> None:

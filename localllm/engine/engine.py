@@ -140,7 +140,9 @@ class LLMEngine:
             raise LocalLLMError(f"request id '{request_id}' is already in use")
         seq = Sequence(request_id, ids, params, make_generator(params.seed))
         if params.structured is not None:
-            seq.constraint = self.grammars.matcher(params.structured)
+            budget = self.max_model_len - len(ids)  # the context's room, or max_tokens when smaller
+            budget = budget if params.max_tokens is None else min(params.max_tokens, budget)
+            seq.constraint = self.grammars.matcher(params.structured, budget)
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )

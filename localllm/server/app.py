@@ -73,7 +73,8 @@ from localllm.server.protocol import (
 from localllm.server.responses import create_response
 from localllm.server.streaming import ChunkBuilder
 from localllm.server.structured_output import constrained_params
-from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan, tool_stream
+from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan
+from localllm.server.tool_stream import tool_stream
 from localllm.server.webui import WEBUI_PATHS, add_webui_routes
 from localllm.tokenizer.fim import fim_tokens, infill_ids
 

@@ -25,7 +25,7 @@ from localllm.errors import LocalLLMError
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
 from localllm.server.streaming import sse_event
-from localllm.server.tool_calls import ToolStream
+from localllm.server.tool_stream import ToolStream
 
 if TYPE_CHECKING:
     from localllm.server.app import ServerState
@@ -313,7 +313,7 @@ class _Events:
 
 
 class _Deltas:
-    """Stands in for streaming.ChunkBuilder: tool_calls.ToolStream's deltas come back as they are."""
+    """Stands in for streaming.ChunkBuilder: tool_stream.ToolStream's deltas come back as they are."""
 
     @staticmethod
     def chat_delta(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -322,7 +322,7 @@ class _Deltas:
 
 def live_text(run: ChatRun) -> Callable[[StepOutput], list[str]]:
     """The text of each output that can be shown as it comes: all of it without tools; with tools, what
-    tool_calls.ToolStream lets through (the content before a call's marker; the calls come at the end)."""
+    tool_stream.ToolStream lets through (the content before a call's marker; the calls come at the end)."""
     if run.tools is None:
         return lambda out: [out.text] if out.text else []
     tool_stream = ToolStream(run.tools, _Deltas())

@@ -1,6 +1,6 @@
 """Tool calling on the chat endpoint: validate `tools` / `tool_choice` (or legacy `functions` /
 `function_call`), render them through the model's chat template, constrain `required` and named
-choices with the family's call grammar, and turn the reply back into `tool_calls`, whole or streamed.
+choices with the family's call grammar, and turn the reply back into `tool_calls` (streamed: tool_stream.py).
 
 tool_choice "none" leaves the tools out of the prompt (the model cannot call what it is not shown), as
 llama-server does. Templates that render no `tools` get them in a system message, Hermes-style.
@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from localllm.engine.output import StepOutput
-from localllm.server.protocol import APIError, ChatCompletionRequest, finish_reason
+from localllm.server.protocol import APIError, ChatCompletionRequest
 from localllm.structured.spec import StructuredSpec
 from localllm.structured.tools import (
     Tool,
-    ToolCall,
     ToolFamily,
     bare_call,
     fallback_system_prompt,
-    maybe_bare_call,
     template_knows_tools,
     tool_family,
 )
@@ -206,87 +202,3 @@ def _as_text(d: dict[str, Any]) -> dict[str, Any]:
         content = d.get("content") or ""
         return {"role": "assistant", "content": f"{content}\n{text}".strip()}
     return d
-
-
-# ---------------------------------------------------------------------------------- the stream
-
-
-@dataclass
-class ToolStream:
-    """Streams content until the family's call marker appears, then holds the rest back and sends the
-    calls as OpenAI does (per call: id, type and name with empty arguments, then the arguments) before
-    the final chunk, whose finish_reason is "tool_calls"."""
-
-    plan: ToolPlan
-    chunks: Any  # streaming.ChunkBuilder
-    index: int = 0  # the choice streamed (n > 1: one ToolStream per choice)
-    text: str = ""
-    sent: int = 0  # characters of `text` already sent as content
-    capturing: bool = False
-    calls_sent: list[ToolCall] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.capturing = self.plan.choice != "auto"  # a forced call: all of the reply is the call
-
-    def chat_output(self, out: StepOutput) -> Iterator[bytes]:
-        self.text += out.text
-        if not self.capturing:
-            yield from self._content(self._safe_end())
-        if out.finished:
-            yield from self._finish(out)
-
-    def _safe_end(self) -> int:
-        """How far content can go: up to the marker (then capture), or short of a partial marker; a
-        reply that may be a bare call object is held back whole until it ends."""
-        if self.sent == 0 and maybe_bare_call(self.text):
-            return 0
-        marker = self.plan.family.start
-        at = self.text.find(marker, self.sent)
-        if at >= 0:
-            self.capturing = True
-            return at
-        for keep in range(min(len(marker) - 1, len(self.text) - self.sent), 0, -1):
-            if marker.startswith(self.text[-keep:]):
-                return len(self.text) - keep
-        return len(self.text)
-
-    def _content(self, end: int) -> Iterator[bytes]:
-        if end > self.sent:
-            delta = {"content": self.text[self.sent : end]}
-            self.sent = end
-            yield self._chunk(delta)
-
-    def _finish(self, out: StepOutput) -> Iterator[bytes]:
-        message, reason = self.plan.reply(self.text)
-        calls = message.get("tool_calls") or ([] if "function_call" not in message else [message])
-        if not calls:
-            self.capturing = False
-            yield from self._content(len(self.text))
-        elif self.plan.legacy:
-            fc = message["function_call"]
-            yield self._chunk({"function_call": {"name": fc["name"], "arguments": ""}})
-            yield self._chunk({"function_call": {"arguments": fc["arguments"]}})
-        else:
-            for i, call in enumerate(calls):
-                fn = call["function"]
-                head = {"index": i, "id": call["id"], "type": "function"}
-                yield self._chunk(
-                    {"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]}
-                )
-                yield self._chunk({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
-        yield self.chunks.chat_delta(self.index, {}, reason or finish_reason(out))
-
-    def _chunk(self, delta: dict[str, Any]) -> bytes:
-        return self.chunks.chat_delta(self.index, delta)
-
-
-def tool_stream(plan: ToolPlan, chunks: Any) -> Callable[[int, StepOutput], Iterator[bytes]]:
-    """The per-output chunk maker of a streamed reply with tools: one ToolStream per choice."""
-    streams: dict[int, ToolStream] = {}
-
-    def per_output(index: int, out: StepOutput) -> Iterator[bytes]:
-        if index not in streams:
-            streams[index] = ToolStream(plan, chunks, index)
-        return streams[index].chat_output(out)
-
-    return per_output

@@ -1,6 +1,7 @@
-"""Ending a looping constrained reply as a complete document instead of cutting it.
+"""Ending a constrained reply as a complete document instead of cutting it.
 
-When the loop guard sees a constrained reply repeat itself, a cut would leave invalid JSON. Instead the
+When the loop guard sees a constrained reply repeat itself, or the reply's token budget (max_tokens, the
+context) is about to run out inside the document, a cut would leave invalid JSON. Instead the
 sequence's mask narrows to closing tokens wherever the grammar allows one: inside a string, a quote
 (optionally followed by `}` / `]`); elsewhere, tokens made only of `}` and `]`, else a comma (it ends
 a number and moves on to the next required key). Where the grammar allows none of them, the model goes
@@ -36,10 +37,12 @@ class Closers:
 
 
 class StringState:
-    """Whether the JSON written so far is inside a string (unescaped quotes toggle it)."""
+    """Whether the JSON written so far is inside a string (unescaped quotes toggle it), and how many
+    objects and arrays are open (the fewest tokens that can still close the document)."""
 
     def __init__(self) -> None:
         self.inside = False
+        self.depth = 0
         self._escaped = False
 
     def feed(self, data: bytes) -> None:
@@ -50,6 +53,14 @@ class StringState:
                 self._escaped = True
             elif byte == 0x22:  # quote
                 self.inside = not self.inside
+            elif not self.inside and byte in b"{[":
+                self.depth += 1
+            elif not self.inside and byte in b"}]":
+                self.depth = max(self.depth - 1, 0)
+
+    def closing_cost(self) -> int:
+        """Tokens it takes at least to end the document from here: a quote, then a bracket per level."""
+        return self.depth + self.inside
 
 
 def narrow(allowed: np.ndarray, closers: Closers, inside_string: bool) -> np.ndarray:

@@ -18,6 +18,10 @@ from localllm.structured.closing import Closers, StringState, narrow
 from localllm.structured.spec import JSON_OPTIONS, StructuredSpec
 
 CLOSING_TOKENS = 64  # tokens a looping reply gets to close its document before the guard cuts it
+# Budget closing starts when the tokens left are the document's closing cost plus this margin (room for
+# a required key or two still to write): late enough that a document that fits ends as the model wrote
+# it, early enough that one that would not fit (a free-form dict counting up) closes instead of being cut.
+CLOSING_MARGIN = 16
 CACHE_SIZE = 256  # compiled grammars kept (by spec); a server sees the same few schemas again and again
 
 
@@ -109,19 +113,28 @@ class GrammarCompiler:
             raise InvalidRequestError(f"{spec.name}: invalid {spec.kind}: {error.strip()}")
         return grammar
 
-    def matcher(self, spec: StructuredSpec) -> Constraint:
+    def matcher(self, spec: StructuredSpec, budget: int | None = None) -> Constraint:
+        """A sequence's constraint; `budget`: the tokens it may generate (max_tokens, or what the
+        context leaves), so it can steer the document closed before they run out."""
         eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else min(self.tokenizer.eog_ids)
         if self._closers is None:
             self._closers = Closers(self.tokenizer, self.vocab_size)
-        return Constraint(
-            self.compile(spec), lltokenizer(self.tokenizer), self.vocab_size, eos, self._closers
-        )
+        lltok = lltokenizer(self.tokenizer)
+        return Constraint(self.compile(spec), lltok, self.vocab_size, eos, self._closers, budget)
 
 
 class Constraint:
     """One sequence's grammar state: the mask of tokens allowed next, advanced by each accepted token."""
 
-    def __init__(self, grammar: str, lltok: Any, vocab_size: int, eos_id: int, closers: Closers):
+    def __init__(
+        self,
+        grammar: str,
+        lltok: Any,
+        vocab_size: int,
+        eos_id: int,
+        closers: Closers,
+        budget: int | None = None,
+    ):
         import llguidance
 
         self._matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
@@ -134,6 +147,7 @@ class Constraint:
         self.bits = np.zeros((max(vocab_size, lltok.vocab_size) + 31) // 32, dtype=np.int32)
         self._fresh = False  # bits hold the mask for the current state
         self.eos_id = eos_id  # what a failed matcher allows, so the request ends
+        self.tokens_left = budget  # None: no budget to close before
 
     def fill_mask(self) -> None:
         """Compute the mask for the next token into `bits` (releases the GIL: can overlap a forward)."""
@@ -165,6 +179,10 @@ class Constraint:
         self._fresh = False
         self._string.feed(self._lltok.decode_bytes([token_id]))
         self._closing_tokens += self.closing
+        if self.tokens_left is not None:
+            self.tokens_left -= 1
+            if self._string.depth and self.tokens_left <= self._string.closing_cost() + CLOSING_MARGIN:
+                self.closing = True  # the budget runs out inside the document: end it in time
         return bool(self._matcher.consume_token(token_id))
 
     def start_closing(self) -> bool:

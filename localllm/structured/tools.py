@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from localllm.structured.call_scanner import CallScanner
 from localllm.structured.spec import JSON_OPTIONS, StructuredSpec
 
 
@@ -110,7 +111,10 @@ def template_knows_tools(template_source: str) -> bool:
     return re.search(r"\btools\b", template_source) is not None
 
 
-def _call_from(obj: Any, args_key: str = "arguments") -> ToolCall | None:
+def _call_from(obj: Any, args_key: str = "arguments", raw: str | None = None) -> ToolCall | None:
+    """The call in `obj` (parsed from `raw`, its text). Its arguments are the model's own text of the
+    arguments object, as a stream sends them piece by piece (call_scanner.py), so a streamed call
+    assembles to exactly these; re-serialised only when not written as an object."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
@@ -121,7 +125,16 @@ def _call_from(obj: Any, args_key: str = "arguments") -> ToolCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), new_call_id())
+    text = raw_arguments(raw, args_key) if raw is not None else None
+    return ToolCall(obj["name"], text or json.dumps(args, ensure_ascii=False), new_call_id())
+
+
+def raw_arguments(raw: str, args_key: str) -> str | None:
+    """The text of the arguments object in a call's JSON text (None if they are not an object)."""
+    scanner = CallScanner(args_key)
+    scanner.feed(raw)
+    found = scanner.arguments()
+    return found[0] if found is not None and found[1] else None
 
 
 def _loads(text: str) -> Any:
@@ -137,7 +150,7 @@ _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
     calls, kept, last = [], [], 0
     for m in _HERMES.finditer(text):
-        call = _call_from(_loads(m.group(1)))
+        call = _call_from(_loads(m.group(1)), raw=m.group(1))
         if call is None:
             continue
         calls.append(call)
@@ -150,7 +163,7 @@ def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
 def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
     body = text.strip().removeprefix("<|python_tag|>").strip()
     parts = [p for p in body.split(";") if p.strip()] if body.startswith("{") else []
-    calls = [_call_from(_loads(p), "parameters") for p in parts]
+    calls = [_call_from(_loads(p), "parameters", p) for p in parts]
     if not calls or any(c is None for c in calls):
         return text, []
     return "", [c for c in calls if c is not None]
@@ -176,8 +189,8 @@ def bare_call(text: str, names: set[str]) -> ToolCall | None:
     often drop their family's markers (Qwen2.5-Coder-0.5B writes the JSON without <tool_call>)."""
     body = text.strip()
     fenced = _FENCE.match(body)
-    obj = _loads(fenced.group(1) if fenced else body)
-    call = _call_from(obj)
+    raw = fenced.group(1) if fenced else body
+    call = _call_from(_loads(raw), raw=raw)
     return call if call is not None and call.name in names else None
 
 
