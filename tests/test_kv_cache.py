@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from numba import njit
@@ -73,3 +75,31 @@ def test_f16_cache_halves_the_pool_and_stays_close_to_f32(tiny_model_path) -> No
 def test_unsupported_cache_types_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match="cache-type-k q8_0 is not supported"):
         EngineConfig(model="x.gguf", cache_type_k="q8_0")
+
+
+def _resident_kib(a: np.ndarray) -> int:
+    """Rss of the mappings that overlap array a's bytes (/proc/self/smaps; madvise may split one)."""
+    lo_a = a.__array_interface__["data"][0]
+    hi_a, rss, inside = lo_a + a.nbytes, 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < hi_a and lo_a < hi
+            elif inside and head == "Rss:":
+                rss += int(line.split()[1])
+    return rss
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_short_request_makes_only_its_blocks_resident(tiny_model_path) -> None:
+    """The pool is mapped lazily and without huge pages: a 64 MiB pool (4,096 blocks) that serves one
+    short prompt holds a few KiB per layer, not 2 MiB per layer (NumPy asks for huge pages)."""
+    eng = _engine(tiny_model_path, "f16", kv_cache_mb=64)
+    k = eng.kv_cache.k
+    assert k.nbytes >= 32 * 2**20 and k.flags.writeable and k.flags.c_contiguous
+    score_tokens(eng, list(range(5, 40)))
+    written = int(np.count_nonzero(k.reshape(k.shape[0], k.shape[1], -1).any(-1)))  # (layer, block) pairs
+    assert written > 0
+    assert _resident_kib(k) <= written * (k[0, 0].nbytes // 1024 + 8) + 1024

@@ -20,6 +20,7 @@ import numpy as np
 
 from localllm.backends import bounds
 from localllm.backends.base import Backend
+from localllm.backends.memory import lazy_zeros
 from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ThreadGovernor
 from localllm.kernels import attention, layers, matmul, moe
@@ -112,7 +113,7 @@ class NumbaBackend(Backend):
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """f16 is stored as IEEE half bits in uint16 (Numba has no float16 arrays; kernels/kv.py)."""
         shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        k, v = (np.zeros(shape, _KV_STORAGE[t]) for t in cache_types)
+        k, v = (lazy_zeros(shape, _KV_STORAGE[t]) for t in cache_types)  # resident as blocks are written
         return k, v
 
     as_i64 = staticmethod(_i64)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from localllm.backends.base import Backend
+from localllm.backends.memory import lazy_zeros
 from localllm.kernels import moe_reference
 from localllm.kernels import reference as ref
 from localllm.quant import dequantize
@@ -44,7 +45,7 @@ class NumpyBackend(Backend):
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        k, v = (np.zeros(shape, {"f32": np.float32, "f16": np.float16}[t]) for t in cache_types)
+        k, v = (lazy_zeros(shape, {"f32": np.float32, "f16": np.float16}[t]) for t in cache_types)
         return k, v
 
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
