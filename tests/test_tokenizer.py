@@ -178,10 +178,31 @@ def test_byte_level_table_is_a_bijection() -> None:
     assert byte_encode(" é") == "ĠÃ©"
 
 
+def test_tables_are_compact_and_share_the_metadata_strings() -> None:
+    """A 150k vocabulary is 150k strings: the tables refer to the metadata's own, never copies (merge
+    ranks are keyed by the merge's text, not a tuple of two new halves), attributes take a byte."""
+    meta = tiny_metadata()
+    tok = load_tokenizer(meta)
+    assert tok._tokens is meta["tokenizer.ggml.tokens"]
+    assert isinstance(tok._attrs, bytearray)
+    merge_ids = {id(m) for m in meta["tokenizer.ggml.merges"]}
+    assert tok._ranks and all(id(k) in merge_ids for k in tok._ranks)
+    assert all(id(k) in {id(t) for t in tok._tokens} for k in tok._token_to_id)
+
+
+def test_a_text_listed_twice_keeps_its_first_id_and_empty_tokens_are_renamed() -> None:
+    meta = tiny_metadata()
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    extra = {"tokenizer.ggml.tokens": [*tokens, "hello", ""], "tokenizer.ggml.token_type": [*types, 1, 1]}
+    twice = load_tokenizer(tiny_metadata(**extra))
+    assert twice.piece_to_id("hello") == tokens.index("hello")
+    assert twice.id_to_piece(len(tokens) + 1) == f"[EMPTY_{len(tokens) + 1}]"
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from("abcdehlorw"), max_size=60))
 def test_heap_merge_matches_scan_merge(chars: list[str]) -> None:
-    ranks = {(m.split(" ")[0], m.split(" ")[1]): i for i, m in enumerate(MERGES)}
+    ranks = {m: i for i, m in enumerate(MERGES)}
     assert _merge_heap(list(chars), ranks) == _merge_short(list(chars), ranks)
 
 

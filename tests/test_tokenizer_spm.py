@@ -4,8 +4,10 @@ Conformance with llama.cpp's ids is in test_tokenizer_vectors.py."""
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,6 +163,18 @@ def test_scores_missing_or_short() -> None:
     short["tokenizer.ggml.scores"] = short["tokenizer.ggml.scores"][:-1]
     with pytest.raises(ModelFormatError, match="score"):
         load_tokenizer(short)
+
+
+def test_float32_scores_are_kept_as_float32_and_merge_alike(tiny: Tokenizer) -> None:
+    """A GGUF's scores (a float32 array) take 4 bytes a token, not a list of Python floats; the values
+    and so the merges are the same."""
+    meta = tiny_metadata()
+    meta["tokenizer.ggml.scores"] = np.asarray(meta["tokenizer.ggml.scores"], np.float32)
+    packed = load_tokenizer(meta)
+    assert isinstance(packed._scores, array) and packed._scores.itemsize == 4
+    assert list(packed._scores) == meta["tokenizer.ggml.scores"].tolist()
+    text = "abc ab b a▁b hello"
+    assert packed.encode(text) == tiny.encode(text)
 
 
 def test_missing_byte_tokens_are_dropped() -> None:

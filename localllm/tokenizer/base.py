@@ -149,12 +149,12 @@ class Tokenizer(ABC):
         tokens = metadata.get("tokenizer.ggml.tokens")
         if tokens is None or len(tokens) == 0:
             raise ModelFormatError("the model file has no tokenizer vocabulary (tokenizer.ggml.tokens).")
-        # llama.cpp renames empty tokens so they can never match text.
-        self._tokens: list[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self._token_to_id: dict[str, int] = {}
-        for i, t in enumerate(self._tokens):
-            self._token_to_id.setdefault(t, i)
-        self._attrs = _read_attrs(metadata, len(self._tokens))
+        self._tokens: list[str] = _token_texts(tokens)
+        # the first id of a text that occurs twice: dict() keeps the last value, so go backwards
+        n = len(self._tokens)
+        backwards = zip(reversed(self._tokens), range(n - 1, -1, -1), strict=True)
+        self._token_to_id: dict[str, int] = dict(backwards)
+        self._attrs = _read_attrs(metadata, n)
         self.bos_id = _token_id(metadata, "bos_token_id", self.default_bos_id, len(self._tokens))
         self.eos_id = _token_id(metadata, "eos_token_id", self.default_eos_id, len(self._tokens))
         self.add_bos: bool = bool(metadata.get("tokenizer.ggml.add_bos_token", self.default_add_bos))
@@ -354,13 +354,22 @@ def _cut(fragment: str | int, piece: str, tid: int) -> list[str | int]:
     return out
 
 
-def _read_attrs(metadata: Mapping[str, Any], n: int) -> list[int]:
+def _token_texts(tokens: Any) -> list[str]:
+    """The vocabulary as a list: the metadata's own list when it can serve as is (262k strings are
+    ~22 MiB: one copy is kept, not two). llama.cpp renames empty tokens so they never match text."""
+    if isinstance(tokens, list) and all(tokens):
+        return tokens
+    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+
+
+def _read_attrs(metadata: Mapping[str, Any], n: int) -> bytearray:
+    """One byte of TokenAttr flags per token (all flags fit in 6 bits; a list would take 8 bytes)."""
     types = metadata.get("tokenizer.ggml.token_type")
     if types is None:
-        return [_NORMAL] * n
+        return bytearray([_NORMAL]) * n
     if len(types) < n:
         raise ModelFormatError("the model's token type list is shorter than its vocabulary.")
-    attrs = [_TYPE_TO_ATTR.get(t, 0) for t in _as_ints(types[:n])]
+    attrs = bytearray(_TYPE_TO_ATTR.get(t, 0) for t in _as_ints(types[:n]))
     # llama.cpp: control tokens whose text says "unused" are unused.
     tokens = metadata["tokenizer.ggml.tokens"]
     for i, a in enumerate(attrs):
