@@ -304,7 +304,9 @@ def int_range(kind, argv, lo, hi) -> None:
     msc = np.empty((k // 32, R), np.float32)
     five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K  # built once per call, used by every tile
     bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN if five else 0), np.int16)
-    mi.bit_tables(x8, bits)
+    # only rows for the direct kernel (a 512-row prefill wrote 7 MB of tables per call for none)
+    lo_bits = mi.first_direct_row(T)
+    mi.bit_tables(x8[lo_bits:], bits[lo_bits:])
     for t in range(lo, hi):
         acc[:] = 0.0
         int_tile(kind, buf, n, k, t, (x8, dx, sx, hs, x8p, bits), acc, s16, s32, sums, dsc, msc, pairs)

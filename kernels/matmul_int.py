@@ -64,12 +64,28 @@ BIT_TABLE_LEN = BIT_TABLES * 32 if HAVE_AVX512 else 0
 # Activation rows whose integer sums are computed together (see nibble_sums_rows): their int16
 # sums, (ROW_CHUNK, nb, R) x 2, stay in L2.
 ROW_CHUNK = 16
-# With AVX512-VNNI, chunks of more than DIRECT_ROWS rows unpack each weight block once into quads
-# (quad_sums_rows, q6_sums_rows) and every path hands the float step one int32 sum per block and
-# row (two for Q6_K), from one place in the code: a row's bits never depend on its chunk's size.
+# With AVX512-VNNI, chunks of at least QUAD_ROWS (Q6_K: QUAD_ROWS_Q6) rows unpack each weight block
+# once into quads (quad_sums_rows, q6_sums_rows) and every path hands the float step one int32 sum
+# per block and row (two for Q6_K), from one place in the code: a row's bits never depend on its
+# chunk's size.  Integer sums of one 64-row tile, 1 thread (us, quads vs direct): Q5_0 K=896 2 rows
+# 1.07 vs 0.92, 3 rows 0.99 vs 1.39, 4 rows 1.61 vs 4.40; Q4 3 rows 0.77 vs 0.84; Q6_K K=2048 2 rows
+# 2.6 vs 8.0 (its direct kernel takes two passes a row).  Batched decode and speculative verify steps
+# (2-16 rows) gain most.
 QUADS = HAVE_VNNI
+QUAD_ROWS = 3
+QUAD_ROWS_Q6 = 2
 # Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB.
 Q6_BLOCKS = 64
+
+
+@njit(cache=True)
+def first_direct_row(t: int) -> int:
+    """The first of t activation rows that tile_nibbles may hand the direct kernel (which alone reads
+    the fifth-bit tables): with quads, only a last chunk of fewer than QUAD_ROWS rows."""
+    if not QUADS:
+        return 0
+    tail = t % ROW_CHUNK
+    return t - tail if tail < QUAD_ROWS else t
 
 
 @njit(cache=True)
@@ -428,7 +444,7 @@ def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs
     s32 = sums[: min(x8.shape[0], ROW_CHUNK) * nb * R].reshape((-1, nb, R))
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
         t1 = min(x8.shape[0], t0 + ROW_CHUNK)
-        direct = t1 - t0 <= DIRECT_ROWS
+        direct = t1 - t0 < QUAD_ROWS if QUADS else t1 - t0 <= DIRECT_ROWS
         if direct:
             for ti in range(t0, t1):
                 nibble_sums(q3, x8p[ti], slo[ti - t0], shi[ti - t0])
@@ -501,7 +517,7 @@ def tile_q6_k(d, sc, qh2, q3, x8, dx, hs, acc, s16, sums, quads) -> None:
         qs, qh = q3[b0:b1], qh2[b0:b1]
         for t0 in range(0, T, ROW_CHUNK):
             t1 = min(T, t0 + ROW_CHUNK)
-            if QUADS and t1 - t0 > DIRECT_ROWS:
+            if QUADS and t1 - t0 >= QUAD_ROWS_Q6:
                 q6_sums_rows(qs, qh, x8, b0, t0, t1, s32, quads)
             else:
                 for ti in range(t0, t1):
