@@ -4,7 +4,8 @@
     python scripts/bench_embeddings.py MODEL [--rounds 5] [--inputs 64] [--port 8097]
 
 Starts the server (numba backend, its defaults), waits for /health, warms up, then times each round's
-two ways back to back and prints mean ± sd, the ratio, seconds per input token, and the load average.
+two ways back to back and prints mean ± sd, the ratio, milliseconds per input token, the time of a
+one-token request (what a request costs beyond its tokens, at most), and the load average.
 The inputs are sentences of realistic length (~20-30 tokens each).
 """
 
@@ -73,10 +74,13 @@ def main() -> None:
         model = client.models.list().data[0].id
         tokens = client.embeddings.create(model=model, input=texts).usage.prompt_tokens  # warm-up
         client.embeddings.create(model=model, input=texts[0])
-        singles, batched = [], []
+        singles, batched, tiny = [], [], []
         for _ in range(args.rounds):
             singles.append(timed(lambda: [client.embeddings.create(model=model, input=t) for t in texts]))
             batched.append(timed(lambda: client.embeddings.create(model=model, input=texts)))
+            # a one-token input: the request's own cost (HTTP, JSON, tokenizing, the engine hand-off)
+            # plus a one-token forward pass, an upper bound on what batching can save per request
+            tiny.append(timed(lambda: [client.embeddings.create(model=model, input=[1]) for _ in texts]))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -90,6 +94,7 @@ def main() -> None:
     print(f"  {args.inputs} single requests: {show(singles)} ({single / tokens * 1e3:.2f} ms/token)")
     print(f"  one request of {args.inputs}: {show(batched)} ({batch / tokens * 1e3:.2f} ms/token)")
     print(f"  ratio {single / batch:.2f}x (per round {min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"  a one-token request: {statistics.mean(tiny) / len(texts) * 1e3:.1f} ms (overhead bound)")
     print("  load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
