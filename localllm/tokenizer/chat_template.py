@@ -8,16 +8,12 @@ lstrip_blocks, loop controls, `raise_exception`, a non-escaping `tojson`, `strft
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import jinja2
-from jinja2 import nodes
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localllm.errors import LocalLLMError
 from localllm.tokenizer.named_templates import CHATML, NAMED_TEMPLATES, named_template  # noqa: F401
@@ -48,20 +44,29 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-class _GenerationBlock(Extension):
+@functools.cache
+def _generation_block() -> type:
     """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with it)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
 
-    tags = {"generation"}
+    class _GenerationBlock(Extension):
+        tags = {"generation"}
 
-    def parse(self, parser: Any) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body, lineno=lineno)
+        def parse(self, parser: Any) -> nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return _GenerationBlock
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
+def _environment() -> Any:
+    # jinja2 is imported here, when a template is compiled: ~9 MiB a run without one never needs
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlock]
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_block()]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -76,6 +81,8 @@ class ChatTemplate:
         self.source = template_text
         self.bos_token = bos_token
         self.eos_token = eos_token
+        import jinja2
+
         try:
             self._template = _environment().from_string(template_text)
         except jinja2.TemplateSyntaxError as e:
@@ -96,6 +103,8 @@ class ChatTemplate:
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
         """The prompt text for `messages`; extra keyword arguments (tools, ...) reach the template."""
+        import jinja2
+
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         try:
             return self._template.render(
