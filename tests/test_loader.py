@@ -263,3 +263,30 @@ def test_info_shows_escape_sequences_inert(tmp_path):
         assert result.exit_code == 0, result.output
         assert not any(c in result.output for c in "\x1b\x07\x9b\u202e")
         assert "evil" in result.output and "pwned" in result.output
+
+
+def _file_resident_kib(path) -> int:
+    """Rss of this process's mappings of the file `path` (/proc/self/smaps)."""
+    rss, inside, target = 0, False, str(path.resolve())
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and ":" not in fields[0]:
+                inside = len(fields) > 5 and fields[5] == target
+            elif inside and fields[0] == "Rss:":
+                rss += int(fields[1])
+    return rss
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_loaded_model_does_not_keep_the_files_pages(tiny_model_path, tmp_path):
+    """Packing reads every matrix of the file; once the packed copies exist, the file's pages are let
+    go (else a first run holds the weights twice), and the model still computes from its copies."""
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine, score_tokens
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(tiny_model_path.read_bytes())
+    engine = LLMEngine(EngineConfig(model=str(path), threads=1, kv_cache_mb=1, index_dir=tmp_path / "ix"))
+    assert _file_resident_kib(path) <= 8  # (all 104 KiB before)
+    assert np.isfinite(np.asarray(score_tokens(engine, list(range(5, 20))))).all()

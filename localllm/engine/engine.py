@@ -94,9 +94,12 @@ class LLMEngine:
     def _load_model(self, load_model: Any) -> Any:
         """The model, its packed weights read from the backend's disk cache when it has one."""
         if self.config.index_dir is None:
-            return load_model(self.gguf, self.backend, self.max_model_len)
-        with self.backend.weight_cache(self.gguf, self.config.index_dir):
-            return load_model(self.gguf, self.backend, self.max_model_len)
+            model = load_model(self.gguf, self.backend, self.max_model_len)
+        else:
+            with self.backend.weight_cache(self.gguf, self.config.index_dir):
+                model = load_model(self.gguf, self.backend, self.max_model_len)
+        self.gguf.release_pages()  # copies (packed, vectors) replace what the load read of the file
+        return model
 
     def _num_blocks(self) -> int:
         bs = self.config.block_size
