@@ -445,6 +445,14 @@ def test_messages_tool_use(srv: Running) -> None:
     starts = [p["content_block"] for name, p in events if name == "content_block_start"]
     assert any(b["type"] == "tool_use" and b["name"] == "get_weather" for b in starts)
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    # greedy, streamed and not: the input arrives in input_json_delta pieces as the call is written,
+    # and they assemble to the unstreamed block's input
+    greedy = {**body, "temperature": 0}
+    whole = next(b for b in post(srv, "/v1/messages", greedy).json()["content"] if b["type"] == "tool_use")
+    events = anthropic_events(post(srv, "/v1/messages", {**greedy, "stream": True}).text)
+    deltas = [p["delta"] for name, p in events if name == "content_block_delta"]
+    pieces = [d["partial_json"] for d in deltas if d["type"] == "input_json_delta"]
+    assert len(pieces) > 2 and json.loads("".join(pieces)) == whole["input"]
     # the tool_use and its tool_result fed back
     history = [
         {"role": "user", "content": "weather?"},
@@ -598,6 +606,10 @@ def test_anthropic_client(srv: Running) -> None:
     called = client.messages.create(messages=messages, tools=[tool], tool_choice=choice, **kw)
     use = next(b for b in called.content if b.type == "tool_use")
     assert called.stop_reason == "tool_use" and use.input["city"] in ("Paris", "Rome")
+    with client.messages.stream(messages=messages, tools=[tool], tool_choice=choice, **kw) as stream:
+        final = stream.get_final_message()  # the client assembles the input from input_json_delta
+    use = next(b for b in final.content if b.type == "tool_use")
+    assert final.stop_reason == "tool_use" and use.input["city"] in ("Paris", "Rome")
     count = client.messages.count_tokens(model=MODEL_ID, messages=messages, system="Be brief.")
     assert count.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
     with pytest.raises(anthropic.NotFoundError):

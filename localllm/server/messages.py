@@ -21,7 +21,7 @@ from localllm.engine.output import StepOutput
 from localllm.errors import LocalLLMError
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
-from localllm.server.responses import live_text
+from localllm.server.responses import live_deltas
 from localllm.server.streaming import sse_event
 
 if TYPE_CHECKING:
@@ -307,29 +307,23 @@ def event(kind: str, **data: Any) -> bytes:
 
 
 async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
-    """message_start, the text block's deltas as they come, then the reply's other blocks (tool_use,
-    once the reply has ended and been parsed), message_delta with the stop reason and usage,
-    message_stop."""
-    job, texts = run.jobs[0], live_text(run)
+    """message_start, the text block's deltas as they come, each tool_use block as its call is written
+    (content_block_start with its id and name, then input_json_delta pieces of its input), then
+    message_delta with the stop reason and usage, message_stop."""
+    job, deltas = run.jobs[0], live_deltas(run)
     head = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": []}
     usage = {**messages_usage(run.usage()), "output_tokens": 0}
     yield event("message_start", message={**head, "stop_reason": None, "stop_sequence": None, "usage": usage})
     outs: list[StepOutput] = []
-    streamed: str | None = None
+    blocks = _LiveBlocks()
     try:
         async for out in job.outputs():
             outs.append(out)
-            for text in texts(out):
-                if streamed is None:
-                    streamed = ""
-                    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                streamed += text
-                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+            for delta in deltas(out):
+                for chunk in blocks.add(delta):
+                    yield chunk
         body = message_body(rid, model, run, outs)
-        blocks = body["content"]
-        if streamed is not None and (not blocks or blocks[0]["type"] != "text"):
-            blocks.insert(0, {"type": "text", "text": streamed})  # the text block streamed stays
-        for chunk in _blocks(blocks, streamed is not None):
+        for chunk in blocks.close() if blocks.kind is not None else _whole(body["content"]):
             yield chunk
         delta = {"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]}
         yield event("message_delta", delta=delta, usage=body["usage"])
@@ -341,16 +335,12 @@ async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
         job.close()
 
 
-def _blocks(blocks: list[dict[str, Any]], opened: bool) -> list[bytes]:
-    """Each block's events: the closing one of the text block streamed live (`opened`), the others whole."""
+def _whole(blocks: list[dict[str, Any]]) -> list[bytes]:
+    """Blocks none of which was streamed live (an empty reply's text block), each sent whole."""
     chunks = []
     for index, block in enumerate(blocks):
-        if index == 0 and opened:
-            chunks.append(event("content_block_stop", index=0))
-            continue
         if block["type"] == "text":
-            start = {"type": "text", "text": ""}
-            delta = {"type": "text_delta", "text": block["text"]}
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         else:
             start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
@@ -358,3 +348,38 @@ def _blocks(blocks: list[dict[str, Any]], opened: bool) -> list[bytes]:
         chunks.append(event("content_block_delta", index=index, delta=delta))
         chunks.append(event("content_block_stop", index=index))
     return chunks
+
+
+class _LiveBlocks:
+    """The content blocks of a stream, one open at a time: a text block, or a tool_use block per call
+    (tool_stream.ToolStream's deltas: a call's head, then pieces of its arguments text)."""
+
+    def __init__(self) -> None:
+        self.index = -1  # the open block's index
+        self.kind: str | None = None  # "text" | "tool_use" | None (none open)
+
+    def add(self, delta: dict[str, Any]) -> list[bytes]:
+        chunks: list[bytes] = []
+        if delta.get("content"):
+            if self.kind != "text":
+                chunks += self._start({"type": "text", "text": ""}, "text")
+            chunks.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+        for call in delta.get("tool_calls", []):
+            fn = call["function"]
+            if "id" in call:
+                use = {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": {}}
+                chunks += self._start(use, "tool_use")
+            if fn.get("arguments"):
+                chunks.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
+        return chunks
+
+    def close(self) -> list[bytes]:
+        return [event("content_block_stop", index=self.index)] if self.kind is not None else []
+
+    def _start(self, block: dict[str, Any], kind: str) -> list[bytes]:
+        chunks = self.close()
+        self.index, self.kind = self.index + 1, kind
+        return [*chunks, event("content_block_start", index=self.index, content_block=block)]
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return event("content_block_delta", index=self.index, delta=delta)

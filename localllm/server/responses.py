@@ -320,13 +320,20 @@ class _Deltas:
         return delta
 
 
-def live_text(run: ChatRun) -> Callable[[StepOutput], list[str]]:
-    """The text of each output that can be shown as it comes: all of it without tools; with tools, what
-    tool_stream.ToolStream lets through (the content before a call's marker; the calls come at the end)."""
+def live_deltas(run: ChatRun) -> Callable[[StepOutput], list[dict[str, Any]]]:
+    """Each output as the chat deltas that can be sent as it comes: its text without tools; with tools,
+    tool_stream.ToolStream's (the content before a call, then each call's head and argument pieces)."""
     if run.tools is None:
-        return lambda out: [out.text] if out.text else []
+        return lambda out: [{"content": out.text}] if out.text else []
     tool_stream = ToolStream(run.tools, _Deltas())
-    return lambda out: [d["content"] for d in tool_stream.chat_output(out) if d.get("content")]
+    return lambda out: list(tool_stream.chat_output(out))
+
+
+def live_text(run: ChatRun) -> Callable[[StepOutput], list[str]]:
+    """The text of each output that can be shown as it comes (the Responses stream's function calls
+    come whole at the end)."""
+    deltas = live_deltas(run)
+    return lambda out: [d["content"] for d in deltas(out) if d.get("content")]
 
 
 async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]:
