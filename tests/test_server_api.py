@@ -344,6 +344,16 @@ def test_responses_forced_function_call(client: openai.OpenAI, srv: Running) -> 
         e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
     ]
     assert done and json.loads(done[0].arguments)["unit"] in ("C", "F")
+    # greedy, streamed and not: the arguments arrive in pieces as the call is written and assemble to
+    # the unstreamed call's; the completed response holds the call as streamed
+    greedy = {**kw, "temperature": 0, "tool_choice": "required"}
+    whole = next(i for i in client.responses.create(**greedy).output if i.type == "function_call")
+    events = list(client.responses.create(stream=True, **greedy))
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    added = next(e.item for e in events if e.type == "response.output_item.added")
+    final = next(i for i in events[-1].response.output if i.type == "function_call")
+    assert len(pieces) > 2 and "".join(pieces) == whole.arguments == final.arguments
+    assert added.type == "function_call" and (added.id, added.call_id) == (final.id, final.call_id)
     # the call and its output fed back as input items
     back = [
         {"role": "user", "content": "weather?"},

@@ -337,28 +337,26 @@ def live_text(run: ChatRun) -> Callable[[StepOutput], list[str]]:
 
 
 async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]:
-    """The Responses event stream: text deltas as they come, then the reply's items (function calls
-    once the reply has ended and been parsed), the done events and response.completed."""
-    event, job, texts = _Events(), run.jobs[0], live_text(run)
+    """The Responses event stream: text deltas as they come, each function call as it is written (its
+    item added, then function_call_arguments.delta pieces), the done events and response.completed."""
+    event, job, deltas = _Events(), run.jobs[0], live_deltas(run)
     yield event("response.created", response=response)
     yield event("response.in_progress", response=response)
     outs: list[StepOutput] = []
-    msg_id, streamed = f"msg_{uuid.uuid4().hex}", None
+    live = _LiveItems(event)
     try:
         async for out in job.outputs():
             outs.append(out)
-            for text in texts(out):
-                if streamed is None:
-                    streamed = ""
-                    for chunk in _open_message(event, msg_id):
-                        yield chunk
-                streamed += text
-                where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
-                yield event("response.output_text.delta", **where, delta=text)
+            for delta in deltas(out):
+                for chunk in live.add(delta):
+                    yield chunk
         done = finish(response, run, outs)
-        if streamed is not None:
-            _keep_message(done["output"], msg_id, streamed)
-        for chunk in _close_items(event, done["output"], opened=streamed is not None):
+        if live.items:
+            done["output"] = live.items
+            chunks = live.close()
+        else:  # nothing was streamed (an empty reply): its items whole
+            chunks = _close_items(event, done["output"], opened=False)
+        for chunk in chunks:
             yield chunk
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
         yield event(kind, response=done)
@@ -370,24 +368,71 @@ async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]
         job.close()
 
 
-def _keep_message(items: list[dict[str, Any]], msg_id: str, streamed: str) -> None:
-    """The streamed message stays the first item, under the id it was streamed with."""
-    if items and items[0]["type"] == "message":
-        items[0]["id"] = msg_id
-    else:
-        items.insert(0, message_item(streamed, "completed", msg_id))
+class _LiveItems:
+    """The output items of a stream as they are written, one open at a time: the message (its text),
+    then a function_call item per call (tool_stream.ToolStream's deltas: a head, then argument pieces)."""
+
+    def __init__(self, event: _Events) -> None:
+        self.event = event
+        self.items: list[dict[str, Any]] = []  # each as it will be once done
+        self.open = False
+
+    def add(self, delta: dict[str, Any]) -> list[bytes]:
+        chunks: list[bytes] = []
+        if delta.get("content"):
+            if not self.open or self.items[-1]["type"] != "message":
+                chunks += self.close()
+                self.items.append(message_item("", "completed"))
+                chunks += _open_message(self.event, self.items[-1]["id"], len(self.items) - 1)
+                self.open = True
+            self.items[-1]["content"][0]["text"] += delta["content"]
+            chunks.append(self.event("response.output_text.delta", **self._where(), delta=delta["content"]))
+        for call in delta.get("tool_calls", []):
+            if "id" in call:
+                chunks += self.close()
+                chunks.append(self._open_call(call["id"], call["function"]["name"]))
+            piece = call["function"].get("arguments")
+            if piece:
+                self.items[-1]["arguments"] += piece
+                chunks.append(
+                    self.event("response.function_call_arguments.delta", **self._where(), delta=piece)
+                )
+        return chunks
+
+    def _open_call(self, call_id: str, name: str) -> bytes:
+        item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name}
+        self.items.append({**item, "arguments": "", "status": "completed"})
+        self.open = True
+        added = {**item, "arguments": "", "status": "in_progress"}
+        return self.event("response.output_item.added", output_index=len(self.items) - 1, item=added)
+
+    def close(self) -> list[bytes]:
+        """The open item's done events."""
+        if not self.open:
+            return []
+        self.open = False
+        item, where = self.items[-1], self._where()
+        if item["type"] == "message":
+            part = item["content"][0]
+            chunks = [self.event("response.output_text.done", **where, text=part["text"])]
+            chunks.append(self.event("response.content_part.done", **where, part=part))
+        else:
+            args = item["arguments"]
+            chunks = [self.event("response.function_call_arguments.done", **where, arguments=args)]
+        done = self.event("response.output_item.done", output_index=len(self.items) - 1, item=item)
+        return [*chunks, done]
+
+    def _where(self) -> dict[str, Any]:
+        where = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+        return {**where, "content_index": 0} if self.items[-1]["type"] == "message" else where
 
 
-def _open_message(event: _Events, msg_id: str) -> list[bytes]:
+def _open_message(event: _Events, msg_id: str, index: int = 0) -> list[bytes]:
+    item = message_item("", "in_progress", msg_id)
+    where = {"item_id": msg_id, "output_index": index, "content_index": 0}
     return [
-        event("response.output_item.added", output_index=0, item=message_item("", "in_progress", msg_id)),
-        event(
-            "response.content_part.added",
-            item_id=msg_id,
-            output_index=0,
-            content_index=0,
-            part=output_text(""),
-        ),
+        event("response.output_item.added", output_index=index, item=item),
+        event("response.content_part.added", **where, part=output_text("")),
     ]
 
 
