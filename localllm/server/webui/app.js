@@ -365,7 +365,8 @@
       timing.chunks++;
       reply.content += choice.delta.content;
     }
-    if (choice && choice.finish_reason) timing.finish = choice.finish_reason;
+    // native_finish_reason: the server's own reason where finish_reason is OpenAI's ("repetition" -> "length")
+    if (choice && choice.finish_reason) timing.finish = choice.native_finish_reason || choice.finish_reason;
     timing.last = performance.now();
     queueReplyRender(node, reply);
   }
@@ -387,6 +388,7 @@
     }
     if (stopped) parts.push("stopped");
     else if (t.finish === "length") parts.push("stopped at the token limit");
+    else if (t.finish === "repetition") parts.push("stopped: it kept repeating itself");
     return parts.join(" · ");
   }
 
