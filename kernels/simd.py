@@ -230,6 +230,23 @@ def fetch_add(typingctx, addr, value):
 
 
 @intrinsic
+def prefetch(typingctx, addr):
+    """Ask for the cache line at addr (`llvm.prefetch`: read, keep in all levels); never faults."""
+
+    def codegen(context, builder, signature, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        name = "llvm.prefetch.p0i8"
+        fn = builder.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), name)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(types.int64), codegen
+
+
+@intrinsic
 def rint_f32(typingctx, x):
     """Round to nearest, ties to even (np.rint) as LLVM's `llvm.rint`: one vrndscaleps / vroundps per
     vector where the CPU has it, so loops around it vectorise (Numba's np.rint is a libm call)."""

@@ -1,0 +1,89 @@
+"""Single-row (decode) matmul throughput per weight type and shape: GB/s of packed weight bytes.
+
+Streaming cases cycle through enough copies of a weight to exceed the L3 cache, so every call reads
+its weight from memory as decode does; "l2" and "tiny" repeat one weight that stays in cache (the
+compute rate, and the fixed cost of a call).  Each figure is the fastest sweep over the copies (the
+least disturbed on a shared machine), with the median beside it.  Usage:
+    python scripts/gemv_bench.py [--threads 1 2] [--cases big moe l2] [--reps 150] [--mmap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+from localllm.kernels import matmul
+from localllm.quant.types import QUANT_TYPES
+
+GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+CASES = {  # (type, rows, columns): Qwen2.5-1.5B's Q4_K_M matrices, the tiny qwen3moe's experts
+    "qwen15": [("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q4_K", 1536, 1536), ("Q6_K", 151936, 1536)],
+    "moe": [("Q4_0", 768, 1024), ("Q4_0", 1024, 768), ("Q4_1", 768, 1024), ("Q4_0", 4096, 1024)],
+    "big": [("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q4_0", 4096, 1024)],
+    "tiny": [("Q4_0", 64, 1024), ("Q4_0", 256, 1024), ("Q4_0", 768, 1024), ("Q4_0", 2048, 1024)],
+    "l2": [("Q4_K", 512, 1536), ("Q6_K", 128, 8960), ("Q6_K", 512, 1536), ("Q4_0", 768, 1024)],
+    "all": [(t, 4096, 1024) for t in GGML],
+}
+IN_CACHE = ("l2", "tiny")
+STREAM_BYTES = 96 << 20  # > L3
+
+
+def random_raw(rng: np.random.Generator, name: str, n: int, k: int) -> np.ndarray:
+    """Random block bytes (the fp16 scales too: the speed does not depend on their values)."""
+    qt = QUANT_TYPES[GGML[name]]
+    return rng.integers(0, 256, size=(n, k // qt.block_size * qt.type_size), dtype=np.uint8)
+
+
+def _mapped(w: matmul.PackedWeight, i: int) -> matmul.PackedWeight:
+    path = f"/tmp/gemv_bench_{i}.bin"
+    w.buf.tofile(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    return dataclasses.replace(w, buf=mm, addr=mm.ctypes.data)
+
+
+def _sweeps(ws: list, x: np.ndarray, out: np.ndarray, nth: int, count: int) -> list[float]:
+    """Seconds per call of `count` sweeps, each calling every copy once."""
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        for w in ws:
+            matmul.linear(x, w, nth, out)
+        times.append((time.perf_counter() - t0) / len(ws))
+    return times
+
+
+def bench_case(name: str, n: int, k: int, args: argparse.Namespace, stream_bytes: int) -> None:
+    rng = np.random.default_rng(0)
+    w0 = matmul.prepare_weight(random_raw(rng, name, n, k), GGML[name])
+    copies = max(1, min(64, stream_bytes // w0.nbytes))
+    ws = [w0] + [matmul.prepare_weight(random_raw(rng, name, n, k), GGML[name]) for _ in range(copies - 1)]
+    if args.mmap:  # as the backend's weight cache gives them: page-cache pages of a file
+        ws = [_mapped(w, i) for i, w in enumerate(ws)]
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = np.empty((1, n), np.float32)
+    line = f"{name:5s} {n:6d} x {k:5d} {w0.nbytes / 2**20:7.2f} MiB x{copies:<3d}"
+    for nth in args.threads:
+        _sweeps(ws, x, out, nth, 1)  # warm-up (and compilation)
+        times = _sweeps(ws, x, out, nth, max(3, args.reps // copies))
+        best, med = w0.nbytes / min(times) / 1e9, w0.nbytes / float(np.median(times)) / 1e9
+        line += f" | {nth}t {min(times) * 1e6:8.1f} us {best:5.1f} GB/s (median {med:5.1f})"
+    print(line, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--cases", nargs="+", default=["qwen15", "moe"], choices=sorted(CASES))
+    ap.add_argument("--mmap", action="store_true", help="weights memory-mapped from files")
+    ap.add_argument("--reps", type=int, default=150)
+    args = ap.parse_args()
+    for c in args.cases:
+        for name, n, k in CASES[c]:
+            bench_case(name, n, k, args, 0 if c in IN_CACHE else STREAM_BYTES)
+
+
+if __name__ == "__main__":
+    main()
