@@ -19,6 +19,7 @@ from localllm.engine.sequence import Sequence
 from localllm.engine.spec_policy import (
     EXPLORE_EVERY,
     GATE_BACKOFF_FIRST,
+    GATE_FRESH,
     NEW_SEQ_PROBE,
     SpecPolicy,
     SpeedGate,
@@ -87,6 +88,10 @@ def test_gate_stops_drafting_where_drafted_steps_are_slower_per_token():
         gate.record(1, 3, 0.2, drafted=True)
         gate.record(1, 1, 0.1, drafted=False)
         assert gate.is_open(1)
+    for _ in range(GATE_FRESH):  # a long run of drafted steps: then one plain step, for a fresh comparison
+        assert gate.is_open(1)
+        gate.record(1, 3, 0.2, drafted=True)
+    assert not gate.is_open(1)
 
 
 def test_new_sequences_start_from_what_the_ones_before_saw():

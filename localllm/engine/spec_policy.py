@@ -14,8 +14,9 @@ hopeful instead, so a workload that begins to pay is noticed.
 
 The gate checks the model against what it buys: per number of decoding sequences, the seconds per emitted
 token of steps with drafts against plain steps (every EXPLORE_EVERY-th step is plain, to keep that
-measured). When the drafted steps are slower, drafting stops for that batch width for a while (doubling
-while it keeps losing). At a wide batch each verify row costs nearly a whole decode row, and there the
+measured, and the step after GATE_FRESH drafted ones too, so the two are compared under the same load). When
+the drafted steps are not MIN_GAIN faster, drafting stops for that batch width for a while (doubling while
+it keeps losing). At a wide batch each verify row costs nearly a whole decode row, and there the
 gate is what turns speculation off.
 """
 
@@ -35,6 +36,7 @@ DEFAULT_SLOPE = 0.05  # step time per extra token, as a fraction of a step, befo
 GATE_EMA = 0.3  # weight of a new step in the gate's seconds per token
 GATE_MIN_STEPS = 3  # drafted steps measured before the gate judges them
 GATE_BACKOFF_FIRST, GATE_BACKOFF_MAX = 16, 512  # steps a closed gate stays closed
+GATE_FRESH = 16  # drafted steps after which the next step is plain: load drifts, the comparison must not
 
 
 @dataclass(slots=True)
@@ -123,6 +125,7 @@ class _Rates:
     plain: float = 0.0  # seconds per emitted token of plain steps (0: not measured yet)
     drafted: float = 0.0  # the same for steps with drafts
     drafted_steps: int = 0  # drafted steps measured since the gate last judged
+    since_plain: int = 0  # drafted steps since the last plain one
     closed_for: int = 0  # steps left with drafting off
     backoff: int = GATE_BACKOFF_FIRST
 
@@ -140,6 +143,8 @@ class SpeedGate:
         if r.closed_for > 0:
             r.closed_for -= 1
             return False
+        if r.since_plain >= GATE_FRESH:
+            return False
         return bool(r.plain) or r.drafted_steps < GATE_MIN_STEPS
 
     def record(self, num_decodes: int, emitted: int, seconds: float, drafted: bool) -> None:
@@ -148,12 +153,14 @@ class SpeedGate:
         per = seconds / max(emitted, 1)
         if not drafted:
             r.plain = per if not r.plain else (1 - GATE_EMA) * r.plain + GATE_EMA * per
+            r.since_plain = 0
             return
         r.drafted = per if not r.drafted_steps else (1 - GATE_EMA) * r.drafted + GATE_EMA * per
         r.drafted_steps += 1
+        r.since_plain += 1
         if not r.plain or r.drafted_steps < GATE_MIN_STEPS:
             return
-        if r.drafted > r.plain:  # drafting loses here: stop, and look again later
+        if r.drafted > (1 - MIN_GAIN) * r.plain:  # drafting doesn't clearly win: stop, look again later
             r.closed_for, r.backoff = r.backoff, min(2 * r.backoff, GATE_BACKOFF_MAX)
             r.drafted_steps = 0
         else:
