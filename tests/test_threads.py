@@ -69,3 +69,12 @@ def test_a_new_small_step_size_starts_from_its_neighbours_choice() -> None:
     chosen = _drive(gov, {2: 0.01, 1: 0.02}, 300, n_tokens=5)  # the other candidate wins here: found
     assert chosen[0] == 1 and gov.current_choice(5) == 2
     assert _drive(gov, {2: 0.05, 1: 0.09}, 2, n_tokens=512) == [2, 1]  # prefill sizes: measured afresh
+
+
+def test_one_delayed_step_does_not_flip_a_quiet_machine_to_one_thread() -> None:
+    gov = ThreadGovernor(2)
+    _drive(gov, {2: 0.008, 1: 0.012}, 20)
+    _drive(gov, {2: 0.024, 1: 0.012}, 1)  # another tenant's time slice delays one 2-thread step 3x
+    assert gov.current_choice(1) == 2
+    _drive(gov, {2: 0.024, 1: 0.012}, 3)  # a sustained slowdown still flips it
+    assert gov.current_choice(1) == 1

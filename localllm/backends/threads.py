@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 EMA_WEIGHT = 0.3  # weight of a new measurement in a thread count's running step time
 FIRST_PROBE, MAX_PROBE = 8, 256  # steps between re-measurements: start, and cap while the choice holds
 INHERIT_UP_TO = 16  # step sizes (exact buckets) that start from a measured neighbour's choice
+# A settled choice yields only to a candidate this much faster: one step delayed by another tenant's
+# time slice (3x its usual time) would otherwise flip a quiet machine to 1 thread until the next probe.
+SWITCH_MARGIN = 0.9
 
 
 @dataclass(slots=True)
@@ -65,7 +68,7 @@ class ThreadGovernor:
         # the running choice is smoothed; a probe's old figure is stale, so the probe replaces it
         fresh = old is None or probed
         b.times[threads] = seconds if fresh else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
-        best = min(b.times, key=b.times.__getitem__)
+        best = _faster(b.times, b.best)
         if probed:  # a probe: back off while the choice holds, look again soon when it flips
             b.probe_every = min(MAX_PROBE, 2 * b.probe_every) if best == b.best else FIRST_PROBE
             b.since_probe = 0
@@ -90,3 +93,11 @@ class ThreadGovernor:
         """The settled choice for a step size (None before it was measured with every candidate)."""
         b = self._buckets.get(self.bucket_of(n_tokens))
         return b.best or None if b else None
+
+
+def _faster(times: dict[int, float], current: int) -> int:
+    """The fastest thread count, keeping `current` unless another beats it by SWITCH_MARGIN."""
+    best = min(times, key=times.__getitem__)
+    if current in times and best != current and times[best] > SWITCH_MARGIN * times[current]:
+        return current
+    return best
