@@ -11,29 +11,15 @@ import zlib
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf.quants import quantize as gguf_quantize
+from random_weights import random_weight
 
 from localllm.kernels import matmul
 from localllm.kernels.quantize_act import quantize_rows
-from localllm.quant.ggml import BLOCK_KERNELS
 
 # One kind per tile kernel and high-bit variant: tile_nibbles (4-bit, 5-bit), tile_q6_k, tile_q8_0.
 KINDS = ("Q4_1", "Q5_0", "Q6_K", "Q8_0")
 # A lone row, the direct kernel's chunk, a chunk unpacked once for many rows, and several chunks.
 ROWS = (1, 3, 16, 21, 40)
-
-
-def random_weight(rng: np.random.Generator, name: str, n: int, k: int) -> np.ndarray:
-    """gguf's quantizer where it has one, else random blocks with sane fp16 scales (K-quants)."""
-    if name != "Q6_K":
-        return gguf_quantize(rng.standard_normal((n, k)).astype(np.float32), T[name])
-    layout = BLOCK_KERNELS[name][0]
-    raw = rng.integers(0, 256, size=(n, k // 256 * layout.itemsize), dtype=np.uint8)
-    blocks = raw.view(layout)
-    for field in layout.names:
-        if layout[field] == np.dtype("<f2"):
-            blocks[field] = (rng.standard_normal(blocks[field].shape) * 0.05).astype(np.float16)
-    return raw
 
 
 def outputs() -> dict[str, np.ndarray]:

@@ -23,8 +23,8 @@ import zlib
 import gguf
 import numpy as np
 import pytest
-from gguf.quants import quantize as gguf_quantize
 from numba import njit
+from random_weights import random_weight
 
 from localllm.backends.numba_cpu import NumbaBackend
 from localllm.backends.numpy_ref import NumpyBackend
@@ -36,37 +36,16 @@ from localllm.kernels.quantize_act import quantize_rows
 from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES
 from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI, QUADS_BYTES
 from localllm.models.spec import RopeSpec
-from localllm.quant.ggml import BLOCK_KERNELS
 
 T = gguf.GGMLQuantizationType
 LANE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 ROW_TYPES = ["F32", "F16", "BF16", "Q2_K", "Q3_K"]
-GGUF_QUANTIZABLE = {"BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 FLOAT_TOL, INT_TOL, INT_EXACT_TOL = 1e-5, 2.5e-2, 1e-5
 
 
 @pytest.fixture(scope="module")
 def backend() -> NumbaBackend:
     return NumbaBackend(2)
-
-
-def random_weight(rng: np.random.Generator, name: str, n: int, k: int) -> np.ndarray:
-    """A matrix as GGUFFile.raw returns it: gguf's quantizer where it has one, else random block
-    bytes with sane fp16 scales (K-quants)."""
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    if name == "F32":
-        return w
-    if name == "F16":
-        return w.astype(np.float16)
-    if name in GGUF_QUANTIZABLE:
-        return gguf_quantize(w, T[name])
-    layout = BLOCK_KERNELS[name][0]
-    raw = rng.integers(0, 256, size=(n, k // 256 * layout.itemsize), dtype=np.uint8)
-    blocks = raw.view(layout)
-    for field in layout.names:
-        if layout[field] == np.dtype("<f2"):
-            blocks[field] = (rng.standard_normal(blocks[field].shape) * 0.05).astype(np.float16)
-    return raw
 
 
 def rel_err(ours: np.ndarray, expected: np.ndarray) -> float:
