@@ -589,13 +589,19 @@ def _progress_bar(enabled: bool) -> Iterator[Progress]:
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
+    from rich.table import Column
+
+    # On a narrow terminal the description is shortened (…) instead of every column wrapping onto a
+    # second line, which left stray "MB MB/s" fragments on screen after the bar.
+    def one_line(overflow: str = "fold", max_width: int | None = None) -> Column:
+        return Column(no_wrap=True, overflow=overflow, max_width=max_width)
 
     bar = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
+        TextColumn("[bold]{task.description}", table_column=one_line("ellipsis", max_width=44)),
+        BarColumn(bar_width=None),
+        DownloadColumn(table_column=one_line()),
+        TransferSpeedColumn(table_column=one_line()),
+        TimeRemainingColumn(table_column=one_line()),
         console=_console(),
         disable=not enabled,
     )

