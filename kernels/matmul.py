@@ -30,6 +30,7 @@ from numba.extending import overload
 from . import blockscales as bs
 from . import dequant as dq
 from . import matmul_int as mi
+from . import matmul_row as mr
 from .gemm import GEMM_ARGV_LEN, call_gemm
 from .packing import (
     BF16,
@@ -171,6 +172,35 @@ def _q6_fields(buf, n, k):
     return f0.reshape(nt, ns, R), sc, qh2, q.reshape(nt, nb, 16, R)
 
 
+@njit(cache=True)
+def _row_scratch(pairs):
+    """(4, R) int16 of the tile kernels' pairs scratch, for matmul_row's block sums."""
+    return pairs[: 8 * R].view(np.int16).reshape(4, R)
+
+
+@njit(cache=True)
+def row_q4_0(buf, n, k, t, xq, acc, s2):
+    f0, _, _, qs, nt, nb, _ = _nib_views(Q4_0, buf, n, k)
+    mr.row_q4_0(f0.reshape(nt, nb, R)[t], qs[t], xq[4], xq[1], xq[2], acc, s2)
+
+
+@njit(cache=True)
+def row_q4_1(buf, n, k, t, xq, acc, s2):
+    f0, _, _, qs, nt, nb, _ = _nib_views(Q4_1, buf, n, k)
+    mr.row_q4_1(f0.reshape(nt, nb, 2, R)[t], qs[t], xq[4], xq[1], xq[2], acc, s2)
+
+
+@njit(cache=True)
+def row_q4_k(buf, n, k, t, xq, acc, s2):
+    f0, sm, _, qs, nt, nb, ns = _nib_views(Q4_K, buf, n, k)
+    dd, sm4 = f0.reshape(nt, ns, 2, R)[t], sm.reshape(nt, nb, 2, R)[t]
+    mr.row_q4_k(dd, sm4, qs[t], xq[4], xq[1], xq[2], acc, s2)
+
+
+# One activation row through a tile without staging (matmul_row), per 4-bit kind.
+ROW_NIBBLES = {Q4_0: row_q4_0, Q4_1: row_q4_1, Q4_K: row_q4_k}
+
+
 # ---- per-tile work, chosen per kind while typing (so each kind compiles only its own code) -------
 
 
@@ -200,12 +230,20 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs)
 
         def q6(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, sc, qh2, qs = _q6_fields(buf, n, k)
+            if mr.FUSED_ROW and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
+                s4 = _row_scratch(pairs)
+                mr.row_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s4)
+                return
             mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16, sums, pairs)
 
         return q6
-    fields = NIBBLE_FIELDS[kv]
+    fields, row = NIBBLE_FIELDS[kv], ROW_NIBBLES.get(kv)
+    fused = mr.FUSED_ROW and row is not None
 
     def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
+        if fused and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
+            row(buf, n, k, t, xq, acc, _row_scratch(pairs))
+            return
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
         mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[5], xq[1], xq[2], dsc, msc, acc, s16, sums, pairs)
