@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.errors import ModelFormatError
+from localllm.text_table import TextTable
 
 if TYPE_CHECKING:
     from localllm.gguf_file import GGUFFile, TensorInfo
@@ -221,8 +222,10 @@ _KIND_WORDS = {"string": "a string", "strings": "an array of strings", "numbers"
 def _is_kind(value: Any, kind: str) -> bool:
     if kind == "string":
         return isinstance(value, str)
-    if kind == "strings":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "strings":  # a TextTable holds only strings, checked as UTF-8 when it was read
+        return isinstance(value, TextTable) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        )
     if isinstance(value, np.ndarray):
         return value.ndim == 1 and value.dtype.kind in "iuf"
     return isinstance(value, list) and all(_is_number(v) for v in value)

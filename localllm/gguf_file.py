@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import struct
+from array import array
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from localllm.errors import ModelFormatError
+from localllm.text_table import TextTable
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 GGML_F32, GGML_F16 = 0, 1  # GGMLQuantizationType values, without importing gguf (~30 ms) to name them
 DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 16
@@ -53,6 +55,7 @@ SCALAR_FORMATS = {
     11: "<q",
     12: "<d",
 }
+TEXT_TABLE_MIN = 1024  # string arrays this long (vocabularies, merges) are read as one TextTable
 SMALL_ARRAY = 64  # numeric arrays up to this length become lists, longer ones stay numpy arrays
 MAX_KEY_BYTES = 1024  # keys are short dotted names
 MAX_NAME_BYTES = 256  # ggml's own limit (GGML_MAX_NAME) is 64
@@ -441,7 +444,10 @@ def _parse(cur: _Cursor) -> GGUFIndex:
     # only now, with the whole header in bounds, do vocabularies become (many, larger) python objects
     for key, value in metadata.items():
         if isinstance(value, _StringArray):
-            metadata[key] = _read_strings(_Cursor(cur.buf, value.start), value.count, value.what)
+            metadata[key] = _read_string_array(_Cursor(cur.buf, value.start), value.count, value.what)
+    vocab = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(vocab, TextTable):
+        vocab.build_index()  # tokenizers look texts up: the buckets are cached with the index
     return GGUFIndex(metadata, tensors, data_offset, alignment, _digest(cur.buf, min(data_offset, cur.end)))
 
 
@@ -491,7 +497,33 @@ class _StringArray:
     what: str
 
 
-def _read_strings(cur: _Cursor, n: int, what: str, decode: bool = True) -> list[str]:
+def _read_string_array(cur: _Cursor, n: int, what: str) -> list[str] | TextTable:
+    """A short array as a list; a vocabulary-sized one as a TextTable (one blob, not n objects)."""
+    if n < TEXT_TABLE_MIN:
+        return _read_strings(cur, n, what)
+    starts = array("q")
+    first = cur.pos + 8
+    _read_strings(cur, n, what, decode=False, starts=starts)
+    table = _text_table(cur.buf, np.frombuffer(starts, np.int64), cur.pos)
+    if table is None:  # a string is not valid UTF-8: the string-by-string reader names it
+        return _read_strings(_Cursor(cur.buf, first - 8), n, what)
+    return table
+
+
+def _text_table(buf: Any, starts: np.ndarray, end: int) -> TextTable | None:
+    """The strings at `starts` (each after its 8-byte length; the last ends at `end`) as one blob."""
+    first = int(starts[0])
+    region = np.frombuffer(buf, np.uint8, end - first, first)
+    keep = np.ones(len(region), bool)  # drop the 8-byte length in front of strings 1..n-1
+    for k in range(8):
+        keep[starts[1:] - (first + 8 - k)] = False
+    ends = np.cumsum(np.diff(starts, append=end + 8) - 8)
+    return TextTable.from_utf8(region[keep].tobytes(), ends)
+
+
+def _read_strings(
+    cur: _Cursor, n: int, what: str, decode: bool = True, starts: array | None = None
+) -> list[str]:
     # the hot loop of a vocabulary (up to ~262k strings), so the cursor's checks are inlined
     buf, pos, end, out = cur.buf, cur.pos, cur.end, []
     unpack = struct.Struct("<Q").unpack_from
@@ -504,6 +536,8 @@ def _read_strings(cur: _Cursor, n: int, what: str, decode: bool = True) -> list[
             )
         if decode:
             out.append(_decode(buf, pos, pos + length, what, i))
+        elif starts is not None:
+            starts.append(pos)
         pos += length
     cur.pos = pos
     return out

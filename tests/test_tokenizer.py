@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localllm.errors import ModelFormatError
+from localllm.text_table import TextTable
 from localllm.tokenizer import TokenAttr, Tokenizer, load_tokenizer
 from localllm.tokenizer.bpe import _merge_heap, _merge_short, byte_encode, byte_to_unicode
 from localllm.tokenizer.pretokenizers import get_pretokenizer, supported_pretokenizers
@@ -179,15 +180,17 @@ def test_byte_level_table_is_a_bijection() -> None:
 
 
 def test_tables_are_compact_and_share_the_metadata_strings() -> None:
-    """A 150k vocabulary is 150k strings: the tables refer to the metadata's own, never copies (merge
-    ranks are keyed by the merge's text, not a tuple of two new halves), attributes take a byte."""
+    """A 150k vocabulary is 150k strings: the tokenizer keeps the metadata's TextTable (one blob), never
+    a copy; merge ranks are keyed by the merge's text, not a tuple of two new halves; attributes take a
+    byte."""
     meta = tiny_metadata()
-    tok = load_tokenizer(meta)
-    assert tok._tokens is meta["tokenizer.ggml.tokens"]
+    table = TextTable.from_strings(meta["tokenizer.ggml.tokens"])
+    tok = load_tokenizer({**meta, "tokenizer.ggml.tokens": table})
+    assert tok._tokens is table and list(table) == meta["tokenizer.ggml.tokens"]
     assert isinstance(tok._attrs, bytearray)
     merge_ids = {id(m) for m in meta["tokenizer.ggml.merges"]}
     assert tok._ranks and all(id(k) in merge_ids for k in tok._ranks)
-    assert all(id(k) in {id(t) for t in tok._tokens} for k in tok._token_to_id)
+    assert all(tok._token_to_id[t] == i for i, t in enumerate(table))
 
 
 def test_a_text_listed_twice_keeps_its_first_id_and_empty_tokens_are_renamed() -> None:

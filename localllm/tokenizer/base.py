@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from localllm.errors import ModelFormatError
+from localllm.text_table import TextTable
+from localllm.tokenizer.token_index import TokenIndex
 
 __all__ = ["Tokenizer", "TokenAttr"]
 
@@ -149,11 +151,9 @@ class Tokenizer(ABC):
         tokens = metadata.get("tokenizer.ggml.tokens")
         if tokens is None or len(tokens) == 0:
             raise ModelFormatError("the model file has no tokenizer vocabulary (tokenizer.ggml.tokens).")
-        self._tokens: list[str] = _token_texts(tokens)
-        # the first id of a text that occurs twice: dict() keeps the last value, so go backwards
+        self._tokens: TextTable = _token_texts(tokens)
+        self._token_to_id = TokenIndex(self._tokens)  # the first id of a text that occurs twice
         n = len(self._tokens)
-        backwards = zip(reversed(self._tokens), range(n - 1, -1, -1), strict=True)
-        self._token_to_id: dict[str, int] = dict(backwards)
         self._attrs = _read_attrs(metadata, n)
         self.bos_id = _token_id(metadata, "bos_token_id", self.default_bos_id, len(self._tokens))
         self.eos_id = _token_id(metadata, "eos_token_id", self.default_eos_id, len(self._tokens))
@@ -256,7 +256,7 @@ class Tokenizer(ABC):
     def _compute_bytes(self, token_id: int) -> bytes:
         attr = self._attr(token_id)
         if attr & _SPECIAL:
-            return self._tokens[token_id].encode("utf-8")
+            return self._tokens.raw(token_id)
         if attr & _NORMAL:
             return self._normal_token_bytes(token_id)
         if attr & _BYTE:
@@ -284,10 +284,9 @@ class Tokenizer(ABC):
     def _end_of_generation_ids(self) -> frozenset[int]:
         """llama.cpp's special_eog_ids: FIM pad/repo/sep, tokens with end-like text, eos, eot, eom."""
         eog = {self._roles[r] for r in ("fim_pad", "fim_rep", "fim_sep") if r in self._roles}
-        for i, text in enumerate(self._tokens):
-            if text in _EOG_TEXTS:
-                eog.add(i)
-                self._attrs[i] |= _CONTROL
+        for i in (i for text in _EOG_TEXTS for i in self._token_to_id.ids_of(text)):
+            eog.add(i)
+            self._attrs[i] |= _CONTROL
         eog.update(t for t in (self.eos_id, self._roles.get("eot"), self._roles.get("eom")) if t is not None)
         texts = {self._tokens[i]: i for i in eog}
         # gpt-oss (harmony) / solar-open: <|end|> ends a message, not the generation.
@@ -354,12 +353,13 @@ def _cut(fragment: str | int, piece: str, tid: int) -> list[str | int]:
     return out
 
 
-def _token_texts(tokens: Any) -> list[str]:
-    """The vocabulary as a list: the metadata's own list when it can serve as is (262k strings are
-    ~22 MiB: one copy is kept, not two). llama.cpp renames empty tokens so they never match text."""
-    if isinstance(tokens, list) and all(tokens):
-        return tokens
-    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+def _token_texts(tokens: Any) -> TextTable:
+    """The vocabulary as one blob: the metadata's own table when it can serve as is (262k strings
+    would be ~24 MiB). llama.cpp renames empty tokens so they never match text."""
+    table = tokens if isinstance(tokens, TextTable) else None
+    if table is not None and table.byte_lengths().all():
+        return table
+    return TextTable.from_strings(t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens))
 
 
 def _read_attrs(metadata: Mapping[str, Any], n: int) -> bytearray:

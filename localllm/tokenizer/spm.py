@@ -22,11 +22,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from localllm.errors import ModelFormatError
+from localllm.text_table import TextTable
 from localllm.tokenizer.base import Tokenizer
 
 __all__ = ["SPMTokenizer"]
 
 SPACE = "\u2581"  # "▁": SentencePiece's escaped space
+_SPACE_UTF8 = SPACE.encode("utf-8")
 _SHORT_TEXT = 12  # characters; below this a plain scan beats the heap (as in bpe.py)
 _GLUE_CHUNK = 16384  # tokens joined at a time when looking for inner "▁"
 
@@ -68,7 +70,7 @@ class SPMTokenizer(Tokenizer):
         return tuple(self._symbol_ids(merge(list(word), self._token_to_id, self._scores)))
 
     def _normal_token_bytes(self, token_id: int) -> bytes:
-        return self._tokens[token_id].replace(SPACE, " ").encode("utf-8")
+        return self._tokens.raw(token_id).replace(_SPACE_UTF8, b" ")
 
     def _symbol_ids(self, symbols: list[str]) -> list[int]:
         """Each merged symbol is a token; a leftover character that is not becomes its bytes."""
@@ -97,14 +99,14 @@ class SPMTokenizer(Tokenizer):
         return ids
 
 
-def _word_splitter(tokens: list[str]) -> re.Pattern[str]:
+def _word_splitter(tokens: TextTable) -> re.Pattern[str]:
     """A pattern whose split() cuts text before each "▁" that no token can merge across: one whose
     preceding character never comes right before a "▁" inside a token (Gemma 3: only ">" does)."""
     glue: set[str] = set()
     nul = False
     for start in range(0, len(tokens), _GLUE_CHUNK):  # in chunks: the whole text is ~8 MiB for Gemma 3
-        chunk = tokens[start : start + _GLUE_CHUNK]
-        joined = "\x00" + "\x00".join(chunk)
+        chunk = range(start, min(start + _GLUE_CHUNK, len(tokens)))
+        joined = tokens.joined(chunk.start, chunk.stop, "\x00")
         # Drop each token's leading ▁ (it follows no character); a ▁ then left right after a separator
         # was its token's second character, following a ▁: keep ▁ as glue then.
         inner = joined.replace("\x00" + SPACE, "\x00")
