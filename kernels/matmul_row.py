@@ -31,7 +31,7 @@ def nibble_block(q, x, s0, s1) -> None:
     raise NotImplementedError
 
 
-@overload(nibble_block, jit_options={"cache": True})
+@overload(nibble_block, inline="always", jit_options={"cache": True})
 def _nibble_block_impl(q, x, s0, s1):
     block = q4_block_sums_avx512 if HAVE_AVX512 else q4_block_sums_avx2
     return lambda q, x, s0, s1: block(q, x, s0, s1)
@@ -42,7 +42,7 @@ def q6_block(q, h, x, s) -> None:
     raise NotImplementedError
 
 
-@overload(q6_block, jit_options={"cache": True})
+@overload(q6_block, inline="always", jit_options={"cache": True})
 def _q6_block_impl(q, h, x, s):
     nib = q4_block_sums_split_avx512 if HAVE_AVX512 else q4_block_sums_split_avx2
     crumb = crumb_sums_avx512 if HAVE_AVX512 else crumb_sums_avx2

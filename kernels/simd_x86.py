@@ -62,9 +62,12 @@ def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir
 
 
 # Software prefetch distance in bytes.  Decode streams every weight from DRAM once per token and
-# the hardware prefetcher alone left each core at ~5 GB/s of its ~9; fetching this far ahead
-# lets the loads overlap the integer work.
-PREFETCH_AHEAD = 4096
+# the hardware prefetcher alone left each core at ~5 GB/s of its ~9 (an AVX2 machine); fetching this
+# far ahead lets the loads overlap the integer work.  Once one row went through a tile block by block
+# (matmul_row: ~55 GB/s in cache), 4 KiB ahead was ~75 ns, less than a DRAM miss: 8 KiB measured
+# best (one core, Q4_K 8960 x 1536 from memory: 4 KiB 24.8, 6 KiB 28.3, 8 KiB 31.2, 12-16 KiB 31.0
+# GB/s; two cores 57 GB/s).
+PREFETCH_AHEAD = 8192
 
 
 def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int) -> None:
