@@ -179,26 +179,20 @@ def _row_scratch(pairs):
 
 
 @njit(cache=True)
-def row_q4_0(buf, n, k, t, xq, acc, s2):
-    f0, _, _, qs, nt, nb, _ = _nib_views(Q4_0, buf, n, k)
-    mr.row_q4_0(f0.reshape(nt, nb, R)[t], qs[t], xq[4], xq[1], xq[2], acc, s2)
-
-
-@njit(cache=True)
-def row_q4_1(buf, n, k, t, xq, acc, s2):
-    f0, _, _, qs, nt, nb, _ = _nib_views(Q4_1, buf, n, k)
-    mr.row_q4_1(f0.reshape(nt, nb, 2, R)[t], qs[t], xq[4], xq[1], xq[2], acc, s2)
-
-
-@njit(cache=True)
-def row_q4_k(buf, n, k, t, xq, acc, s2):
-    f0, sm, _, qs, nt, nb, ns = _nib_views(Q4_K, buf, n, k)
-    dd, sm4 = f0.reshape(nt, ns, 2, R)[t], sm.reshape(nt, nb, 2, R)[t]
-    mr.row_q4_k(dd, sm4, qs[t], xq[4], xq[1], xq[2], acc, s2)
-
-
-# One activation row through a tile without staging (matmul_row), per 4-bit kind.
-ROW_NIBBLES = {Q4_0: row_q4_0, Q4_1: row_q4_1, Q4_K: row_q4_k}
+def row_views(kind, buf, n, k, t):
+    """Tile t's fields as matmul_row.row_nibbles takes them: (f0, sm, qh, qs)."""
+    f0, f1, f2, qs, nt, nb, ns = _nib_views(kind, buf, n, k)
+    sm, qh = f1[:0].reshape(0, 2, R), f0[:0].reshape(0, 2, R)  # none
+    if kind == Q4_K or kind == Q5_K:
+        d = f0.reshape(nt, ns, 2, R)[t]
+        sm = (f2 if kind == Q5_K else f1).reshape(nt, nb, 2, R)[t]
+    elif kind == Q4_1 or kind == Q5_1:
+        d = f0.reshape(nt, nb, 2, R)[t]
+    else:
+        d = f0.reshape(nt, nb, 1, R)[t]
+    if kind == Q5_0 or kind == Q5_1 or kind == Q5_K:
+        qh = f1.view(np.uint16).reshape(nt, nb, 2, R)[t]
+    return d, sm, qh, qs[t]
 
 
 # ---- per-tile work, chosen per kind while typing (so each kind compiles only its own code) -------
@@ -223,6 +217,9 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs)
 
         def q8(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, q8 = _q8_fields(buf, n, k)
+            if mr.FUSED_Q6_Q8 and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
+                mr.row_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32[0])
+                return
             mi.tile_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32)
 
         return q8
@@ -230,19 +227,19 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs)
 
         def q6(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, sc, qh2, qs = _q6_fields(buf, n, k)
-            if mr.FUSED_ROW and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
+            if mr.FUSED_Q6_Q8 and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
                 s4 = _row_scratch(pairs)
                 mr.row_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s4)
                 return
             mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16, sums, pairs)
 
         return q6
-    fields, row = NIBBLE_FIELDS[kv], ROW_NIBBLES.get(kv)
-    fused = mr.FUSED_ROW and row is not None
+    fields, fused = NIBBLE_FIELDS[kv], kv in mr.NIBBLE_KINDS
 
     def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
         if fused and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
-            row(buf, n, k, t, xq, acc, _row_scratch(pairs))
+            d, sm, qh, qs = row_views(kv, buf, n, k, t)
+            mr.row_nibbles(kv, d, sm, qh, qs, xq[4], xq[5], xq[1], xq[2], acc, _row_scratch(pairs))
             return
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
@@ -388,7 +385,10 @@ def int16_range(kind, argv, lo, hi) -> None:
     d, q8 = _q8_fields(buf, n, k)
     for t in range(lo, hi):
         acc[:] = 0.0
-        mi.tile_q8_0(d[t], q8[t], x16, dx, acc, s32)
+        if mr.FUSED_Q6_Q8 and T <= mr.FUSED_MAX_ROWS:
+            mr.row_q8_0(d[t], q8[t], x16, dx, acc, s32[0])
+        else:
+            mi.tile_q8_0(d[t], q8[t], x16, dx, acc, s32)
         _store(acc, y, t, n)
 
 

@@ -476,7 +476,7 @@ def run_q6_rows(q3, qh, x8, s32, quads):
     mi.q6_sums_rows(q3, qh, x8, 0, 0, x8.shape[0], s32, quads)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q8_0", "Q6_K"])
 def test_a_row_does_not_depend_on_its_batch(backend: NumbaBackend, name: str) -> None:
     """Each activation row gives the same bits alone or among 20 others (chunks of 16 rows, the
     unpack-once path, a lone-row path): batched and lone decodes must pick the same tokens."""
