@@ -11,5 +11,9 @@ if _os.environ.get("NUMBA_CACHE_DIR"):
     # Compiled kernels are found by their sources' content, from any install path (see cache.py); this
     # must run before any kernel module is decorated.  The NumPy reference alone needs none of it.
     from .cache import use_content_keyed_cache
+    from .lazy_bitcode import keep_bitcode_unparsed
+    from .nrt_cache import load_nrt_from_cache
 
     use_content_keyed_cache()
+    keep_bitcode_unparsed()  # and two memory savers for kernels loaded from the cache
+    load_nrt_from_cache()

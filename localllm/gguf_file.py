@@ -36,7 +36,7 @@ import numpy as np
 from localllm.errors import ModelFormatError
 from localllm.text_table import TextTable
 
-INDEX_VERSION = 4
+INDEX_VERSION = 5
 GGML_F32, GGML_F16 = 0, 1  # GGMLQuantizationType values, without importing gguf (~30 ms) to name them
 DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 16

@@ -1,0 +1,38 @@
+"""Child process of test_numba_memory.py: run with NUMBA_CACHE_DIR set and a folder holding
+`cached_funcs.py`; prints what came from the cache and the results, as JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+from numba import njit
+from numba.core.runtime import rtsys
+
+import localllm.kernels  # noqa: F401  (installs the cache hooks before Numba's runtime starts)
+
+sys.path.insert(0, sys.argv[1])
+import cached_funcs  # noqa: E402
+
+
+@njit
+def fresh_caller(n):  # never cached: compiled now, linking the cached callee and the runtime in
+    return cached_funcs.total(n) + np.ones(n).sum()
+
+
+def main() -> None:
+    total = cached_funcs.total(10)
+    library = cached_funcs.total.overloads[cached_funcs.total.signatures[0]].library
+    out = {
+        "total": int(total),
+        "caller": float(fresh_caller(10)),
+        "nrt_from_cache": hasattr(rtsys.library, "_lazy_bitcode"),
+        "callee_from_cache": hasattr(library, "_lazy_bitcode"),
+        "callee_module_kept": library._shared_module is not None,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
