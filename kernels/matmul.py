@@ -362,8 +362,8 @@ def int_range(kind, argv, lo, hi) -> None:
     msc = np.empty((k // 32, R), np.float32)
     five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K  # built once per call, used by every tile
     bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN if five else 0), np.int16)
-    # only rows for the direct kernel (a 512-row prefill wrote 7 MB of tables per call for none)
-    lo_bits = mi.first_direct_row(T)
+    # only rows for the direct kernels (a 512-row prefill wrote 7 MB of tables per call for none)
+    lo_bits = 0 if T <= mr.FUSED_MAX_ROWS else mi.first_direct_row(T)
     mi.bit_tables(x8[lo_bits:], bits[lo_bits:])
     for t in range(lo, hi):
         if T == 1 and t + 1 < hi:  # decode: the next tile's scales arrive while this one computes
