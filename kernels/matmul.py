@@ -228,8 +228,11 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs)
         def q6(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, sc, qh2, qs = _q6_fields(buf, n, k)
             if mr.FUSED_Q6_Q8 and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
-                s4 = _row_scratch(pairs)
-                mr.row_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s4)
+                if mr.HAVE_VNNI and xq[0].shape[0] >= mr.Q6_QUAD_ROWS:
+                    mr.row_q6_k_quads(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s32[:2], pairs)
+                else:
+                    s4 = _row_scratch(pairs)
+                    mr.row_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s4)
                 return
             mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16, sums, pairs)
 
