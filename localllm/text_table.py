@@ -22,6 +22,7 @@ import numpy as np
 __all__ = ["TextTable"]
 
 _CHECK_CHUNK = 1 << 20  # bytes of the blob validated at a time
+_crc32 = zlib.crc32
 
 
 class TextTable(Sequence[str]):
@@ -113,7 +114,19 @@ class TextTable(Sequence[str]):
 
     def find(self, text: str) -> int | None:
         """The first i with self[i] == text; None if there is none (the hot path of tokenizing)."""
-        return self._find(text, first=True)  # type: ignore[return-value]
+        ids, starts = self._buckets or self.build_index()
+        data = text.encode("utf-8", "surrogatepass")
+        b = _crc32(data) & (len(starts) - 2)
+        lo, hi = starts[b], starts[b + 1]
+        if lo == hi:  # most pairs a tokenizer tries are no token
+            return None
+        blob, ends, size = self.blob, self.ends, len(data)
+        for j in range(lo, hi):
+            i = ids[j]
+            end = ends[i]
+            if (ends[i - 1] if i else 0) == end - size and blob[end - size : end] == data:
+                return i
+        return None
 
     def _find(self, text: str, first: bool) -> int | None | list[int]:
         ids, starts = self._buckets or self.build_index()
