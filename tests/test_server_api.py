@@ -219,6 +219,15 @@ def test_loop_guard_finish_reason_is_length_on_the_wire(client: openai.OpenAI, s
     # a reason clients know is sent as is, with no extra field
     r = client.completions.create(model=MODEL_ID, prompt="hello", temperature=0, max_tokens=3)
     assert r.choices[0].finish_reason == "length" and "native_finish_reason" not in r.choices[0].model_extra
+    # the Responses and Messages APIs report such a reply as cut short too, not as finished
+    chat = client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "hello"}], temperature=0, max_tokens=300
+    )
+    assert chat.choices[0].model_extra.get("native_finish_reason") == "repetition"
+    resp = client.responses.create(model=MODEL_ID, input="hello", temperature=0, max_output_tokens=300)
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 300, "temperature": 0}
+    assert post(srv, "/v1/messages", body).json()["stop_reason"] == "max_tokens"
     srv.wait_idle()
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 from localllm.engine.output import StepOutput
 from localllm.errors import LocalLLMError
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
-from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
+from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request, cut_short
 from localllm.server.responses import live_deltas
 from localllm.server.streaming import sse_event
 
@@ -249,7 +249,7 @@ def stop_of(outs: list[StepOutput], message: dict[str, Any]) -> tuple[str, str |
     if message.get("tool_calls"):
         return "tool_use", None
     last = outs[-1] if outs else None
-    if last is not None and last.finish_reason == "length":
+    if last is not None and cut_short(last):  # max_tokens, or the loop guard
         return "max_tokens", None
     if last is not None and isinstance(last.stop_reason, str):
         return "stop_sequence", last.stop_reason

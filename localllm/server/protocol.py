@@ -381,6 +381,11 @@ def finish_reason(out: StepOutput) -> str | None:
 WIRE_FINISH_REASONS = {"repetition": "length"}
 
 
+def cut_short(out: StepOutput) -> bool:
+    """The reply ended before the model did: max_tokens, or the loop guard's "repetition"."""
+    return WIRE_FINISH_REASONS.get(out.finish_reason or "", out.finish_reason) == "length"
+
+
 def finish_fields(reason: str | None) -> dict[str, Any]:
     """A choice's `finish_reason` as OpenAI clients know it, plus `native_finish_reason` when mapped."""
     wire = WIRE_FINISH_REASONS.get(reason or "", reason)

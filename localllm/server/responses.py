@@ -23,7 +23,7 @@ from pydantic import Field
 from localllm.engine.output import StepOutput
 from localllm.errors import LocalLLMError
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
-from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request
+from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request, cut_short
 from localllm.server.streaming import sse_event
 from localllm.server.tool_stream import ToolStream
 
@@ -270,7 +270,7 @@ def response_body(
 def finish(response: dict[str, Any], run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
     """The response completed (or incomplete: cut at max_output_tokens) with its output and usage."""
     message = reply_message(run, outs)
-    truncated = bool(outs) and outs[-1].finish_reason == "length" and not message.get("tool_calls")
+    truncated = bool(outs) and cut_short(outs[-1]) and not message.get("tool_calls")
     return {
         **response,
         "status": "incomplete" if truncated else "completed",
