@@ -65,13 +65,15 @@ from .simd import (
     ptr_i64,
     ptr_u8,
 )
-from .simd_x86 import HAVE_AVX2, PAIRS_BYTES
+from .simd_x86 import PAIRS_BYTES
 
 # Quantized kinds use the integer path up to this many activation rows, the float path above.
 # With the AVX2 kernels the integer path is faster at every T (1536 x 576 Q4_1, one core: T=1
-# 52 vs 685 us, T=512 9.7 vs 14.7 ms) and, like llama.cpp, prefill uses it too; the portable
-# loops cross over near T = 12-16 (bench/kernels_micro.py measures it).
-INT_PATH_MAX_T = 1 << 30 if HAVE_AVX2 else 12
+# 52 vs 685 us, T=512 9.7 vs 14.7 ms) and, like llama.cpp, prefill uses it too.  The portable
+# loops (no AVX2: ARM, old x86) would be faster on the float path from T = 12-16, but the two
+# paths round differently, so a row's result would depend on its batch (a token decoded alone vs
+# among 16 sequences, a speculative verify step vs plain decode): every T takes the integer path.
+INT_PATH_MAX_T = 1 << 30
 # Below this many weight bytes x rows, one thread beats paying the ~5 us parallel launch.
 PARALLEL_MIN_WORK = 96 * 1024
 
@@ -173,12 +175,6 @@ def _q6_fields(buf, n, k):
 
 
 @njit(cache=True)
-def _row_scratch(pairs):
-    """(4, R) int16 of the tile kernels' pairs scratch, for matmul_row's block sums."""
-    return pairs[: 8 * R].view(np.int16).reshape(4, R)
-
-
-@njit(cache=True)
 def row_views(kind, buf, n, k, t):
     """Tile t's fields as matmul_row.row_nibbles takes them: (f0, sm, qh, qs)."""
     f0, f1, f2, qs, nt, nb, ns = _nib_views(kind, buf, n, k)
@@ -217,32 +213,24 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs)
 
         def q8(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, q8 = _q8_fields(buf, n, k)
-            if mr.FUSED_Q6_Q8 and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
-                mr.row_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32[0])
-                return
-            mi.tile_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32)
+            if not mr.fused_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32[0]):
+                mi.tile_q8_0(d[t], q8[t], xq[0], xq[1], acc, s32)
 
         return q8
     if kv == Q6_K:
 
         def q6(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             d, sc, qh2, qs = _q6_fields(buf, n, k)
-            if mr.FUSED_Q6_Q8 and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
-                if mr.HAVE_VNNI and xq[0].shape[0] >= mr.Q6_QUAD_ROWS:
-                    mr.row_q6_k_quads(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s32[:2], pairs)
-                else:
-                    s4 = _row_scratch(pairs)
-                    mr.row_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s4)
-                return
-            mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], xq[0], xq[1], xq[3], acc, s16, sums, pairs)
+            x8, dx, hs = xq[0], xq[1], xq[3]
+            if not mr.fused_q6_k(d[t], sc[t], qh2[t], qs[t], x8, dx, hs, acc, s32[:2], pairs):
+                mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], x8, dx, hs, acc, s16, sums, pairs)
 
         return q6
-    fields, fused = NIBBLE_FIELDS[kv], kv in mr.NIBBLE_KINDS
+    fields = NIBBLE_FIELDS[kv]
 
     def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
-        if fused and xq[0].shape[0] <= mr.FUSED_MAX_ROWS:
-            d, sm, qh, qs = row_views(kv, buf, n, k, t)
-            mr.row_nibbles(kv, d, sm, qh, qs, xq[4], xq[5], xq[1], xq[2], acc, _row_scratch(pairs))
+        d, sm, qh, qs = row_views(kv, buf, n, k, t)
+        if mr.fused_nibbles(kv, d, sm, qh, qs, xq[4], xq[5], xq[1], xq[2], acc, pairs):
             return
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
@@ -388,9 +376,7 @@ def int16_range(kind, argv, lo, hi) -> None:
     d, q8 = _q8_fields(buf, n, k)
     for t in range(lo, hi):
         acc[:] = 0.0
-        if mr.FUSED_Q6_Q8 and T <= mr.FUSED_MAX_ROWS:
-            mr.row_q8_0(d[t], q8[t], x16, dx, acc, s32[0])
-        else:
+        if not mr.fused_q8_0(d[t], q8[t], x16, dx, acc, s32[0]):
             mi.tile_q8_0(d[t], q8[t], x16, dx, acc, s32)
         _store(acc, y, t, n)
 

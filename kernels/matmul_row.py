@@ -13,6 +13,7 @@ fifth-bit kinds with AVX-512); other CPUs keep matmul_int.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import errors, njit, types
 from numba.extending import overload
 
@@ -43,17 +44,23 @@ from .simd_x512 import (
 )
 
 # Up to this many activation rows take these kernels (decode of one sequence is 1 row, the output
-# projection's precise pass 2, a few sequences or a speculative verify step 2-4); more rows share the
-# unpacking in matmul_int.  One core, ms per call, fused vs matmul_int (Q6_K 151936 x 1536 / Q8_0
-# 151936 x 896 / Q4_K 8960 x 1536): 2 rows 11.2 vs 20.2 / 4.7 vs 6.9 / 0.30 vs 0.44; 4 rows 21.1 vs
-# 23.7 / 6.4 vs 9.4 / 0.54 vs 0.58; 6 rows 30.2 vs 27.2 / 8.6 vs 12.4 / 0.75 vs 0.62.
-FUSED_MAX_ROWS = 4
+# projection's precise pass 2, a few sequences or a speculative verify step more); more rows share the
+# unpacking in matmul_int.  One core, weights from memory (12 copies), us per call, fused vs matmul_int:
+# Q4_K 8960 x 1536 5 rows 715 vs 710-779, 8 rows 896-949 vs 1101-1173, 12 rows 1359-1398 vs 1123-1147;
+# Q5_0 4864 x 896 8 rows 366-421 vs 336-412, 12 rows 532-621 vs 342-467.  Q8_0 has no shared unpacking
+# and Q6_K's fused form unpacks once too: both fused up to 16 rows (Q8_0 4864 x 896 16 rows 485-511 vs
+# 755-761; Q6_K 1536 x 8960 16 rows 2342-2556 vs 2670-2776).
+FUSED_MAX_ROWS = 8
+FUSED_MAX_ROWS_Q6_Q8 = 16
+# The fifth-bit kinds' unpack-once kernel shares the fifth bits' work too: fused only up to 4 rows there.
+FUSED_MAX_ROWS_Q5 = 4
 # Q6_K from this many rows unpacks each block once (VNNI quads): equal at 2 rows, 3 rows 13.0 vs
 # 16.7 ms, 4 rows 15.8 vs 21.1 (151936 x 1536, one core)
 Q6_QUAD_ROWS = 2
 FIVE_BIT = (Q5_0, Q5_1, Q5_K)
-# The kinds with a kernel here on this CPU.
-NIBBLE_KINDS = frozenset((Q4_0, Q4_1, Q4_K) if HAVE_AVX2 else ()) | frozenset(FIVE_BIT if HAVE_AVX512 else ())
+# The 4/5-bit kinds with a kernel here on this CPU, and up to how many rows each takes it.
+NIBBLE_ROWS = dict.fromkeys((Q4_0, Q4_1, Q4_K) if HAVE_AVX2 else (), FUSED_MAX_ROWS)
+NIBBLE_ROWS.update(dict.fromkeys(FIVE_BIT if HAVE_AVX512 else (), FUSED_MAX_ROWS_Q5))
 FUSED_Q6_Q8 = HAVE_AVX2
 _NIBBLE_BLOCK = q4_block_sums_avx512 if HAVE_AVX512 else q4_block_sums_avx2
 _SPLIT_BLOCK = q4_block_sums_split_avx512 if HAVE_AVX512 else q4_block_sums_split_avx2
@@ -126,7 +133,7 @@ def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4):
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s4) -> None:
-    """Q6_K (matmul_int.tile_q6_k for T <= FUSED_MAX_ROWS rows): d (ns, R) fp16 bits, sc (nb, 2, R)
+    """Q6_K (matmul_int.tile_q6_k for T <= FUSED_MAX_ROWS_Q6_Q8 rows): d (ns, R) fp16 bits, sc (nb, 2, R)
     int8, qh2 (nb, 8, R), q3 (nb, 16, R); xr (T, k) plain-order int8 x, hs their 16-element sums."""
     q, h, x, s, k = q3.ctypes.data, qh2.ctypes.data, xr.ctypes.data, s4.ctypes.data, xr.shape[1]
     for b in range(q3.shape[0]):
@@ -162,7 +169,7 @@ def row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, quads) -> None:
 
 
 def row_q8_0(d, q4, xr, dx, acc, s32) -> None:
-    """matmul_int.tile_q8_0 for T <= FUSED_MAX_ROWS rows: d (nb, R) fp16 bits, q4 (nb, 8, R, 4) int8,
+    """matmul_int.tile_q8_0 for T <= FUSED_MAX_ROWS_Q6_Q8 rows: d (nb, R) fp16 bits, q4 (nb, 8, R, 4) int8,
     xr (T, k) int8 or int16 activations, s32 (R,) int32 scratch.  (Numba only.)"""
     raise NotImplementedError
 
@@ -180,5 +187,78 @@ def _row_q8_0_impl(d, q4, xr, dx, acc, s32):
                 dxb = dx[ti, b]
                 for r in range(R):
                     acc[ti, r] = fma_f32(f16_to_f32(d[b, r]) * dxb, f32(s32[r]), acc[ti, r])
+
+    return impl
+
+
+# ---- entry points for matmul.int_tile: run the fused kernel and return True where this CPU has one and
+# the call's rows are within its limit, else return False (the caller runs matmul_int's kernel).  Chosen
+# while typing, so a CPU without the instructions never compiles them.
+
+
+def fused_q8_0(d, q4, xr, dx, acc, s32) -> bool:
+    """row_q8_0 where it applies.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(fused_q8_0, jit_options={"cache": True})
+def _fused_q8_0_impl(d, q4, xr, dx, acc, s32):
+    if not FUSED_Q6_Q8:
+        return lambda d, q4, xr, dx, acc, s32: False
+
+    def impl(d, q4, xr, dx, acc, s32):
+        if xr.shape[0] > FUSED_MAX_ROWS_Q6_Q8:
+            return False
+        row_q8_0(d, q4, xr, dx, acc, s32)
+        return True
+
+    return impl
+
+
+def fused_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs) -> bool:
+    """row_q6_k (one row, or no VNNI) or row_q6_k_quads where they apply; s32 (2, R) int32 and pairs
+    (QUADS_BYTES uint8) scratch.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(fused_q6_k, jit_options={"cache": True})
+def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
+    if not FUSED_Q6_Q8:
+        return lambda d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs: False
+    quads = HAVE_VNNI
+
+    def impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
+        T = xr.shape[0]
+        if T > FUSED_MAX_ROWS_Q6_Q8:
+            return False
+        if quads and T >= Q6_QUAD_ROWS:
+            row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs)
+        else:
+            row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, pairs[: 8 * R].view(np.int16).reshape(4, R))
+        return True
+
+    return impl
+
+
+def fused_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs) -> bool:
+    """row_nibbles where this CPU has it for `kind` (a compile-time constant) and the rows are within
+    NIBBLE_ROWS.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(fused_nibbles, jit_options={"cache": True})
+def _fused_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
+    if not isinstance(kind, types.IntegerLiteral):
+        raise errors.TypingError("fused_nibbles: the weight kind must be a compile-time constant")
+    limit = NIBBLE_ROWS.get(kind.literal_value, 0)
+    if limit == 0:
+        return lambda kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs: False
+
+    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
+        if xr.shape[0] > limit:
+            return False
+        s4 = pairs[: 8 * R].view(np.int16).reshape(4, R)
+        row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4)
+        return True
 
     return impl

@@ -488,7 +488,7 @@ def test_a_row_does_not_depend_on_its_batch(backend: NumbaBackend, name: str) ->
         together = op(x, w)
         for t in (0, 15, 16, 20):
             np.testing.assert_array_equal(op(x[t : t + 1], w)[0], together[t])
-        for rows in (2, 3, 4):  # a few rows at once (matmul_row)
+        for rows in (2, 3, 4, 8, 16):  # a few rows at once (matmul_row's kernels up to 8 or 16)
             np.testing.assert_array_equal(op(x[3 : 3 + rows], w), together[3 : 3 + rows])
 
 
