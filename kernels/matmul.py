@@ -226,12 +226,13 @@ def _int_tile_impl(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs)
                 mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], x8, dx, hs, acc, s16, sums, pairs)
 
         return q6
-    fields = NIBBLE_FIELDS[kv]
+    fields, fused_rows = NIBBLE_FIELDS[kv], mr.NIBBLE_ROWS.get(kv, 0)
 
     def nibbles(kind, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
-        d, sm, qh, qs = row_views(kv, buf, n, k, t)
-        if mr.fused_nibbles(kv, d, sm, qh, qs, xq[4], xq[5], xq[1], xq[2], acc, pairs):
-            return
+        if xq[0].shape[0] <= fused_rows:  # a prefill tile never builds these views
+            d, sm, qh, qs = row_views(kv, buf, n, k, t)
+            if mr.fused_nibbles(kv, d, sm, qh, qs, xq[4], xq[5], xq[1], xq[2], acc, pairs):
+                return
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
         mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[5], xq[1], xq[2], dsc, msc, acc, s16, sums, pairs)

@@ -131,6 +131,14 @@ def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4):
     return impl
 
 
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
+def _q6_step(d, sc, b, r, dxb, lo, hi, acc):
+    """matmul_int._scale_q6 for one lane: acc + d * dx * (sc_lo * lo + sc_hi * hi), lo/hi the two half
+    blocks' int32 sums less 32 x their activation sums."""
+    sv = f32(i32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi))
+    return fma_f32(f16_to_f32(d[b >> 3, r]) * dxb, sv, acc)
+
+
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s4) -> None:
     """Q6_K (matmul_int.tile_q6_k for T <= FUSED_MAX_ROWS_Q6_Q8 rows): d (ns, R) fp16 bits, sc (nb, 2, R)
@@ -145,8 +153,7 @@ def row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s4) -> None:
             for r in range(R):
                 lo = i32(i32(s4[0, r]) + i32(16) * i32(s4[2, r]) - h0)
                 hi = i32(i32(s4[1, r]) + i32(16) * i32(s4[3, r]) - h1)
-                sv = f32(i32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi))
-                acc[ti, r] = fma_f32(f16_to_f32(d[b >> 3, r]) * dxb, sv, acc[ti, r])
+                acc[ti, r] = _q6_step(d, sc, b, r, dxb, lo, hi, acc[ti, r])
 
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
@@ -162,10 +169,8 @@ def row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, quads) -> None:
             h0, h1 = i32(32 * hs[ti, 2 * b]), i32(32 * hs[ti, 2 * b + 1])
             dxb = dx[ti, b]
             for r in range(R):
-                lo = i32(s32[0, r] - h0)
-                hi = i32(s32[1, r] - h1)
-                sv = f32(i32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi))
-                acc[ti, r] = fma_f32(f16_to_f32(d[b >> 3, r]) * dxb, sv, acc[ti, r])
+                lo, hi = i32(s32[0, r] - h0), i32(s32[1, r] - h1)
+                acc[ti, r] = _q6_step(d, sc, b, r, dxb, lo, hi, acc[ti, r])
 
 
 def row_q8_0(d, q4, xr, dx, acc, s32) -> None:
