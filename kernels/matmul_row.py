@@ -14,12 +14,12 @@ fifth-bit kinds with AVX-512); other CPUs keep matmul_int.
 from __future__ import annotations
 
 import numpy as np
-from numba import errors, njit, types
+from numba import carray, errors, njit, types
 from numba.extending import overload
 
 from .packing import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K
 from .packing import TILE_ROWS as R
-from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32
+from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, ptr_i16
 from .simd_x86 import (
     HAVE_AVX2,
     crumb_sums_avx2,
@@ -196,6 +196,13 @@ def _row_q8_0_impl(d, q4, xr, dx, acc, s32):
     return impl
 
 
+@njit(cache=True, inline="always")
+def _s4(pairs):
+    """The (4, R) int16 block-sum scratch at the start of pairs (a pointer cast: a view + reshape
+    per tile went through Numba's reshape helper, a call per tile)."""
+    return carray(ptr_i16(pairs.ctypes.data), (4, R))
+
+
 # ---- entry points for matmul.int_tile: run the fused kernel and return True where this CPU has one and
 # the call's rows are within its limit, else return False (the caller runs matmul_int's kernel).  Chosen
 # while typing, so a CPU without the instructions never compiles them.
@@ -239,7 +246,7 @@ def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
         if quads and T >= Q6_QUAD_ROWS:
             row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs)
         else:
-            row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, pairs[: 8 * R].view(np.int16).reshape(4, R))
+            row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, _s4(pairs))
         return True
 
     return impl
@@ -262,8 +269,7 @@ def _fused_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
     def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
         if xr.shape[0] > limit:
             return False
-        s4 = pairs[: 8 * R].view(np.int16).reshape(4, R)
-        row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4)
+        row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, _s4(pairs))
         return True
 
     return impl
