@@ -86,6 +86,10 @@ SCALE_PREFETCH_BYTES = 1024
 # thread that another process holds off the CPU leaves its pieces to the others (a static split
 # made every launch wait for it).
 PIECES_PER_THREAD = 4
+# ...but a piece holds at least this many 32-blocks x rows: each range-kernel call sets up its scratch
+# (~1 us), which cut into small launches (1024 x 1024 Q4_0, one row: 11.8 us on one thread, 9.3 on two
+# with 8 pieces).
+MIN_PIECE_WORK = 256
 
 # The float path dequantizes this many rows at a time: (32, K) float32 stays in L2 next to x.
 FLOAT_ROWS = 32
@@ -357,7 +361,7 @@ def _prefetch_scales(kind, buf, n, k, t) -> None:
 
 
 @njit(cache=True)
-def int_range(kind, argv, lo, hi) -> None:
+def int_range(kind, argv, lo, hi) -> int:
     """Integer path over tiles lo..hi."""
     buf, n, k, T = _buf(argv), argv[A_N], argv[A_K], argv[A_T]
     x8 = carray(ptr_i8(argv[A_X8]), (T, k))
@@ -366,15 +370,9 @@ def int_range(kind, argv, lo, hi) -> None:
     hs = carray(ptr_i32(argv[A_HS]), (T, k // 16))
     x8p = carray(ptr_i8(argv[A_X8P]), (T, k))
     y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
-    acc = np.empty((T, R), np.float32)
-    s16 = np.empty((4, min(T, mi.ROW_CHUNK), k // 32, R), np.int16)
-    pairs = np.empty(PAIRS_BYTES, np.uint8)
-    s32 = np.empty((k // 32, R), np.int32)
-    sums = np.empty(mi.sums_len(kind == Q6_K, min(T, mi.ROW_CHUNK), k // 32), np.int32)
-    dsc = np.empty((k // 32, R), np.float32)
-    msc = np.empty((k // 32, R), np.float32)
+    acc, s16, s32, sums, dsc, msc, pairs, scratch = _int_scratch(kind, T, k)
     five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K  # built once per call, used by every tile
-    bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN if five else 0), np.int16)
+    bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN), np.int16) if five else carray(ptr_i16(argv[A_X8]), (T, 0))
     # only rows for the direct kernels (a 512-row prefill wrote 7 MB of tables per call for none)
     lo_bits = 0 if T <= mr.FUSED_MAX_ROWS else mi.first_direct_row(T)
     mi.bit_tables(x8[lo_bits:], bits[lo_bits:])
@@ -385,6 +383,42 @@ def int_range(kind, argv, lo, hi) -> None:
         acc[:] = 0.0
         int_tile(kind, views, buf, n, k, t, (x8, dx, sx, hs, x8p, bits), acc, s16, s32, sums, dsc, msc, pairs)
         _store(acc, y, t, n)
+    return scratch.size  # (keeps the scratch alive past its last use through pointers)
+
+
+@njit(cache=True, inline="always")
+def _carve(base, off, nbytes):
+    """(address at off, the next 64-byte-aligned offset past nbytes)."""
+    return base + off, off + (nbytes + 63) // 64 * 64
+
+
+@njit(cache=True)
+def _int_scratch(kind, T, k):
+    """int_range's scratch arrays cut from one allocation (eight allocations cost ~1 us a call, more than
+    a small decode range's compute); the general kernels' arrays are empty where the fused row kernels
+    (matmul_row) take all T rows."""
+    nb, rc, big = k // 32, min(T, mi.ROW_CHUNK), T > mr.fused_limit(kind)
+    n16, n32 = 4 * rc * (nb if big else 0) * R, (nb if big else 2) * R
+    nsums, nsc = mi.sums_len(kind == Q6_K, rc, nb) if big else 0, (nb if big else 0) * R
+    sizes = (4 * T * R, 2 * n16, 4 * n32, 4 * nsums, 4 * nsc, 4 * nsc, PAIRS_BYTES)
+    total = 0
+    for sz in sizes:
+        total += (sz + 63) // 64 * 64
+    scratch = np.empty(total + 64, np.uint8)
+    base = (scratch.ctypes.data + 63) // 64 * 64
+    a, off = _carve(base, 0, sizes[0])
+    b, off = _carve(base, off, sizes[1])
+    c, off = _carve(base, off, sizes[2])
+    d, off = _carve(base, off, sizes[3])
+    e, off = _carve(base, off, sizes[4])
+    f, off = _carve(base, off, sizes[5])
+    g, off = _carve(base, off, sizes[6])
+    acc = carray(ptr_f32(a), (T, R))
+    s16 = carray(ptr_i16(b), (4, rc, nb if big else 0, R))
+    s32 = carray(ptr_i32(c), (nb if big else 2, R))
+    sc = (nb if big else 0, R)
+    return acc, s16, s32, carray(ptr_i32(d), (nsums,)), carray(ptr_f32(e), sc), carray(ptr_f32(f), sc), \
+        carray(ptr_u8(g), (PAIRS_BYTES,)), scratch  # fmt: skip
 
 
 @njit(cache=True)
@@ -488,7 +522,7 @@ def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
     nt = (n + R - 1) // R
     nth = max(1, min(nth, nt))
-    piece, next_tile = _pieces(nt, nth)
+    piece, next_tile = _pieces(nt, nth, k // 32 * x.shape[0])
     for _c in prange(nth):
         while True:
             lo = fetch_add(next_tile.ctypes.data, piece)
@@ -499,9 +533,11 @@ def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
 
 
 @njit(cache=True)
-def _pieces(total, nth):
-    """(tiles per piece, the shared counter of the next tile to take) for a launch over total tiles."""
-    return max(1, -(-total // (nth * PIECES_PER_THREAD))), np.zeros(1, np.int64)
+def _pieces(total, nth, tile_work):
+    """(tiles per piece, the shared counter of the next tile to take) for a launch over total tiles of
+    tile_work blocks x rows each: PIECES_PER_THREAD pieces a thread, none under MIN_PIECE_WORK."""
+    piece = max(-(-total // (nth * PIECES_PER_THREAD)), -(-MIN_PIECE_WORK // max(1, tile_work)))
+    return max(1, piece), np.zeros(1, np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -537,7 +573,7 @@ def launch_many(table, gemm, quantize, x, outs, nth):
     argvs, tiles = _group_argvs(table, gemm, x, outs, xq)
     total = tiles[-1]
     nth = max(1, min(nth, total))
-    piece, next_tile = _pieces(total, nth)
+    piece, next_tile = _pieces(total, nth, x.shape[1] // 32 * x.shape[0])
     for _c in prange(nth):
         while True:
             lo = fetch_add(next_tile.ctypes.data, piece)

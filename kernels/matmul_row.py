@@ -17,7 +17,7 @@ import numpy as np
 from numba import carray, errors, njit, types
 from numba.extending import overload
 
-from .packing import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K
+from .packing import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, ptr_i16
 from .simd_x86 import (
@@ -206,6 +206,23 @@ def _s4(pairs):
 # ---- entry points for matmul.int_tile: run the fused kernel and return True where this CPU has one and
 # the call's rows are within its limit, else return False (the caller runs matmul_int's kernel).  Chosen
 # while typing, so a CPU without the instructions never compiles them.
+
+
+def fused_limit(kind) -> int:
+    """Up to how many rows int_tile takes this module's kernel for `kind` (a compile-time constant) on
+    this CPU; 0: never.  (Numba only.)"""
+    raise NotImplementedError
+
+
+@overload(fused_limit, jit_options={"cache": True})
+def _fused_limit_impl(kind):
+    if not isinstance(kind, types.IntegerLiteral):
+        raise errors.TypingError("fused_limit: the weight kind must be a compile-time constant")
+    kv = kind.literal_value
+    limit = FUSED_MAX_ROWS_Q6_Q8 if FUSED_Q6_Q8 else 0
+    if kv not in (Q6_K, Q8_0):
+        limit = NIBBLE_ROWS.get(kv, 0)
+    return lambda kind: limit
 
 
 def fused_q8_0(d, q4, xr, dx, acc, s32) -> bool:
