@@ -23,8 +23,7 @@ import numpy as np
 from numba import njit
 
 from . import attention, layers, matmul, moe
-from .quantize_act import quantize_rows
-from .simd import f32
+from .quantize_act import with_residual
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 ATTN_PARALLEL_MIN = 1 << 15
@@ -228,25 +227,13 @@ def _down(il, w, buf, nth) -> None:
         matmul.launch_linear16(t[0], t[1], t[2], t[3], t[4], buf.act, buf.down, nth)
     elif mode == DOWN_TWO_PASS and w.quantize:  # (the float path has float activations already)
         T = buf.act.shape[0]
-        _with_residual(buf.act, buf.act2[: 2 * T])
+        with_residual(buf.act, buf.act2[: 2 * T])
         _project(w.down[il], w.gemm, w.quantize, buf.act2[: 2 * T], (buf.down2[: 2 * T],), nth)
         for t in range(T):
             for j in range(buf.down.shape[1]):
                 buf.down[t, j] = buf.down2[t, j] + buf.down2[T + t, j]
     else:
         _project(w.down[il], w.gemm, w.quantize, buf.act, (buf.down,), nth)
-
-
-@njit(cache=True)
-def _with_residual(x, out) -> None:
-    """out[:T] = x, out[T:] = x minus its 8-bit rounding: both passes of a near-float projection."""
-    T, K = x.shape
-    xq = quantize_rows(x)
-    x8, dx = xq[0], xq[1]
-    for t in range(T):
-        for j in range(K):
-            out[t, j] = x[t, j]
-            out[T + t, j] = x[t, j] - f32(x8[t, j]) * dx[t, j // 32]
 
 
 @njit(cache=True)

@@ -51,7 +51,7 @@ from .packing import (
     pack_weight,
 )
 from .packing import TILE_ROWS as R
-from .quantize_act import quantize_rows, quantize_rows16
+from .quantize_act import quantize_rows, quantize_rows16, with_residual
 from .simd import (
     RANGE_KERNEL_SIG,
     call_range_kernel,
@@ -372,7 +372,8 @@ def int_range(kind, argv, lo, hi) -> int:
     y = carray(ptr_f32(argv[A_Y]), (T, argv[A_LDY]))
     acc, s16, s32, sums, dsc, msc, pairs, scratch = _int_scratch(kind, T, k)
     five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K  # built once per call, used by every tile
-    bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN), np.int16) if five else carray(ptr_i16(argv[A_X8]), (T, 0))
+    no_bits = carray(ptr_i16(argv[A_X8]), (T, 0))  # (an allocation saved for the other kinds)
+    bits = np.empty((T, k // 32 * mi.BIT_TABLE_LEN), np.int16) if five else no_bits
     # only rows for the direct kernels (a 512-row prefill wrote 7 MB of tables per call for none)
     lo_bits = 0 if T <= mr.FUSED_MAX_ROWS else mi.first_direct_row(T)
     mi.bit_tables(x8[lo_bits:], bits[lo_bits:])
@@ -601,6 +602,21 @@ def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
 
 
 @njit(cache=True, nogil=True)
+def launch_two_pass(fn, buf_addr, nbytes, n, k, x, nth):
+    """x @ W.T in two 8-bit passes, x and its rounding residual, as one launch of 2T rows (each weight
+    tile read once for both); returns their (T, n) sum.  See linear_precise."""
+    T = x.shape[0]
+    x2 = np.empty((2 * T, k), np.float32)
+    with_residual(x, x2)
+    y2 = np.empty((2 * T, n), np.float32)
+    if nth <= 1 or nbytes * 2 * T < PARALLEL_MIN_WORK:
+        launch_linear_serial(fn, 0, True, buf_addr, nbytes, n, k, x2, y2)
+    else:
+        launch_linear(fn, 0, True, buf_addr, nbytes, n, k, x2, y2, nth)
+    return y2[:T] + y2[T:]
+
+
+@njit(cache=True, nogil=True)
 def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
     xq = quantize_rows(y[:0])
     argv = _argv(buf_addr, nbytes, n, k, y, y, xq, 0)
@@ -668,15 +684,18 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
 
 
 def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | None:
-    """x @ W.T with activations kept to 16 bits (one pass, nearly float accuracy) for Q8_0
-    weights; None for other kinds (the caller falls back to two 8-bit passes)."""
-    if w.kind != Q8_0:
-        return None
-    if x.ndim != 2 or x.shape[1] != w.k:
+    """x @ W.T nearly as if x stayed float32: 16-bit activations in one pass for Q8_0 weights, x and
+    its 8-bit rounding residual (whose own error is 1/127 as large) as two 8-bit passes for the other
+    integer-path kinds; None where the weight takes the float path (float activations already)."""
+    if x.ndim != 2 or x.shape[1] != w.k or not x.flags.c_contiguous or x.dtype != np.float32:
         raise ValueError(f"linear_precise: x {x.shape} does not fit a ({w.n}, {w.k}) weight")
-    y = np.empty((x.shape[0], w.n), np.float32)
-    launch_linear16(range_kernel(Q8_0, "int16").address, w.addr, w.nbytes, w.n, w.k, x, y, nth)
-    return y
+    if w.kind == Q8_0:
+        y = np.empty((x.shape[0], w.n), np.float32)
+        launch_linear16(range_kernel(Q8_0, "int16").address, w.addr, w.nbytes, w.n, w.k, x, y, nth)
+        return y
+    if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
+        return None
+    return launch_two_pass(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

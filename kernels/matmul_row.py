@@ -13,7 +13,6 @@ fifth-bit kinds with AVX-512); other CPUs keep matmul_int.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import carray, errors, njit, types
 from numba.extending import overload
 

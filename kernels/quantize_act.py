@@ -105,3 +105,15 @@ def quantize_rows16(x):
     for i in range(t):
         quantize_row16(x[i], x16[i], dx[i])
     return x16, dx
+
+
+@njit(cache=True)
+def with_residual(x, out) -> None:
+    """out[:T] = x, out[T:] = x minus its 8-bit rounding: both passes of a near-float projection."""
+    T, K = x.shape
+    xq = quantize_rows(x)
+    x8, dx = xq[0], xq[1]
+    for t in range(T):
+        for j in range(K):
+            out[t, j] = x[t, j]
+            out[T + t, j] = x[t, j] - f32(x8[t, j]) * dx[t, j // 32]

@@ -60,6 +60,8 @@ def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
     q8 = [v for v in weights if v.kind == Q8_0]
     if q8:  # the int16-activation path of linear_precise
         matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], threads)
+    if wi is not None and wi.kind != Q8_0:  # its two-pass path (the output projection's)
+        matmul.linear_precise(np.zeros((1, wi.k), np.float32), wi, threads)
     if grouped:
         w = wi or wf
         matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), threads)

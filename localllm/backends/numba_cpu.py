@@ -25,7 +25,6 @@ from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ThreadGovernor
 from localllm.kernels import attention, layers, matmul, moe
 from localllm.kernels.packing import PackedWeight, pack_weight
-from localllm.kernels.quantize_act import quantize_rows
 from localllm.quant import dequantize
 
 if TYPE_CHECKING:
@@ -166,19 +165,10 @@ class NumbaBackend(Backend):
         Far cheaper than the float path's dequantization, and the same path at every batch size,
         so a row's result never depends on its batch."""
         x2 = _rows(x, weight.k)
-        y16 = matmul.linear_precise(x2, weight, self.threads)  # Q8_0: one pass, int16 activations
-        if y16 is not None:
-            return y16
-        t = x2.shape[0]
-        if not (weight.lane and 2 * t <= matmul.INT_PATH_MAX_T):
-            # the float path multiplies float activations already (and would count x twice below)
+        y = matmul.linear_precise(x2, weight, self.threads)  # one compiled call: ~50 us of Python before
+        if y is None:  # the float path multiplies float activations already
             return matmul.linear(x2, weight, self.threads)
-        x8, dx = quantize_rows(x2)[:2]
-        rounded = (x8.astype(np.float32).reshape(t, -1, 32) * dx[:, :, None]).reshape(x2.shape)
-        # Both passes as one launch of 2T rows: each weight tile is read once for both (rows are
-        # computed independently, so this equals two separate calls bit for bit).
-        y = matmul.linear(np.concatenate([x2, x2 - rounded]), weight, self.threads)
-        return y[:t] + y[t:]
+        return y
 
     def linear_many(self, x: np.ndarray, weights: Sequence[PackedWeight]) -> list[np.ndarray]:
         """[linear(x, w) for w in weights] (same values) in one kernel launch: for weights that
