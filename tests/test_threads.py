@@ -78,3 +78,14 @@ def test_one_delayed_step_does_not_flip_a_quiet_machine_to_one_thread() -> None:
     assert gov.current_choice(1) == 2
     _drive(gov, {2: 0.024, 1: 0.012}, 3)  # a sustained slowdown still flips it
     assert gov.current_choice(1) == 1
+
+
+def test_one_delayed_step_does_not_flip_close_thread_counts() -> None:
+    """Where one thread is only ~1.25x slower (Qwen 1.5B: 20.7 vs 26 ms), a running average of the
+    2-thread steps crossed the 1-thread figure after one 3x-delayed step; the median does not."""
+    gov = ThreadGovernor(2)
+    _drive(gov, {2: 0.0207, 1: 0.026}, 40)
+    _drive(gov, {2: 0.062, 1: 0.026}, 2)  # two delayed steps in five
+    assert gov.current_choice(1) == 2
+    _drive(gov, {2: 0.062, 1: 0.026}, 1)  # a third: a sustained slowdown
+    assert gov.current_choice(1) == 1

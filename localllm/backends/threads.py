@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-EMA_WEIGHT = 0.3  # weight of a new measurement in a thread count's running step time
+# A thread count's running step time is the median of its last RECENT steps: one step that another
+# tenant's time slice delayed 3x cannot flip the choice (a running average did, where the two counts are
+# within ~1.3x of each other: Qwen 1.5B at 20.7 vs 26 ms), while a sustained slowdown does in 3 steps.
+RECENT = 5
 FIRST_PROBE, MAX_PROBE = 8, 256  # steps between re-measurements: start, and cap while the choice holds
 INHERIT_UP_TO = 16  # step sizes (exact buckets) that start from a measured neighbour's choice
 # A settled choice yields only to a candidate this much faster: one step delayed by another tenant's
@@ -30,6 +33,7 @@ class _Bucket:
     """Running step times of one step size, per thread count."""
 
     times: dict[int, float] = field(default_factory=dict)
+    recent: dict[int, list[float]] = field(default_factory=dict)
     best: int = 0
     since_probe: int = 0
     probe_every: int = FIRST_PROBE
@@ -63,11 +67,11 @@ class ThreadGovernor:
         if len(self.candidates) == 1:
             return
         b = self._bucket(n_tokens)
-        old = b.times.get(threads)
         probed = b.best != 0 and threads != b.best
-        # the running choice is smoothed; a probe's old figure is stale, so the probe replaces it
-        fresh = old is None or probed
-        b.times[threads] = seconds if fresh else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+        # the running choice is smoothed; a probe's old figures are stale, so the probe replaces them
+        recent = [seconds] if probed else [*b.recent.get(threads, [])[1 - RECENT :], seconds]
+        b.recent[threads] = recent
+        b.times[threads] = sorted(recent)[(len(recent) - 1) // 2]  # (the lower median)
         best = _faster(b.times, b.best)
         if probed:  # a probe: back off while the choice holds, look again soon when it flips
             b.probe_every = min(MAX_PROBE, 2 * b.probe_every) if best == b.best else FIRST_PROBE
