@@ -60,8 +60,9 @@ def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
     q8 = [v for v in weights if v.kind == Q8_0]
     if q8:  # the int16-activation path of linear_precise
         matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], threads)
-    if wi is not None and wi.kind != Q8_0:  # its two-pass path (the output projection's)
-        matmul.linear_precise(np.zeros((1, wi.k), np.float32), wi, threads)
+    w2 = next((v for v in weights if v.lane and v.kind != Q8_0), None)
+    if w2 is not None:  # the two-pass path of linear_precise (an output projection's)
+        matmul.linear_precise(np.zeros((1, w2.k), np.float32), w2, threads)
     if grouped:
         w = wi or wf
         matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), threads)
