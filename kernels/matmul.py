@@ -387,12 +387,6 @@ def int_range(kind, argv, lo, hi) -> int:
     return scratch.size  # (keeps the scratch alive past its last use through pointers)
 
 
-@njit(cache=True, inline="always")
-def _carve(base, off, nbytes):
-    """(address at off, the next 64-byte-aligned offset past nbytes)."""
-    return base + off, off + (nbytes + 63) // 64 * 64
-
-
 @njit(cache=True)
 def _int_scratch(kind, T, k):
     """int_range's scratch arrays cut from one allocation (eight allocations cost ~1 us a call, more than
@@ -402,24 +396,16 @@ def _int_scratch(kind, T, k):
     n16, n32 = 4 * rc * (nb if big else 0) * R, (nb if big else 2) * R
     nsums, nsc = mi.sums_len(kind == Q6_K, rc, nb) if big else 0, (nb if big else 0) * R
     sizes = (4 * T * R, 2 * n16, 4 * n32, 4 * nsums, 4 * nsc, 4 * nsc, PAIRS_BYTES)
-    total = 0
-    for sz in sizes:
-        total += (sz + 63) // 64 * 64
-    scratch = np.empty(total + 64, np.uint8)
-    base = (scratch.ctypes.data + 63) // 64 * 64
-    a, off = _carve(base, 0, sizes[0])
-    b, off = _carve(base, off, sizes[1])
-    c, off = _carve(base, off, sizes[2])
-    d, off = _carve(base, off, sizes[3])
-    e, off = _carve(base, off, sizes[4])
-    f, off = _carve(base, off, sizes[5])
-    g, off = _carve(base, off, sizes[6])
-    acc = carray(ptr_f32(a), (T, R))
-    s16 = carray(ptr_i16(b), (4, rc, nb if big else 0, R))
-    s32 = carray(ptr_i32(c), (nb if big else 2, R))
+    at = np.zeros(len(sizes) + 1, np.int64)  # each part's offset, 64-byte aligned
+    for i in range(len(sizes)):
+        at[i + 1] = at[i] + (sizes[i] + 63) // 64 * 64
+    scratch = np.empty(at[-1] + 64, np.uint8)
+    at += (scratch.ctypes.data + 63) // 64 * 64
     sc = (nb if big else 0, R)
-    return acc, s16, s32, carray(ptr_i32(d), (nsums,)), carray(ptr_f32(e), sc), carray(ptr_f32(f), sc), \
-        carray(ptr_u8(g), (PAIRS_BYTES,)), scratch  # fmt: skip
+    return carray(ptr_f32(at[0]), (T, R)), carray(ptr_i16(at[1]), (4, rc, nb if big else 0, R)), \
+        carray(ptr_i32(at[2]), (nb if big else 2, R)), carray(ptr_i32(at[3]), (nsums,)), \
+        carray(ptr_f32(at[4]), sc), carray(ptr_f32(at[5]), sc), carray(ptr_u8(at[6]), (PAIRS_BYTES,)), \
+        scratch  # fmt: skip
 
 
 @njit(cache=True)

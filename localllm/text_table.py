@@ -110,7 +110,17 @@ class TextTable(Sequence[str]):
 
     def ids_of(self, text: str) -> list[int]:
         """Every i with self[i] == text, ascending."""
-        return self._find(text, first=False)  # type: ignore[return-value]
+        ids, starts = self._buckets or self.build_index()
+        data = text.encode("utf-8", "surrogatepass")
+        b = _crc32(data) & (len(starts) - 2)
+        blob, ends, size = self.blob, self.ends, len(data)
+        found = []
+        for j in range(starts[b], starts[b + 1]):
+            i = ids[j]
+            end = ends[i]
+            if (ends[i - 1] if i else 0) == end - size and blob[end - size : end] == data:
+                found.append(i)
+        return found
 
     def find(self, text: str) -> int | None:
         """The first i with self[i] == text; None if there is none (the hot path of tokenizing)."""
@@ -127,21 +137,6 @@ class TextTable(Sequence[str]):
             if (ends[i - 1] if i else 0) == end - size and blob[end - size : end] == data:
                 return i
         return None
-
-    def _find(self, text: str, first: bool) -> int | None | list[int]:
-        ids, starts = self._buckets or self.build_index()
-        data = text.encode("utf-8", "surrogatepass")
-        b = zlib.crc32(data) & (len(starts) - 2)
-        blob, ends, size, found = self.blob, self.ends, len(data), []
-        for j in range(starts[b], starts[b + 1]):
-            i = ids[j]
-            end = ends[i]
-            start = ends[i - 1] if i else 0
-            if end - start == size and blob[start:end] == data:
-                if first:
-                    return i
-                found.append(i)
-        return None if first else found
 
     def build_index(self) -> tuple[array, array]:
         """The hash buckets of `ids_of` (~1-2 per text; ~3 MiB for 262k texts)."""
