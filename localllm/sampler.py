@@ -14,6 +14,18 @@ def make_generator(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def token_generator(
+    seed: int | None, shared: np.random.Generator, position: int, stream: int = 0
+) -> np.random.Generator:
+    """The generator that draws output token `position`. A seeded request draws each token from its own
+    stream keyed by (seed, stream, position): how many draws came before it (speculation's accept/reject
+    draws vary with draft lengths, which follow measured timings) must not change what a seed gives.
+    Unseeded requests keep drawing from their shared generator."""
+    if seed is None:
+        return shared
+    return np.random.default_rng([seed, stream, position])
+
+
 def apply_penalties(
     logits: np.ndarray, params: SamplingParams, prompt_ids: SequenceLike[int], output_ids: SequenceLike[int]
 ) -> np.ndarray:

@@ -191,6 +191,23 @@ def test_seeded_sampling_with_speculation_is_reproducible(tiny_model_path, index
     assert alone(spec, p, params) == alone(spec, p, params)
 
 
+@pytest.mark.parametrize("how", ["lookup", "other-draft"])
+def test_seeded_sampling_gives_plain_output_whatever_the_draft_lengths(
+    how, plain, tiny_model_path, other_draft_path, index_dir
+):
+    """Draft lengths follow measured step times, so they differ from run to run: a seed's output must not
+    depend on them (it did: the accept/reject draws shifted the request's one random stream)."""
+    params = SamplingParams(temperature=0.5, top_k=20, seed=5, max_tokens=30, ignore_eos=True)
+    spec_kw = {"prompt_lookup": True} if how == "lookup" else {"draft_model": str(other_draft_path)}
+    p = prompts(1, seed=3)[0]  # at this temperature its lookups draft, and some drafts are kept
+    want = alone(plain, p, params)
+    for k in (1, 3, 8):
+        spec = make_engine(tiny_model_path, index_dir, **spec_kw)
+        spec.spec.policy.lengths = lambda ids, num_tokens, k=k: [k] * len(ids)
+        assert alone(spec, p, params) == want, k
+        assert spec.spec.stats.drafted_tokens > 0 and spec.spec.stats.verify_steps > 1
+
+
 def test_draft_model_with_another_vocabulary_is_refused():
     target = SimpleNamespace(metadata={"tokenizer.ggml.tokens": ["a", "b", "c"]}, path=_Named("big.gguf"))
     draft = SimpleNamespace(metadata={"tokenizer.ggml.tokens": ["a", "x", "c"]}, path=_Named("small.gguf"))

@@ -156,11 +156,13 @@ class DraftModel:
 
     def _choose(self, shadow: Sequence, row: np.ndarray) -> tuple[int, np.ndarray | None]:
         """The draft token, processed as the target's own sampling would (penalties over the shadow's
-        history); with sampling, the distribution q it was drawn from, which the acceptance rule needs."""
+        history); with sampling, the distribution q it was drawn from, which the acceptance rule needs.
+        A seeded request drafts the likeliest token: its verify keeps a draft only when the target's own
+        draw equals it (see spec_verify), and the likeliest token is the draft most often drawn."""
         row = _fit(row, self.vocab_size)
         params = shadow.params
         processed = apply_penalties(row, params, shadow.prompt_token_ids, shadow.output_token_ids)
-        if params.greedy:
+        if params.greedy or params.seed is not None:
             return int(np.argmax(processed)), None
         q = dense_distribution(processed, params)
         return int(shadow.rng.choice(len(q), p=q)), q

@@ -13,7 +13,7 @@ from localllm.engine.kv_cache import KVCache
 from localllm.engine.mask_prefetch import MaskPrefetcher
 from localllm.engine.scheduler import ScheduledSeq
 from localllm.models.base import ForwardBatch
-from localllm.sampler import apply_penalties, log_softmax, sample, top_logprobs
+from localllm.sampler import apply_penalties, log_softmax, sample, token_generator, top_logprobs
 
 
 @dataclass(slots=True)
@@ -104,7 +104,7 @@ class ModelRunner:
         processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
         if seq.constraint is not None:
             processed = seq.constraint.mask_logits(processed)
-        token_id = sample(processed, params, seq.rng)
+        token_id = sample(processed, params, token_generator(params.seed, seq.rng, seq.num_output_tokens))
         if params.logprobs is None:
             return SampledToken(token_id)
         lp = log_softmax(logits)  # the model's own distribution, before penalties and any grammar

@@ -6,6 +6,9 @@ Greedy: a draft is kept while it is the target's argmax, so the output is the on
 Sampling: draft d drawn from q is kept with probability min(1, p(d)/q(d)); the first rejection is replaced
 by a draw from max(0, p - q) renormalised (Leviathan et al. 2023, Chen et al. 2023), which leaves every
 emitted token distributed as p. Prompt-lookup drafts are deterministic: q is one-hot on the draft.
+A seeded request instead draws each position's token exactly as plain decoding would (from that position's
+own generator) and keeps the draft only when the draw equals it: still distributed as p, and the output is
+the very one plain decoding gives with that seed, whatever the draft lengths (which follow timings).
 After k kept drafts the last row gives one more token, as a plain step would.
 """
 
@@ -15,7 +18,14 @@ import numpy as np
 
 from localllm.engine.model_runner import SampledToken
 from localllm.engine.sequence import Sequence
-from localllm.sampler import apply_penalties, dense_distribution, log_softmax, sample, top_logprobs
+from localllm.sampler import (
+    apply_penalties,
+    dense_distribution,
+    log_softmax,
+    sample,
+    token_generator,
+    top_logprobs,
+)
 
 
 def verify_draft(
@@ -28,16 +38,13 @@ def verify_draft(
     out: list[SampledToken] = []
     for j, row in enumerate(logits):
         processed = apply_penalties(row, params, seq.prompt_token_ids, history)
-        if j == len(draft):
-            out.append(_sampled(row, sample(processed, params, seq.rng), params.logprobs))
-            break
-        if params.greedy:
-            token = int(np.argmax(processed))
+        if j == len(draft) or params.greedy or params.seed is not None:
+            token = sample(processed, params, token_generator(params.seed, seq.rng, len(history)))
         else:
             q = None if draft_probs is None else draft_probs[j]
             token = _accept_or_resample(processed, params, draft[j], q, seq.rng)
         out.append(_sampled(row, token, params.logprobs))
-        if token != draft[j]:
+        if j == len(draft) or token != draft[j]:
             break
         history.append(token)
     return out
