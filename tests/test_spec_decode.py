@@ -12,7 +12,7 @@ from engine_scenarios import alone, run_with_arrivals
 from tiny_model import write_tiny_model
 
 from localllm.config import EngineConfig
-from localllm.engine.draft_model import check_same_vocabulary
+from localllm.engine.draft_model import check_same_vocabulary, head_ids
 from localllm.engine.engine import LLMEngine
 from localllm.engine.ngram import propose_ngram
 from localllm.engine.sequence import Sequence
@@ -20,11 +20,14 @@ from localllm.engine.spec_policy import (
     EXPLORE_EVERY,
     GATE_BACKOFF_FIRST,
     GATE_FRESH,
+    GATE_MIN_STEPS,
     NEW_SEQ_PROBE,
     SpecPolicy,
     SpeedGate,
+    StepCosts,
     best_length,
     expected_tokens,
+    linear_costs,
 )
 from localllm.engine.spec_verify import verify_draft
 from localllm.errors import ConfigError
@@ -69,17 +72,17 @@ def test_ngram_proposes_what_followed_the_latest_match():
 
 def test_policy_drafts_only_where_it_pays():
     assert expected_tokens(3, 0.0) == 1.0 and expected_tokens(3, 1.0) == 4.0
-    assert best_length(0.9, 0.05, 8) == 8  # cheap and likely: draft the most
-    assert best_length(0.2, 0.5, 8) == 0  # costly and unlikely: off
-    assert 0 < best_length(0.8, 0.3, 8) < 8
-    assert best_length(0.5, 0.45, 8) == 0  # a 3% gain at best: within noise, not worth a draft
+    assert best_length(0.9, linear_costs(0.05, 8)) == 8  # cheap and likely: draft the most
+    assert best_length(0.2, linear_costs(0.5, 8)) == 0  # costly and unlikely: off
+    assert 0 < best_length(0.8, linear_costs(0.3, 8)) < 8
+    assert best_length(0.5, linear_costs(0.45, 8)) == 0  # a 3% gain at best: within noise, not worth a draft
 
 
 def test_gate_stops_drafting_where_drafted_steps_are_slower_per_token():
     gate = SpeedGate()
     for _ in range(4):  # plain: 0.1 s a token at 8 decodes
         gate.record(8, 8, 0.8, drafted=False)
-    for _ in range(3):  # drafted: 12 tokens in 1.5 s, 0.125 s a token
+    for _ in range(GATE_MIN_STEPS):  # drafted: 12 tokens in 1.5 s, 0.125 s a token
         assert gate.is_open(8)
         gate.record(8, 12, 1.5, drafted=True)
     assert [gate.is_open(8) for _ in range(GATE_BACKOFF_FIRST + 1)] == [False] * GATE_BACKOFF_FIRST + [True]
@@ -94,9 +97,45 @@ def test_gate_stops_drafting_where_drafted_steps_are_slower_per_token():
     assert not gate.is_open(1)
 
 
+def test_gate_judges_seconds_per_token_as_a_ratio_of_sums():
+    """Verify steps emit 1 to k+1 tokens: 0.15 s for 6 tokens is 0.025 s a token, a clear win over plain
+    0.03, though the mean of the steps' own ratios (0.05, 0.025, 0.017) reads 0.031, a loss."""
+    gate = SpeedGate()
+    for _ in range(3):
+        gate.record(1, 1, 0.03, drafted=False)
+    for _ in range(GATE_MIN_STEPS):  # judged every GATE_MIN_STEPS drafted steps: three times
+        for emitted in (1, 2, 3):
+            assert gate.is_open(1)
+            gate.record(1, emitted, 0.05, drafted=True)
+        gate.record(1, 1, 0.03, drafted=False)
+
+
+def test_step_costs_interpolate_and_shrug_off_a_slow_step():
+    costs = StepCosts()
+    for rows, ms in ((1, 10.0), (3, 11.0), (9, 30.0)):
+        for _ in range(2):  # the first of a size is skipped (kernels may load)
+            costs.record(rows, ms / 1000)
+    assert costs.step_time(2) == pytest.approx(0.0105)
+    assert costs.step_time(5) == pytest.approx(0.011 + 2 * 0.019 / 6)
+    assert costs.step_time(12) == pytest.approx(0.030 + 3 * 0.019 / 6)  # the last slope, extended
+    for ms in (20.0, 11.0, 11.0):  # one step delayed 2x (a thread-count probe, another tenant)
+        costs.record(3, ms / 1000)
+    assert costs.step_time(3) == pytest.approx(0.011)
+
+
+def test_a_long_catch_up_is_not_a_drafting_cost():
+    """A sequence that drafts again after plain steps first catches its draft up on them: a one-off,
+    which as a per-token cost (0.2 s here against 0.01) turned speculation off for every sequence."""
+    policy = SpecPolicy(8, cheap_probes=False)
+    for steady, draft_seconds in ((True, 0.02), (True, 0.02), (False, 0.4), (True, 0.02)):
+        policy.record_step(1, 3, 3, draft_seconds + 0.03, draft_seconds, steady)
+    assert policy.costs.draft_per_token == pytest.approx(0.01)
+    assert policy.gate.rates[1].drafted_seconds == pytest.approx(0.05 * (1 + 0.9 + 0.81))
+
+
 def test_new_sequences_start_from_what_the_ones_before_saw():
     policy = SpecPolicy(8, cheap_probes=False)
-    policy.cost = 0.3
+    policy.cost = linear_costs(0.3, 8)
     assert policy.drafts("a")  # nothing seen yet: hopeful
     for _ in range(10):
         policy.record_verify("a", 4, 0)
@@ -206,6 +245,26 @@ def test_seeded_sampling_gives_plain_output_whatever_the_draft_lengths(
         spec.spec.policy.lengths = lambda ids, num_tokens, k=k: [k] * len(ids)
         assert alone(spec, p, params) == want, k
         assert spec.spec.stats.drafted_tokens > 0 and spec.spec.stats.verify_steps > 1
+
+
+def test_draft_head_scores_the_first_ids_and_every_special_one():
+    tok = SimpleNamespace(is_special=lambda i: i in (0, 7), is_eog=lambda i: i == 9)
+    assert head_ids(tok, 10, 4).tolist() == [0, 1, 2, 3, 7, 9]
+    assert head_ids(tok, 10, 0) is None and head_ids(tok, 10, 10) is None
+
+
+def test_restricted_draft_head_drafts_only_its_ids_and_keeps_greedy_output(plain, tiny_model_path, index_dir):
+    """A model drafting for itself with a 100-id head: its drafts are its own argmax among those ids,
+    kept whenever the target's token is one of them; the output is plain decoding's."""
+    spec = make_engine(tiny_model_path, index_dir, draft_model=str(tiny_model_path), draft_vocab=100)
+    spec.spec.policy.lengths = lambda ids, num_tokens: [3] * len(ids)
+    proposer, drafted = spec.spec.proposer, []
+    propose = proposer.propose
+    proposer.propose = lambda requests: [(drafted.extend(d) or d, q) for d, q in propose(requests)]
+    ps = prompts(4, seed=8)
+    assert [alone(spec, p, GREEDY) for p in ps] == [alone(plain, p, GREEDY) for p in ps]
+    stats = spec.spec.stats
+    assert drafted and max(drafted) < 100 and 0 < stats.accepted_tokens < stats.drafted_tokens
 
 
 def test_draft_model_with_another_vocabulary_is_refused():

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from localllm.cli import common as c
+from localllm.config import DRAFT_VOCAB
 
 Workload = Annotated[
     str | None,
@@ -27,6 +28,7 @@ def spec(
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
+    draft_vocab: c.DraftVocab = DRAFT_VOCAB,
     workload: Workload = None,
     n_gen: Annotated[int, typer.Option("-n", "--n-gen", help="Tokens generated per prompt.")] = 128,
     prompts: Annotated[int, typer.Option("--prompts", help="Prompts in the workload (1-8).")] = 2,
@@ -55,7 +57,7 @@ def spec(
     from localllm.engine.engine import LLMEngine
     from localllm.sampling_params import SamplingParams
 
-    options = c.spec_options(prompt_lookup, draft_model, draft_max)
+    options = c.spec_options(prompt_lookup, draft_model, draft_max, draft_vocab)
     if not (prompt_lookup or draft_model):
         raise typer.BadParameter("give --prompt-lookup or --draft-model NAME|PATH to compare with")
     workload = workload or ("edit" if prompt_lookup else "code")

@@ -11,6 +11,7 @@ import typer
 
 from localllm.cli import common as c
 from localllm.cli.app import app
+from localllm.config import DRAFT_VOCAB
 from localllm.sampling_params import CHAT_MAX_TOKENS
 
 HINT = (
@@ -59,6 +60,7 @@ def chat(
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
+    draft_vocab: c.DraftVocab = DRAFT_VOCAB,
 ) -> None:
     """Chat with a model in the terminal, replies streamed as they are written.
 
@@ -92,7 +94,7 @@ def _chat_command(o: SimpleNamespace) -> None:
     flags["structured"] = c.structured_spec(o.json_schema, o.grammar)
     interactive = sys.stdin.isatty()
     path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
-    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max)
+    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
     metadata = GGUFFile.open(path, c.model_home() / "index").metadata  # cheap: the cached index
     # Refuse a model without a template now, before the load.
     template = require_chat_template(

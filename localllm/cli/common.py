@@ -77,6 +77,15 @@ DraftModel = Annotated[
 DraftMax = Annotated[
     int, typer.Option("--draft-max", help="Speculative decoding: most tokens drafted per sequence and step.")
 ]
+DraftVocab = Annotated[
+    int,
+    typer.Option(
+        "--draft-vocab",
+        metavar="N",
+        help="A draft model's output layer scores only the first N token ids (and the special ones): "
+        "cheaper drafts, the frequent tokens kept. 0: all.",
+    ),
+]
 Quantize = Annotated[
     str | None,
     typer.Option(
@@ -148,7 +157,9 @@ def kernels_compiled() -> bool:
     return kernels.is_dir() and any(kernels.glob("*.nbi"))
 
 
-def spec_options(prompt_lookup: bool, draft_model: str | None, draft_max: int) -> dict[str, Any]:
+def spec_options(
+    prompt_lookup: bool, draft_model: str | None, draft_max: int, draft_vocab: int
+) -> dict[str, Any]:
     """The EngineConfig fields of speculative decoding, checked before any model loads; a draft model
     named from the registry is pulled on first use, like the main one."""
     from localllm.errors import ConfigError
@@ -157,8 +168,15 @@ def spec_options(prompt_lookup: bool, draft_model: str | None, draft_max: int) -
         raise ConfigError("choose one way to draft: --prompt-lookup or --draft-model, not both")
     if draft_max < 1:
         raise ConfigError(f"--draft-max must be at least 1, not {draft_max}")
+    if draft_vocab < 0:
+        raise ConfigError(f"--draft-vocab must be 0 (all) or more, not {draft_vocab}")
     path = str(resolve(draft_model)[0]) if draft_model else None
-    return {"prompt_lookup": prompt_lookup, "draft_model": path, "draft_max": draft_max}
+    return {
+        "prompt_lookup": prompt_lookup,
+        "draft_model": path,
+        "draft_max": draft_max,
+        "draft_vocab": draft_vocab,
+    }
 
 
 def first_run_steps(backend: str, model: Path | None = None) -> list[str]:

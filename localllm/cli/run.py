@@ -11,6 +11,7 @@ import typer
 
 from localllm.cli import common as c
 from localllm.cli.app import app
+from localllm.config import DRAFT_VOCAB
 
 
 @app.command()
@@ -52,6 +53,7 @@ def run(
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
+    draft_vocab: c.DraftVocab = DRAFT_VOCAB,
 ) -> None:
     """Generate a completion for PROMPT and stream it to stdout; stats go to stderr.
 
@@ -78,7 +80,7 @@ def _run_command(o: SimpleNamespace) -> None:
     path, defaults = c.resolve(
         model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v), o.quantize, o.group_size
     )
-    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max)
+    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
     template = chat_template_source(o.chat_template, defaults.get("chat_template")) if o.chat else None
     config = c.engine_config(
         path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=1, cache_type_k=o.cache_type_k,

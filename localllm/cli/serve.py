@@ -11,6 +11,7 @@ import typer
 
 from localllm.cli import common as c
 from localllm.cli.app import app
+from localllm.config import DRAFT_VOCAB
 
 Port = Annotated[int, typer.Option("--port", "-p", help="TCP port to listen on.")]
 Host = Annotated[
@@ -83,6 +84,7 @@ def serve(
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
+    draft_vocab: c.DraftVocab = DRAFT_VOCAB,
     api_key: ApiKey = None,
     max_queue: MaxQueue = 256,
     cors_origins: CorsOrigins = None,
@@ -128,7 +130,7 @@ def _serve_command(o: SimpleNamespace) -> None:
     check_values(vars(o))
     limits = ConnectionLimits(o.max_connections, o.header_timeout, o.body_timeout)
     path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
-    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max)
+    spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
     engine_config = c.engine_config(
         path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=o.parallel, kv_cache_mb=o.kv_cache_mb,
         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, device=o.device, **spec,

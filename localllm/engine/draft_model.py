@@ -46,6 +46,26 @@ def check_same_vocabulary(target: Any, draft: Any) -> None:
     )
 
 
+def head_ids(tokenizer: Any, vocab_size: int, limit: int) -> np.ndarray | None:
+    """The token ids the draft's output layer scores (None: all of them): the first `limit` ids and every
+    special one. Byte-level BPE vocabularies list tokens in merge order, which follows their frequency
+    in the tokenizer's corpus: Qwen2.5's first 32,768 ids hold 93% of the tokens of localllm's own code
+    and 95% of its README. A token outside is never drafted (its position is a rejection, as a wrong
+    draft's), while the layer reads a fraction of its rows (FR-Spec, Zhao et al. 2025, does the same with
+    counted frequencies)."""
+    if limit <= 0 or limit >= vocab_size:
+        return None
+    special = [i for i in range(limit, vocab_size) if tokenizer.is_special(i) or tokenizer.is_eog(i)]
+    return np.concatenate([np.arange(limit, dtype=np.int64), np.asarray(special, dtype=np.int64)])
+
+
+def restricted_head(gguf: Any, model: Any, ids: np.ndarray) -> Any:
+    """model's output layer restricted to the rows of `ids` (a packed copy of those rows)."""
+    name = "token_embd.weight" if model.args.tied_output else "output.weight"
+    raw = gguf.raw(name)
+    return model.backend.prepare_weight(np.ascontiguousarray(raw[ids]), gguf.tensors[name].ggml_type)
+
+
 class DraftModel:
     def __init__(self, path: str, target: Any):
         from localllm.gguf_file import GGUFFile
@@ -60,6 +80,10 @@ class DraftModel:
         else:
             with backend.weight_cache(self.gguf, config.index_dir):
                 self.model = load_model(self.gguf, backend)
+        rows = min(target.args.vocab_size, self.model.args.vocab_size)
+        self.head_ids = head_ids(target.tokenizer, rows, config.draft_vocab)
+        if self.head_ids is not None:  # packed anew each load: a copy of some rows has no place in the file
+            self.model.output = restricted_head(self.gguf, self.model, self.head_ids)
         a = self.model.args
         num_blocks = target.block_manager.num_blocks
         self.kv = KVCache(
@@ -69,6 +93,7 @@ class DraftModel:
         self.runner = ModelRunner(self.model, self.kv)
         self.vocab_size = target.args.vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
+        self.caught_up = 0  # the most tokens a shadow caught up on in the last propose
         self.governor = _governor_like(getattr(backend, "governor", None))
         backend.warmup(self.model, target.cache_types)
 
@@ -94,8 +119,10 @@ class DraftModel:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[np.ndarray]] = [[] for _ in requests]
         active = []
+        self.caught_up = 0
         for i, (seq, k) in enumerate(requests):
             shadow = self._sync(seq)
+            self.caught_up = max(self.caught_up, shadow.num_tokens - shadow.num_computed_tokens)
             if self.block_manager.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens + k - 1):
                 active.append((i, shadow, k))
         while active:
@@ -159,7 +186,7 @@ class DraftModel:
         history); with sampling, the distribution q it was drawn from, which the acceptance rule needs.
         A seeded request drafts the likeliest token: its verify keeps a draft only when the target's own
         draw equals it (see spec_verify), and the likeliest token is the draft most often drawn."""
-        row = _fit(row, self.vocab_size)
+        row = _fit(row, self.vocab_size, self.head_ids)
         params = shadow.params
         processed = apply_penalties(row, params, shadow.prompt_token_ids, shadow.output_token_ids)
         if params.greedy or params.seed is not None:
@@ -182,8 +209,13 @@ def _governor_like(governor: Any) -> Any:
     return ThreadGovernor(governor.max_threads, adaptive=len(governor.candidates) > 1)
 
 
-def _fit(row: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The draft's logits over the target's vocabulary (output rows past the token list never win)."""
+def _fit(row: np.ndarray, vocab_size: int, ids: np.ndarray | None) -> np.ndarray:
+    """The draft's logits over the target's vocabulary: a restricted head's scattered to their ids,
+    -inf elsewhere (output rows past the token list never win)."""
+    if ids is not None:
+        full = np.full(vocab_size, -np.inf, dtype=row.dtype)
+        full[ids] = row
+        return full
     if len(row) >= vocab_size:
         return row[:vocab_size]
     return np.concatenate([row, np.full(vocab_size - len(row), -np.inf, dtype=row.dtype)])

@@ -22,6 +22,10 @@ from localllm.engine.sequence import Sequence
 from localllm.engine.spec_policy import SpecPolicy
 from localllm.engine.spec_verify import verify_draft
 
+# A draft model's shadow that catches up on more tokens than this before drafting (a sequence drafting
+# again after plain steps) is not a steady-state sample of the drafting cost: the policy skips it.
+STEADY_CATCH_UP = 8
+
 
 @dataclass(slots=True)
 class SpecStats:
@@ -65,6 +69,7 @@ class SpecDecoder:
     def __init__(self, engine: Any):
         config = engine.config
         self.block_manager = engine.block_manager
+        self.backend = engine.backend
         self.max_model_len = engine.max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
         if config.draft_model:
@@ -135,11 +140,23 @@ class SpecDecoder:
     def record_step(self, plan: SchedulerOutput, seconds: float) -> None:
         """Feed a decode/verify step's measured time, drafting included, to the policy (steps with
         prefill are left out: they would swamp it)."""
-        if self.enabled and all(it.num_tokens == 1 and it.samples for it in plan.scheduled):
+        decode_only = all(it.num_tokens == 1 and it.samples for it in plan.scheduled)
+        # a thread-count probe (one thread can take 2x) is not what this step size costs
+        if self.enabled and decode_only and not self._probe_step(plan.num_tokens + self._drafted):
             n = len(plan.scheduled)
             emitted = n + self._accepted
-            self.policy.record_step(n, n + self._drafted, emitted, seconds, self._draft_seconds)
+            steady = getattr(self.proposer, "caught_up", 0) <= STEADY_CATCH_UP
+            self.policy.record_step(n, n + self._drafted, emitted, seconds, self._draft_seconds, steady)
         self._draft_seconds, self._drafted, self._accepted = 0.0, 0, 0
+
+    def _probe_step(self, num_tokens: int) -> bool:
+        """Whether the step ran with a thread count its governor is only re-measuring (backends with a
+        governor; the target's choice is the one in force after its forward pass)."""
+        governor = getattr(self.backend, "governor", None)
+        if governor is None:
+            return False
+        choice = governor.current_choice(num_tokens)
+        return choice is not None and choice != self.backend.threads
 
     def release(self, request_id: str) -> None:
         """A finished or aborted request: drop its draft state (and the draft model's blocks)."""
