@@ -16,6 +16,7 @@ from localllm.engine.draft_model import check_same_vocabulary, head_ids
 from localllm.engine.engine import LLMEngine
 from localllm.engine.ngram import propose_ngram
 from localllm.engine.sequence import Sequence
+from localllm.engine.spec_decode import MAX_CATCH_UP
 from localllm.engine.spec_policy import (
     EXPLORE_EVERY,
     GATE_BACKOFF_FIRST,
@@ -133,16 +134,37 @@ def test_a_long_catch_up_is_not_a_drafting_cost():
     assert policy.gate.rates[1].drafted_seconds == pytest.approx(0.05 * (1 + 0.9 + 0.81))
 
 
+def test_no_draft_prefill_where_the_gate_has_closed_drafting():
+    policy = SpecPolicy(8, cheap_probes=False)
+    policy.gate.rates[8] = SimpleNamespace(closed_for=5)
+    assert policy.drafts("a", 1) and not policy.drafts("b", 8)
+
+
+def test_a_draft_that_would_catch_up_on_a_whole_prompt_does_not_start(
+    plain, tiny_model_path, other_draft_path, index_dir
+):
+    """A sequence the draft did not prefill with the target (it started off) would first catch up on its
+    whole prompt: past MAX_CATCH_UP tokens it does not draft; a short one does."""
+    spec = make_engine(tiny_model_path, index_dir, draft_model=str(other_draft_path))
+    spec.spec.policy.drafts = lambda request_id, num_decodes: False
+    spec.spec.policy.lengths = lambda ids, num_tokens: [2] * len(ids)
+    long_prompt = list(range(3, 3 + MAX_CATCH_UP + 10))
+    assert alone(spec, long_prompt, GREEDY) == alone(plain, long_prompt, GREEDY)
+    assert spec.spec.stats.drafted_tokens == 0
+    assert alone(spec, long_prompt[:20], GREEDY) == alone(plain, long_prompt[:20], GREEDY)
+    assert spec.spec.stats.drafted_tokens > 0
+
+
 def test_new_sequences_start_from_what_the_ones_before_saw():
     policy = SpecPolicy(8, cheap_probes=False)
     policy.cost = linear_costs(0.3, 8)
-    assert policy.drafts("a")  # nothing seen yet: hopeful
+    assert policy.drafts("a", 1)  # nothing seen yet: hopeful
     for _ in range(10):
         policy.record_verify("a", 4, 0)
     assert policy.lengths(["a"], 1) == [0]
     for _ in range(3 * EXPLORE_EVERY):  # a draft model's off sequence does not probe (catch-up costs)
         assert policy.lengths(["a"], 1) == [0]
-    starts = [policy.drafts(f"new-{i}") for i in range(2 * NEW_SEQ_PROBE)]
+    starts = [policy.drafts(f"new-{i}", 1) for i in range(2 * NEW_SEQ_PROBE)]
     assert starts.count(True) == 2  # all start off, but every NEW_SEQ_PROBE-th
 
 

@@ -138,6 +138,11 @@ class DraftModel:
             active = [a for a in active if len(drafts[a[0]]) < a[2]]
         return [(d, np.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
 
+    def lag(self, seq: Sequence) -> int:
+        """Tokens seq's shadow would catch up on before drafting (at most: earlier drafts it kept count)."""
+        entry = self.shadows.get(seq.request_id)
+        return seq.num_tokens - (entry[0].num_computed_tokens if entry else 0)
+
     def _sync(self, seq: Sequence) -> Sequence:
         """seq's shadow with seq's tokens; its K/V kept as far as its earlier drafts were accepted."""
         entry = self.shadows.get(seq.request_id)

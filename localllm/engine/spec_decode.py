@@ -25,6 +25,11 @@ from localllm.engine.spec_verify import verify_draft
 # A draft model's shadow that catches up on more tokens than this before drafting (a sequence drafting
 # again after plain steps) is not a steady-state sample of the drafting cost: the policy skips it.
 STEADY_CATCH_UP = 8
+# A draft model's shadow that lags more than this does not start drafting: catching up on a whole prompt
+# costs as much as its prefill (0.7 s for 400 tokens of the 0.5B), more than drafting wins back on a
+# short reply. Sequences the draft prefilled with the target, or that stopped drafting for a few steps,
+# are within it.
+MAX_CATCH_UP = 64
 
 
 @dataclass(slots=True)
@@ -61,6 +66,9 @@ class NgramProposer:
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[tuple[list[int], Any]]:
         return [(propose_ngram(seq.token_ids, k), None) for seq, k in requests]
 
+    def lag(self, seq: Sequence) -> int:
+        return 0
+
     def release(self, request_id: str) -> None:
         pass
 
@@ -93,7 +101,8 @@ class SpecDecoder:
         if not self.enabled:
             return
         prefills = [it for it in plan.scheduled if it.num_tokens > 1 or not it.samples]
-        prefills = [it for it in prefills if self.policy.drafts(it.seq.request_id)]
+        width = sum(1 for it in plan.scheduled if it.samples)  # sequences decoding from the next step
+        prefills = [it for it in prefills if self.policy.drafts(it.seq.request_id, width)]
         if prefills:
             self.proposer.prefill(prefills)
         decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
@@ -114,13 +123,13 @@ class SpecDecoder:
         self, decodes: list[ScheduledSeq], lengths: list[int], budget: int
     ) -> list[tuple[ScheduledSeq, int]]:
         """The sequences that draft and how many tokens each: capped by the step's token budget, the
-        context, max_tokens, and free blocks (drafts never preempt anything)."""
+        context, max_tokens, and free blocks (drafts never preempt anything); none whose draft lags far."""
         wanted = []
         for item, k in zip(decodes, lengths, strict=True):
             seq = item.seq
             left = seq.params.max_tokens - seq.num_output_tokens if seq.params.max_tokens else k + 1
             k = min(k, budget, self.max_model_len - seq.num_tokens - 1, left - 1)
-            if k > 0 and self.block_manager.allocate(seq, 1 + k):
+            if k > 0 and self.proposer.lag(seq) <= MAX_CATCH_UP and self.block_manager.allocate(seq, 1 + k):
                 wanted.append((item, k))
                 budget -= k
         return wanted

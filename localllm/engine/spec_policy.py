@@ -164,6 +164,11 @@ class SpeedGate:
     def __init__(self) -> None:
         self.rates: dict[int, _Rates] = {}
 
+    def is_closed(self, num_decodes: int) -> bool:
+        """Whether drafting is stopped at this batch width now (without counting a step)."""
+        r = self.rates.get(num_decodes)
+        return r is not None and r.closed_for > 0
+
     def is_open(self, num_decodes: int) -> bool:
         """Whether this step may draft: not while closed, nor when drafted steps wait for a plain one
         to be compared with."""
@@ -244,8 +249,12 @@ class SpecPolicy:
                     state.accepted = PRIOR_WEIGHT * max(PRIOR_ALPHA, self.seen.alpha)
         return state
 
-    def drafts(self, request_id: str) -> bool:
-        """Whether request_id would draft now (a draft model skips the prefill of one that won't)."""
+    def drafts(self, request_id: str, num_decodes: int) -> bool:
+        """Whether request_id would draft now, among num_decodes decoding sequences (a draft model skips
+        the prefill of one that won't: where the gate has closed drafting at this batch width, a draft
+        prefill would be wasted; should it open later, the sequence's first draft catches up)."""
+        if self.gate.is_closed(num_decodes):
+            return False
         return best_length(self.state(request_id).alpha, self.cost) > 0
 
     def _length(self, state: SeqSpecState) -> int:
