@@ -74,7 +74,8 @@ class LLM:
     `model` may be a Hugging Face directory; `quantize` ("int8" or "int4", blocks of `group_size` 32)
     quantizes it, or a float GGUF, on load (once: the result is cached under LOCALLLM_HOME/converted).
     Other keywords are EngineConfig fields, e.g. speculative decoding: `prompt_lookup=True`, or
-    `draft_model="qwen2.5-coder-0.5b-instruct"` (a path or registry name), with `draft_max=8`.
+    `draft_model="qwen2.5-coder-0.5b-instruct"` (a path or registry name), with `draft_max=8` and
+    `draft_vocab=32768` (the draft's output layer scores the first ids and the special ones; 0: all).
     """
 
     def __init__(
