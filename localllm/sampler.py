@@ -14,16 +14,14 @@ def make_generator(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def token_generator(
-    seed: int | None, shared: np.random.Generator, position: int, stream: int = 0
-) -> np.random.Generator:
+def token_generator(seed: int | None, shared: np.random.Generator, position: int) -> np.random.Generator:
     """The generator that draws output token `position`. A seeded request draws each token from its own
-    stream keyed by (seed, stream, position): how many draws came before it (speculation's accept/reject
-    draws vary with draft lengths, which follow measured timings) must not change what a seed gives.
+    stream keyed by (seed, position): how many draws came before it (speculation's accept/reject draws
+    vary with draft lengths, which follow measured timings) must not change what a seed gives.
     Unseeded requests keep drawing from their shared generator."""
     if seed is None:
         return shared
-    return np.random.default_rng([seed, stream, position])
+    return np.random.default_rng([seed, position])
 
 
 def apply_penalties(

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from localllm.recent_median import push_lower_median
+
 # A thread count's running step time is the median of its last RECENT steps: one step that another
 # tenant's time slice delayed 3x cannot flip the choice (a running average did, where the two counts are
 # within ~1.3x of each other: Qwen 1.5B at 20.7 vs 26 ms), while a sustained slowdown does in 3 steps.
@@ -68,10 +70,10 @@ class ThreadGovernor:
             return
         b = self._bucket(n_tokens)
         probed = b.best != 0 and threads != b.best
-        # the running choice is smoothed; a probe's old figures are stale, so the probe replaces them
-        recent = [seconds] if probed else [*b.recent.get(threads, [])[1 - RECENT :], seconds]
-        b.recent[threads] = recent
-        b.times[threads] = sorted(recent)[(len(recent) - 1) // 2]  # (the lower median)
+        recent = b.recent.setdefault(threads, [])
+        if probed:  # the running choice is smoothed; a probe's old figures are stale, the probe replaces them
+            recent.clear()
+        b.times[threads] = push_lower_median(recent, seconds, RECENT)
         best = _faster(b.times, b.best)
         if probed:  # a probe: back off while the choice holds, look again soon when it flips
             b.probe_every = min(MAX_PROBE, 2 * b.probe_every) if best == b.best else FIRST_PROBE

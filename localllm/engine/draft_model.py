@@ -93,7 +93,6 @@ class DraftModel:
         self.runner = ModelRunner(self.model, self.kv)
         self.vocab_size = target.args.vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
-        self.caught_up = 0  # the most tokens a shadow caught up on in the last propose
         self.governor = _governor_like(getattr(backend, "governor", None))
         backend.warmup(self.model, target.cache_types)
 
@@ -119,10 +118,8 @@ class DraftModel:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[np.ndarray]] = [[] for _ in requests]
         active = []
-        self.caught_up = 0
         for i, (seq, k) in enumerate(requests):
             shadow = self._sync(seq)
-            self.caught_up = max(self.caught_up, shadow.num_tokens - shadow.num_computed_tokens)
             if self.block_manager.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens + k - 1):
                 active.append((i, shadow, k))
         while active:
@@ -139,7 +136,8 @@ class DraftModel:
         return [(d, np.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
 
     def lag(self, seq: Sequence) -> int:
-        """Tokens seq's shadow would catch up on before drafting (at most: earlier drafts it kept count)."""
+        """About how many tokens seq's shadow would catch up on before drafting (its drafts the target
+        rejected, up to k, are not counted: it is a new sequence's or an idle one's lag that matters)."""
         entry = self.shadows.get(seq.request_id)
         return seq.num_tokens - (entry[0].num_computed_tokens if entry else 0)
 

@@ -93,11 +93,12 @@ class SpecDecoder:
         self._draft_seconds = 0.0  # this step's drafting, catching up included
         self._drafted = 0
         self._accepted = 0  # this step's kept drafts
+        self._lag = 0  # the most tokens a drafting sequence's draft caught up on this step
 
     def propose(self, plan: SchedulerOutput) -> None:
         """Attach drafts to the plan's decoding sequences, growing their block tables to hold them."""
         start = time.perf_counter()
-        self._drafted = self._accepted = 0
+        self._drafted = self._accepted = self._lag = 0
         if not self.enabled:
             return
         prefills = [it for it in plan.scheduled if it.num_tokens > 1 or not it.samples]
@@ -129,9 +130,11 @@ class SpecDecoder:
             seq = item.seq
             left = seq.params.max_tokens - seq.num_output_tokens if seq.params.max_tokens else k + 1
             k = min(k, budget, self.max_model_len - seq.num_tokens - 1, left - 1)
-            if k > 0 and self.proposer.lag(seq) <= MAX_CATCH_UP and self.block_manager.allocate(seq, 1 + k):
+            lag = self.proposer.lag(seq)
+            if k > 0 and lag <= MAX_CATCH_UP and self.block_manager.allocate(seq, 1 + k):
                 wanted.append((item, k))
                 budget -= k
+                self._lag = max(self._lag, lag)
         return wanted
 
     def verify(self, item: ScheduledSeq, logits: np.ndarray) -> list[SampledToken]:
@@ -154,9 +157,9 @@ class SpecDecoder:
         if self.enabled and decode_only and not self._probe_step(plan.num_tokens + self._drafted):
             n = len(plan.scheduled)
             emitted = n + self._accepted
-            steady = getattr(self.proposer, "caught_up", 0) <= STEADY_CATCH_UP
+            steady = self._lag <= STEADY_CATCH_UP
             self.policy.record_step(n, n + self._drafted, emitted, seconds, self._draft_seconds, steady)
-        self._draft_seconds, self._drafted, self._accepted = 0.0, 0, 0
+        self._draft_seconds, self._drafted, self._accepted, self._lag = 0.0, 0, 0, 0
 
     def _probe_step(self, num_tokens: int) -> bool:
         """Whether the step ran with a thread count its governor is only re-measuring (backends with a

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localllm.recent_median import push_lower_median
+
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 2.0  # a first sequence's acceptance rate, as if from 2 drafted tokens
 DECAY = 0.7  # weight of the past in a sequence's acceptance counts, per verify step
 SEEN_DECAY = 0.95  # the same across all sequences, per verify step: a new sequence's prior
@@ -109,9 +111,7 @@ class StepCosts:
         if num_tokens not in self._seen:  # a size's first step may load or compile kernels: not a cost
             self._seen.add(num_tokens)
             return
-        recent = self._recent.setdefault(num_tokens, [])
-        recent[:] = [*recent[1 - RECENT :], seconds]
-        self.times[num_tokens] = sorted(recent)[(len(recent) - 1) // 2]  # the lower median
+        self.times[num_tokens] = push_lower_median(self._recent.setdefault(num_tokens, []), seconds, RECENT)
 
     def step_time(self, num_tokens: int) -> float | None:
         """The measured time of a step of num_tokens: linear between the measured sizes around it,
