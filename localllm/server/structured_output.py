@@ -11,6 +11,7 @@ from typing import Any
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
 from localllm.server.protocol import APIError, SamplingRequest
+from localllm.structured.limits import MAX_CHOICES
 from localllm.structured.spec import StructuredSpec
 
 
@@ -55,6 +56,11 @@ def _extension_specs(body: SamplingRequest) -> list[tuple[str, StructuredSpec]]:
 def _choice_spec(choices: list[str]) -> StructuredSpec:
     if not choices:
         raise APIError("guided_choice must list at least one string", param="guided_choice")
+    if len(choices) > MAX_CHOICES:  # past it llguidance cannot enforce the choice
+        raise APIError(
+            f"guided_choice lists {len(choices):,} strings; the limit is {MAX_CHOICES:,}",
+            param="guided_choice",
+        )
     lark = "start: " + " | ".join(json.dumps(c) for c in choices)
     return StructuredSpec("lark", lark, "guided_choice")
 

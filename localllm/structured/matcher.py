@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from localllm.errors import InvalidRequestError
 from localllm.structured.closing import Closers, StringState, narrow
-from localllm.structured.spec import JSON_OPTIONS, StructuredSpec
+from localllm.structured.limits import GrammarLimits, check_bounds
+from localllm.structured.sandbox import GrammarSandbox
+from localllm.structured.spec import StructuredSpec
 
 CLOSING_TOKENS = 64  # tokens a looping reply gets to close its document before the guard cuts it
 # Budget closing starts when the tokens left are the document's closing cost plus this margin (room for
@@ -62,56 +65,50 @@ class _Wrapper:
         return self._tokenizer.encode(text, add_special=False)
 
 
-def grammar_text(spec: StructuredSpec) -> str:
-    """The llguidance grammar for a spec (not validated yet)."""
-    import llguidance
-
-    m = llguidance.LLMatcher
-    if spec.kind == "json_object":
-        return m.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
-    if spec.kind == "json_schema":
-        return m.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
-    if spec.kind == "regex":
-        return m.grammar_from_regex(spec.text)
-    if spec.kind == "lark":
-        return m.grammar_from_lark(spec.text)
-    return llguidance.grammar_from("grammar", spec.text)  # GBNF, or Lark: llguidance reads both
-
-
 class GrammarCompiler:
-    """Compiles specs against one tokenizer and caches the results by spec (thread-safe: the server
-    compiles on request threads, so a bad grammar is a 400 before the request reaches the engine)."""
+    """Compiles specs against one tokenizer and caches a compiled matcher per spec, which each sequence
+    copies (thread-safe: the server compiles on request threads, so a bad grammar is a 400 before the
+    request reaches the engine). A spec is bounded (limits.py), validated in a child process
+    (sandbox.py), then compiled on a thread with a large stack, never on the caller's."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int):
+    def __init__(self, tokenizer: Any, vocab_size: int, limits: GrammarLimits | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
-        self._cache: OrderedDict[StructuredSpec, str] = OrderedDict()
+        self.limits = limits or GrammarLimits()
+        self.sandbox = GrammarSandbox(self.limits)
+        self._cache: OrderedDict[StructuredSpec, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._closers: Closers | None = None
+        self._threads: ThreadPoolExecutor | None = None
 
-    def compile(self, spec: StructuredSpec) -> str:
+    def compile(self, spec: StructuredSpec) -> Any:
+        """The compiled llguidance matcher for `spec`, in its start state (copy it before use)."""
         with self._lock:
             if spec in self._cache:
                 self._cache.move_to_end(spec)
                 return self._cache[spec]
-        grammar = self._validated(spec)
+        check_bounds(spec, self.limits)
+        grammar = self.sandbox.grammar(spec)
+        matcher = self._on_large_stack(_compiled, grammar, lltokenizer(self.tokenizer))
+        if matcher.is_error():
+            raise InvalidRequestError(f"{spec.name}: invalid {spec.kind}: {_first_line(matcher.get_error())}")
         with self._lock:
-            self._cache[spec] = grammar
+            self._cache[spec] = matcher
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-        return grammar
+        return matcher
 
-    def _validated(self, spec: StructuredSpec) -> str:
-        import llguidance
-
-        try:
-            grammar = grammar_text(spec)
-        except (ValueError, TypeError) as e:
-            raise InvalidRequestError(f"{spec.name}: {e}") from None
-        error = llguidance.LLMatcher.validate_grammar(grammar, lltokenizer(self.tokenizer))
-        if error:
-            raise InvalidRequestError(f"{spec.name}: invalid {spec.kind}: {error.strip()}")
-        return grammar
+    def _on_large_stack(self, fn: Any, *args: Any) -> Any:
+        """fn(*args) on one of this compiler's threads, made with `limits.compile_stack` of stack."""
+        with self._lock:
+            old = threading.stack_size(self.limits.compile_stack)
+            try:  # the executor starts its threads inside submit, so they take the size set here
+                if self._threads is None:
+                    self._threads = ThreadPoolExecutor(2, thread_name_prefix="localllm-grammar")
+                future = self._threads.submit(fn, *args)
+            finally:
+                threading.stack_size(old)
+        return future.result()
 
     def matcher(self, spec: StructuredSpec, budget: int | None = None) -> Constraint:
         """A sequence's constraint; `budget`: the tokens it may generate (max_tokens, or what the
@@ -120,7 +117,25 @@ class GrammarCompiler:
         if self._closers is None:
             self._closers = Closers(self.tokenizer, self.vocab_size)
         lltok = lltokenizer(self.tokenizer)
-        return Constraint(self.compile(spec), lltok, self.vocab_size, eos, self._closers, budget)
+        copy = self.compile(spec).deep_copy()  # microseconds: the compiled grammar is shared
+        return Constraint(copy, lltok, self.vocab_size, eos, self._closers, budget)
+
+    def close(self) -> None:
+        """Stop the sandbox's child processes and the compile threads."""
+        self.sandbox.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
+
+
+def _compiled(grammar: str, lltok: Any) -> Any:
+    import llguidance
+
+    return llguidance.LLMatcher(lltok, grammar, log_level=0)
+
+
+def _first_line(error: str) -> str:
+    # llguidance appends its parser state and grammar: the first line says what went wrong
+    return error.strip().split("\n")[0]
 
 
 class Constraint:
@@ -128,16 +143,14 @@ class Constraint:
 
     def __init__(
         self,
-        grammar: str,
+        matcher: Any,
         lltok: Any,
         vocab_size: int,
         eos_id: int,
         closers: Closers,
         budget: int | None = None,
     ):
-        import llguidance
-
-        self._matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        self._matcher = matcher  # an llguidance.LLMatcher of this sequence's own
         self._lltok = lltok
         self._closers = closers
         self._string = StringState()
@@ -198,5 +211,4 @@ class Constraint:
 
     @property
     def error(self) -> str:
-        # llguidance appends its parser state and grammar: the first line says what went wrong
-        return self._matcher.get_error().split("\n")[0] if self._matcher.is_error() else ""
+        return _first_line(self._matcher.get_error()) if self._matcher.is_error() else ""
