@@ -245,6 +245,33 @@ def test_forced_tool_calls_are_valid(srv: Running, choice: object) -> None:
             assert choice == "required" and call["function"]["name"] == "get_time"
 
 
+class Unit(BaseModel):
+    scale: Literal["C", "F"]
+
+
+class Forecast(BaseModel):
+    city: Literal["Paris", "Rome"]
+    unit: Unit
+
+
+@pytest.mark.parametrize(
+    "choice", ["auto", "required", {"type": "function", "function": {"name": "forecast"}}]
+)
+def test_tool_parameters_with_defs_work_for_every_tool_choice(srv: Running, choice: object) -> None:
+    """What the openai client's pydantic_function_tool sends: parameters whose `$ref`s point into
+    their own `$defs` (which used to be a 400 "Pointer '/$defs/Unit' does not exist" once forced)."""
+    import openai
+
+    tool = openai.pydantic_function_tool(Forecast, name="forecast")
+    assert "$defs" in json.dumps(tool["function"]["parameters"])
+    body = chat(srv, tools=[tool], tool_choice=choice, temperature=1.0, seed=2, max_tokens=150)
+    for call in body["choices"][0]["message"].get("tool_calls") or []:
+        if call["function"]["name"] == "forecast":
+            Forecast.model_validate_json(call["function"]["arguments"])
+    if choice != "auto":
+        assert body["choices"][0]["finish_reason"] == "tool_calls", body
+
+
 def test_tool_calls_stream_like_openai(srv: Running) -> None:
     body = {"model": MODEL_ID, "messages": CHAT, "max_tokens": 200, "stream": True, "tools": [WEATHER]}
     r = post(srv, "/v1/chat/completions", {**body, "tool_choice": "required", "parallel_tool_calls": False})

@@ -40,6 +40,22 @@ class ToolCall:
         }
 
 
+def rebased(schema: Any, root: str) -> Any:
+    """A copy of `schema` with each local `$ref` ("#...") made relative to `root` (a JSON pointer
+    "#/..."), iteratively: a schema may nest deeper than Python's recursion limit."""
+    copy = json.loads(json.dumps(schema))
+    stack = [copy]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                node[key] = root + value[1:]
+            elif isinstance(value, dict | list):
+                stack.append(value)
+    return copy
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -50,24 +66,38 @@ class ToolFamily:
     start: str  # the text that opens a call: content streams until it appears
     args_key: str  # "arguments" or "parameters"
 
-    def call_schema(self, tool: Tool) -> dict[str, Any]:
-        """The JSON schema of one call of `tool` in this family's object shape."""
+    def call_schema(self, tool: Tool, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON schema of one call of `tool` in this family's object shape (`arguments`: the
+        schema of its arguments, when not the tool's parameters as given)."""
         return {
             "type": "object",
             "properties": {
                 "name": {"const": tool.name},
-                self.args_key: tool.parameters or {"type": "object"},
+                self.args_key: arguments or tool.parameters or {"type": "object"},
             },
             "required": ["name", self.args_key],
             "additionalProperties": False,
         }
 
+    def calls_schema(self, tools: list[Tool]) -> dict[str, Any]:
+        """One schema admitting a call of any of `tools`. A tool whose parameters use `$ref` (pydantic's
+        `$defs`) moves to the root's `$defs`, its references rebased there: they point into its own
+        parameters, which are no longer the document's root."""
+        calls, defs = [], {}
+        for i, tool in enumerate(tools):
+            if "$ref" not in json.dumps(tool.parameters):
+                calls.append(self.call_schema(tool))
+                continue
+            defs[f"tool{i}"] = rebased(tool.parameters, f"#/$defs/tool{i}")
+            calls.append(self.call_schema(tool, {"$ref": f"#/$defs/tool{i}"}))
+        schema: dict[str, Any] = {"anyOf": calls, "x-guidance": JSON_OPTIONS}
+        return schema | ({"$defs": defs} if defs else {})
+
     def grammar(self, tools: list[Tool], parallel: bool, marker: str) -> StructuredSpec:
         """A Lark grammar that admits only calls of `tools` (one, or several when `parallel`).
         `marker` is the start marker as a Lark terminal (a quoted string, or `<[id]>` for a special
         token)."""
-        schema = {"anyOf": [self.call_schema(t) for t in tools], "x-guidance": JSON_OPTIONS}
-        body = f"%json {json.dumps(schema)}"
+        body = f"%json {json.dumps(self.calls_schema(tools))}"
         if self.name == "hermes":
             call = f'{marker} "\\n" json_call "\\n</tool_call>"'
             start = 'start: call ("\\n" call)*\n' if parallel else "start: call\n"
