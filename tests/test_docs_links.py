@@ -90,7 +90,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
 
 
 def test_slugs_follow_github() -> None:
-    assert slug("First run, choosing a model, troubleshooting") == "first-run-choosing-a-model-troubleshooting"
+    assert slug("First run, choosing a model") == "first-run-choosing-a-model"
     assert slug("What a model needs: `localllm info`") == "what-a-model-needs-localllm-info"
     assert slug("Quantize, convert, perplexity") == "quantize-convert-perplexity"
     assert slug("The [OpenAI](https://openai.com) API") == "the-openai-api"
