@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from localllm.errors import LocalLLMError
 from localllm.tokenizer import load_tokenizer
 from localllm.tokenizer.chat_template import ChatTemplate, TemplateError, apply_chat_template
+from localllm.tokenizer.template_budget import TemplateBudget, TemplateBudgetError
 
 # SmolLM2-135M-Instruct's template, as stored in its GGUF.
 SMOLLM2_TEMPLATE = (
@@ -237,3 +239,83 @@ def test_a_model_without_a_template_never_imports_jinja2() -> None:
         "assert resolve_chat_template({}, 'chatml') is not None and 'jinja2' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# A chat template is an untrusted program: every render runs under a budget (template_budget.py).
+BOMBS = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
+    "string times a huge count": "{{ 'x' * 3000000000 }}",
+    "a huge format width": "{{ '{0:>3000000000}'.format(1) }}",
+    "a huge %-width": "{{ '%3000000000d' % 1 }}",
+    "a filter given a huge width": "{{ 'x'|center(3000000000) }}",
+    "a method given a huge width": "{{ 'x'.ljust(3000000000) }}",
+    "a huge power": "{{ 10 ** 100000000 }}",
+    "doubling in a namespace": "{% set ns = namespace(s='x') %}{% for i in range(60) %}"
+    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+    "doubling by ~ in a namespace": "{% set ns = namespace(s='x') %}{% for i in range(60) %}"
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "a list times a huge count": "{{ ([1] * 999999) * 999999 }}",
+    "a recursive macro": "{% macro f(s) %}{{ f(s ~ s) }}{% endmacro %}{{ f('x') }}",
+}
+
+
+@pytest.mark.parametrize("name", list(BOMBS))
+def test_template_bombs_are_refused_when_loaded(name: str) -> None:
+    """Each bomb fires on any conversation: refused in one sentence at load, in about the time budget
+    at most, never running on or building gigabytes (the constant `'x' * 3e9` is not even folded at
+    compile time, where it used to end in a MemoryError)."""
+    budget = TemplateBudget(max_seconds=0.5)
+    start = time.monotonic()
+    with pytest.raises(TemplateError) as e:
+        ChatTemplate(BOMBS[name], budget=budget)
+    assert time.monotonic() - start < 3
+    assert "\n" not in str(e.value) and "cannot be used" in str(e.value), str(e.value)
+
+
+def test_a_bomb_on_one_conversation_is_refused_on_that_render_only() -> None:
+    source = (
+        "{% for m in messages %}{% if m.content == 'boom' %}{% for i in range(100000) %}"
+        "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    template = ChatTemplate(source, budget=TemplateBudget(max_steps=100_000))
+    with pytest.raises(TemplateBudgetError, match="ran past 100,000 steps"):
+        template.render([{"role": "user", "content": "boom"}])
+    assert template.render([{"role": "user", "content": "fine"}]) == "fine"
+    big = TemplateBudget(max_chars=1000)
+    with pytest.raises(TemplateBudgetError, match="output passed 1,000 characters"):
+        ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", budget=big).render(
+            [{"role": "user", "content": "y" * 999}] * 2
+        )
+
+
+def test_lipsum_is_not_offered() -> None:
+    """Jinja's lipsum global writes paragraphs of text on request: no chat template needs it."""
+    with pytest.raises(TemplateError, match="lipsum"):
+        ChatTemplate("{{ lipsum(n=100000, min=1000, max=1000) }}").render([])
+
+
+def test_budgets_leave_real_templates_alone(smollm2_template: ChatTemplate) -> None:
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hello " * 200} for i in range(200)]
+    assert smollm2_template.render(long).count("<|im_start|>") == 202
+    assert ChatTemplate("{{ '%5d|%-3s' % (42, 'ab') }}{{ '{:>4}'.format(7) }}").render([]) == "   42|ab    7"
+
+
+def test_served_template_bomb_costs_its_request_a_400(tiny_model_path: Path, index_dir: Path) -> None:
+    """A template that explodes on one conversation: that request gets a 400 within the budget, the
+    next one is served, and nothing keeps running (the render ended itself)."""
+    from test_server import MODEL_ID, engine_factory, error_of, post, running_server
+
+    source = (
+        "{% for m in messages %}{% if m.content == 'boom' %}{% for i in range(100000) %}"
+        "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    with running_server(engine_factory(tiny_model_path, index_dir), chat_template=source) as srv:
+        start = time.monotonic()
+        body = {"model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "content": "boom"}]}
+        err = error_of(post(srv, "/v1/chat/completions", body), 400)
+        assert "chat template ran past" in err["message"] and time.monotonic() - start < 10
+        cpu = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - cpu < 0.5  # no render left spinning in a worker thread
+        body["messages"][0]["content"] = "fine"
+        assert post(srv, "/v1/chat/completions", body).status_code == 200

@@ -17,10 +17,22 @@ from typing import Any
 
 from localllm.errors import LocalLLMError
 from localllm.tokenizer.named_templates import CHATML, NAMED_TEMPLATES, named_template  # noqa: F401
+from localllm.tokenizer.template_budget import (
+    Meter,
+    TemplateBudget,
+    TemplateBudgetError,
+    check_binop,
+    check_call,
+    check_format,
+    check_size,
+)
 
 
 class TemplateError(LocalLLMError):
     """A chat template that cannot be compiled or rendered, or that rejected the conversation."""
+
+
+PROBE = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"})
 
 
 def _raise_exception(message: str) -> None:
@@ -61,34 +73,106 @@ def _generation_block() -> type:
     return _GenerationBlock
 
 
-def _environment() -> Any:
+def _environment(budget: TemplateBudget) -> Any:
     # jinja2 is imported here, when a template is compiled: ~9 MiB a run without one never needs
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(
+    env = _budgeted_class()(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_block()]
     )
+    env.budget = budget
+    env.filters = {name: _checked_filter(f, budget) for name, f in env.filters.items()}
     env.filters["tojson"] = _tojson
+    env.globals.pop("lipsum", None)  # generates text by the paragraph: a size bomb no template needs
+    env.globals["namespace"] = _checked_namespace(budget)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
 
 
+@functools.cache
+def _budgeted_class() -> type:
+    """The sandbox with `*`, `**` and `%` intercepted (so neither a render nor Jinja's constant folding
+    at compile time builds a huge value) and every call's arguments checked."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BudgetedEnvironment(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%", "+"})
+        budget = TemplateBudget()
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            check_binop(operator, left, right, self.budget)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            check_call(__obj, args, kwargs, __self.budget)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value: Any) -> Any:  # Jinja >= 3.1.5 wraps str.format on access
+            owner = getattr(value, "__self__", None)
+            if getattr(value, "__name__", "") in ("format", "format_map") and isinstance(owner, str):
+                check_format(owner)
+            return super().wrap_str_format(value)
+
+    return BudgetedEnvironment
+
+
+def _checked_namespace(budget: TemplateBudget) -> type:
+    """Jinja's `namespace`, refusing a value past the budget (a loop doubling a string in one)."""
+    from jinja2.utils import Namespace
+
+    class CheckedNamespace(Namespace):
+        def __setitem__(self, name: str, value: Any) -> None:
+            check_size(value, budget, "stores a value")
+            super().__setitem__(name, value)
+
+    return CheckedNamespace
+
+
+def _checked_filter(fn: Any, budget: TemplateBudget) -> Any:
+    """A Jinja filter whose arguments are checked first (`'x'|center(3000000000)`)."""
+
+    @functools.wraps(fn)  # keeps jinja_pass_arg, so context-taking filters still get it
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_call(fn, args[1:], kwargs, budget)
+        return fn(*args, **kwargs)
+
+    return checked
+
+
 class ChatTemplate:
     """A compiled chat template plus the BOS/EOS texts it may refer to."""
 
-    def __init__(self, template_text: str, bos_token: str = "", eos_token: str = ""):
+    def __init__(
+        self,
+        template_text: str,
+        bos_token: str = "",
+        eos_token: str = "",
+        budget: TemplateBudget | None = None,
+    ):
         self.source = template_text
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.budget = budget or TemplateBudget()
         import jinja2
 
         try:
-            self._template = _environment().from_string(template_text)
+            self._template = _environment(self.budget).from_string(template_text)
         except jinja2.TemplateSyntaxError as e:
             raise TemplateError(
                 f"the chat template has a syntax error on line {e.lineno}: {e.message}."
             ) from None
+        except (MemoryError, RecursionError) as e:
+            raise TemplateError(f"the chat template cannot be compiled: {type(e).__name__}.") from None
+        self._probe()
+
+    def _probe(self) -> None:
+        """Render a short conversation once, so a template that blows its budget on every conversation
+        is refused when it is loaded, not on each request (other errors wait for a real conversation)."""
+        try:
+            self.render(PROBE, add_generation_prompt=True)
+        except TemplateBudgetError as e:
+            raise TemplateError(f"{e}, on a two-line conversation: it cannot be used.") from None
+        except TemplateError:
+            pass
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], override: str | None = None) -> ChatTemplate | None:
@@ -106,11 +190,10 @@ class ChatTemplate:
         import jinja2
 
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
+        context |= {"messages": list(messages), "add_generation_prompt": add_generation_prompt}
         try:
-            return self._template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, **context
-            )
-        except TemplateError:
+            return Meter(self.budget).render(self._template, context)
+        except (TemplateError, TemplateBudgetError):
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"the chat template failed to render: {_one_line(e)}.") from None
