@@ -85,10 +85,23 @@ class SamplingParams:
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]")
         _check(all(s for s in self.stop), "stop strings must not be empty")
+        _check(len(self.stop) <= MAX_STOPS, f"at most {MAX_STOPS} stop strings may be given")
+        longest = max(map(len, self.stop), default=0)
+        _check(longest <= MAX_STOP_CHARS, f"a stop string may be at most {MAX_STOP_CHARS:,} characters")
+        _check(
+            len(self.logit_bias) <= MAX_LOGIT_BIAS, f"logit_bias may set at most {MAX_LOGIT_BIAS:,} tokens"
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+# Per-request bounds on what costs the engine thread work per token or per request (OpenAI takes 4 stop
+# strings; these are looser, and far below what would cost a request seconds).
+MAX_STOPS = 64
+MAX_STOP_CHARS = 1_000
+MAX_LOGIT_BIAS = 1_024
 
 
 def _check(ok: bool, message: str) -> None:
