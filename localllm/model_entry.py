@@ -8,11 +8,9 @@ download.py) so that download.py can take an entry without importing the registr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Literal
 
-from localllm.errors import ConfigError
-from localllm.tokenizer.named_templates import named_template
+from localllm.tokenizer.named_templates import template_text
 
 SourceKind = Literal["pypi", "url", "path"]
 
@@ -59,15 +57,7 @@ class ModelDefaults:
 
     def chat_template_text(self) -> str | None:
         """The chat-template override as text (reading the file when it names one), or None."""
-        value = self.chat_template
-        if value is None or is_template_text(value):
-            return value
-        if named_template(value) is not None:
-            return named_template(value)
-        try:
-            return Path(value).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read the chat template file {value}: {e.strerror}.") from None
+        return None if self.chat_template is None else template_text(self.chat_template)
 
 
 @dataclass(frozen=True)
@@ -97,8 +87,3 @@ class ModelEntry:
     def is_local(self) -> bool:
         """True when the entry points at a user's own file, which localllm never downloads or deletes."""
         return self.parts[0].kind == "path"
-
-
-def is_template_text(value: str) -> bool:
-    """Jinja markup means inline template text; anything else is a file path."""
-    return "{{" in value or "{%" in value or "\n" in value

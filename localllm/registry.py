@@ -28,8 +28,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from localllm.errors import ConfigError, ModelNotFoundError
-from localllm.model_entry import ModelDefaults, ModelEntry, Source, TensorTypes, is_template_text
-from localllm.tokenizer.named_templates import named_template
+from localllm.model_entry import ModelDefaults, ModelEntry, Source, TensorTypes
+from localllm.tokenizer.named_templates import is_template_text, named_template
 
 BUILTIN_ORIGIN = "the built-in models.toml"
 

@@ -12,11 +12,15 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from localllm.errors import LocalLLMError
-from localllm.tokenizer.named_templates import CHATML, NAMED_TEMPLATES, named_template  # noqa: F401
+from localllm.tokenizer.named_templates import (  # noqa: F401 (re-exported)
+    CHATML,
+    NAMED_TEMPLATES,
+    TemplateError,
+    named_template,
+    template_text,
+)
 from localllm.tokenizer.template_budget import (
     Meter,
     TemplateBudget,
@@ -26,11 +30,6 @@ from localllm.tokenizer.template_budget import (
     check_format,
     check_size,
 )
-
-
-class TemplateError(LocalLLMError):
-    """A chat template that cannot be compiled or rendered, or that rejected the conversation."""
-
 
 PROBE = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"})
 
@@ -239,23 +238,6 @@ def apply_chat_template(
 # ------------------------------------------------------------------ which template: the one rule
 
 TEMPLATE_HINT = "give one (a Jinja template, a file holding one, or 'chatml') or use a raw prompt"
-
-
-def template_text(value: str) -> str:
-    """A user's template value as Jinja text: a known name ("chatml"), the text itself, or a file."""
-    from localllm.registry import is_template_text
-
-    if named_template(value) is not None:
-        return named_template(value)
-    if is_template_text(value):
-        return value
-    path = Path(value).expanduser()
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TemplateError(
-            f"cannot read the chat template file {path}: {e.strerror} (pass a file, Jinja text or 'chatml')."
-        ) from None
 
 
 def chat_template_source(value: str | None, configured: str | None = None) -> str | None:
