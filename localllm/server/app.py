@@ -128,7 +128,7 @@ class ServerState:
         self.template: Any = None
         self.load_error: str | None = None
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine)
+        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine is not None else None)
         self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
         self.fingerprint: str | None = None  # system_fingerprint, once loaded
         self.jobs: set[Job] = set()  # submitted and not yet closed: told when the server shuts down
