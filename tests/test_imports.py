@@ -1,13 +1,15 @@
-"""No import cycles among localllm's modules.
+"""No import cycles among localllm's modules, and the server's modules in floors.
 
 Every `import` and `from ... import` in the source tree is read with `ast` (function-level imports
 included, since they still tie two modules together), giving a module graph; any strongly connected
-group of modules is a cycle. Imports under `if TYPE_CHECKING:` never run, so they do not count.
+group of modules is a cycle. Imports under `if TYPE_CHECKING:` never run, so they do not count for
+cycles in general; for the server's floors they do (a type names what a module depends on).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,15 +37,16 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement under `node`, at any depth, except those inside `if TYPE_CHECKING:`."""
+def _import_nodes(node: ast.AST, typing: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement under `node`, at any depth, except those inside `if TYPE_CHECKING:`
+    (those too with `typing`)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
+        if isinstance(child, ast.If) and _is_type_checking(child) and not typing:
             yield from (n for c in child.orelse for n in _import_nodes_of(c))
             continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child
-        yield from _import_nodes(child)
+        yield from _import_nodes(child, typing)
 
 
 def _import_nodes_of(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -61,11 +64,12 @@ def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The localllm modules that `module` imports (a `from pkg import sub` counts as pkg.sub)."""
+def imports_of(module: str, path: Path, known: set[str], typing: bool = False) -> set[str]:
+    """The localllm modules that `module` imports (a `from pkg import sub` counts as pkg.sub); with
+    `typing`, imports under `if TYPE_CHECKING:` too."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found: set[str] = set()
-    for node in _import_nodes(tree):
+    for node in _import_nodes(tree, typing):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
             continue
@@ -77,10 +81,11 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return {name for name in found if name in known and name != module}
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache  # read once for all the tests (nobody changes it)
+def import_graph(typing: bool = False) -> dict[str, set[str]]:
     files = module_files()
     known = set(files)
-    return {module: imports_of(module, path, known) for module, path in files.items()}
+    return {module: imports_of(module, path, known, typing) for module, path in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -135,3 +140,76 @@ def test_cycle_finder_finds_a_cycle():
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# ---- the server's floors ----------------------------------------------------------------------------
+
+SERVER = "localllm.server"
+# One module per endpoint family: each imports only from the floors below, never another endpoint.
+ENDPOINTS = ("chat", "completions", "embeddings", "health", "messages", "models", "responses", "tokens")
+# localllm.server's modules, lowest floor first. A module imports from its own floor or below, never
+# from above; endpoint modules not even from each other.
+SERVER_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors", "logs", "metrics", "webui"),  # error shapes and handlers, log filter, metrics, chat page
+    ("protocol", "guards", "connections"),  # request models and bodies; ASGI and connection guards
+    ("tool_calls", "tool_stream", "structured_output", "streaming"),  # tools, constraints, SSE framing
+    ("jobs",),  # submission, collection, streams on the engine thread
+    ("state",),  # ServerConfig, ServerState
+    ("pipeline",),  # validation, parameters, prompts, submission
+    ENDPOINTS,
+    ("app", "runner"),  # the route table and lifespan; uvicorn
+)
+
+
+def layering_violations(
+    graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...], peers_apart: tuple[str, ...]
+) -> list[str]:
+    """Each import from a lower floor to a higher one, or between two modules of `peers_apart`."""
+    floor_of = {name: i for i, floor in enumerate(floors) for name in floor}
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            upward = floor_of[target] > floor_of[module]
+            if upward or (target != module and module in peers_apart and target in peers_apart):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def server_graph(typing: bool = True) -> dict[str, set[str]]:
+    """The server's modules by short name (webui's package as `webui`), and their imports among them."""
+    prefix = SERVER + "."
+
+    def short(name: str) -> str:
+        return name.removeprefix(prefix).split(".")[0]
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph(typing).items():
+        if module.startswith(prefix):
+            inside = {short(t) for t in targets if t.startswith(prefix)}
+            graph.setdefault(short(module), set()).update(inside - {short(module)})
+    return graph
+
+
+def test_the_layering_check_finds_upward_and_sideways_imports():
+    floors = (("low",), ("a", "b"), ("top",))
+    graph = {"low": {"top"}, "a": {"b", "low"}, "b": set(), "top": {"a"}}
+    assert layering_violations(graph, floors, ("a", "b")) == ["a -> b", "low -> top"]
+    # type-only imports are seen when asked for: tool_stream names tool_calls.ToolPlan only in types
+    assert "localllm.server.tool_calls" in import_graph(typing=True)["localllm.server.tool_stream"]
+    assert "localllm.server.tool_calls" not in import_graph()["localllm.server.tool_stream"]
+
+
+def test_every_server_module_has_a_floor():
+    placed = [name for floor in SERVER_FLOORS for name in floor]
+    assert len(placed) == len(set(placed))
+    assert set(server_graph()) == set(placed)
+
+
+def test_server_imports_go_down_only():
+    found = layering_violations(server_graph(), SERVER_FLOORS, ENDPOINTS)
+    assert found == [], "server imports against the floors (type-only included): " + "; ".join(found)
+
+
+def test_server_has_no_cycles_even_through_type_only_imports():
+    found = cycles(server_graph())
+    assert found == [], "server import cycles: " + "; ".join(" <-> ".join(c) for c in found)

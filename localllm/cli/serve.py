@@ -123,8 +123,8 @@ def serve(
 
 def _serve_command(o: SimpleNamespace) -> None:
     from localllm.engine.engine import LLMEngine
-    from localllm.server.app import ServerConfig
     from localllm.server.connections import ConnectionLimits
+    from localllm.server.state import ServerConfig
     from localllm.tokenizer.chat_template import chat_template_source
 
     check_values(vars(o))

@@ -6,13 +6,14 @@ Commands reach it through a queue; each request's outputs go to the sink it was 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from localllm.engine.engine import LLMEngine
+from localllm.engine.engine import EngineStats, LLMEngine
 from localllm.engine.output import StepOutput
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
@@ -42,6 +43,10 @@ class AsyncEngine:
     @property
     def num_running(self) -> int:
         return len(self.engine.scheduler.running)
+
+    def stats(self) -> EngineStats:
+        """The engine's counts, with requests still on their way to it counted as waiting."""
+        return dataclasses.replace(self.engine.stats(), num_waiting=self.num_waiting)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, request_id: str) -> None:
         """Validate and queue a request (raises LocalLLMError for bad input or a full queue)."""

@@ -3,6 +3,7 @@ API) drives this one engine through add_request / abort / step."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -44,6 +45,19 @@ class _Request:
     detokenizer: Detokenizer
     stop_ids: frozenset[int]
     guard: LoopGuard | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A moment's counts for monitoring (the server's /metrics), so readers need not know the parts."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of KV blocks in use (0-1)
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of which found
+    num_preemptions: int
+    spec: Any = None  # a copy of spec_decode.SpecStats; None without speculative decoding
 
 
 class LLMEngine:
@@ -189,6 +203,18 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.release(request_id)
         return self._output(request, "", None, None, time.perf_counter())
+
+    def stats(self) -> EngineStats:
+        bm, spec = self.block_manager, self.spec
+        return EngineStats(
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            bm.usage,
+            bm.num_prefix_queries,
+            bm.num_prefix_hits,
+            self.scheduler.num_preemptions,
+            dataclasses.replace(spec.stats) if spec is not None else None,
+        )
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._calls)

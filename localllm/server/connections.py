@@ -27,7 +27,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localllm.server.protocol import error_body
+from localllm.server.errors import error_body
 
 log = logging.getLogger("localllm.server")
 

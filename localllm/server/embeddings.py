@@ -19,12 +19,13 @@ from starlette.concurrency import run_in_threadpool
 
 from localllm.engine.embedding import check_input_length, embed_token_ids
 from localllm.errors import LocalLLMError
+from localllm.server.errors import APIError
 from localllm.server.jobs import run_on_engine
-from localllm.server.protocol import NOOP, APIError, _Request, check_token_ids
+from localllm.server.protocol import NOOP, _Request, check_token_ids
+from localllm.server.state import ServerState, server_state
 
 if TYPE_CHECKING:
     from localllm.engine.engine import LLMEngine
-    from localllm.server.app import ServerState
 
 log = logging.getLogger("localllm.server")
 
@@ -70,7 +71,7 @@ def input_ids(state: ServerState, llm: LLMEngine, body: EmbeddingRequest) -> lis
         try:
             check_input_length(limit, len(ids))
         except LocalLLMError as e:
-            raise APIError(str(e), param="input", code=getattr(e, "code", None)) from None
+            raise APIError(str(e), param="input", code=e.code) from None
         out.append(ids)
     return out
 
@@ -96,7 +97,7 @@ def encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str
 
 
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-    state: ServerState = request.app.state.server
+    state = server_state(request)
     llm = state.ready().engine
     state.check_model(body.model)
     if body.dimensions is not None and body.dimensions != llm.args.dim:
@@ -111,7 +112,9 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
     for group in groups(ids, PASSES_PER_CALL * llm.config.max_num_batched_tokens):
         # one engine call per group: generation steps run between them, so a big request never
         # freezes the streams of others for long
-        vectors += list(await run_on_engine(state, lambda engine, g=group: embed_token_ids(engine, g)))
+        vectors += list(
+            await run_on_engine(state.submitter, lambda engine, g=group: embed_token_ids(engine, g))
+        )
     data = [
         {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
         for i, v in enumerate(vectors)

@@ -1,4 +1,5 @@
-"""ASGI guards in front of the routes: browser origin and Host checks, and the request-body limit.
+"""ASGI guards in front of the routes: browser origin and Host checks, the request-body limit, the API
+key, and reading every POST body as JSON.
 
 Browsers attach `Origin` to every cross-site POST (and `Sec-Fetch-Site` to every request), while
 non-browser clients (curl, the `openai` package, other servers) send neither. So:
@@ -15,24 +16,30 @@ non-browser clients (curl, the `openai` package, other servers) send neither. So
   it with --api-key, which no web page has.
 
 `BodyLimitMiddleware` answers a Content-Length over the limit with a 413 before any body is read, and
-stops a chunked body once it passes the limit.
+stops a chunked body once it passes the limit. `ApiKeyMiddleware` checks --api-key (a Bearer token, or
+Anthropic's `x-api-key`) on every path but /health (and the chat page's files).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import secrets
 
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localllm.server.protocol import error_body
+from localllm.server.errors import APIError, error_body, error_response
 
 log = logging.getLogger("localllm.server")
 
 CROSS_SITE = frozenset({"cross-site", "same-site"})
+OPEN_PATHS = frozenset({"/health"})  # with --api-key, everything else (docs and metrics too) needs the key
+NO_KEY_MESSAGE = (
+    "You didn't provide an API key: send it in an Authorization header (Authorization: Bearer KEY)."
+)
 
 
 class BodyTooLarge(HTTPException):
@@ -152,3 +159,38 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited, send)
+
+
+class ApiKeyMiddleware:
+    """Bearer-token check as plain ASGI (a BaseHTTPMiddleware would break disconnect detection)."""
+
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()  # Anthropic's clients send it bare in x-api-key
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        given, x_api_key = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+        if secrets.compare_digest(given, self.expected) or secrets.compare_digest(x_api_key, self.key):
+            return await self.app(scope, receive, send)
+        message = "Incorrect API key provided." if given or x_api_key else NO_KEY_MESSAGE
+        error = APIError(message, 401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        await error_response(error, path=scope["path"])(scope, receive, send)
+
+
+class JsonBodyMiddleware:
+    """Reads POST bodies as JSON whatever the Content-Type says (curl -d sends a form type), as
+    llama-server does; a body that is not JSON still gets a clear 400."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)

@@ -1,6 +1,7 @@
 """A request's jobs on the engine thread: submission, collection, merged streams and SSE responses, and
 `run_on_engine` for model work between steps (prompt scores, embeddings). Shared by every endpoint
-module; `state` is app.ServerState (only its ready(), metrics and jobs are used here)."""
+module; what they need of the server is a `Submitter` (the engine once ready, the metrics, and the work
+in flight that shutdown ends), not the server's whole state."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from localllm.engine.output import StepOutput
-from localllm.errors import KVCacheFullError, LocalLLMError
+from localllm.errors import KVCacheFullError
 from localllm.sampling_params import SamplingParams
-from localllm.server.metrics import RequestTracker
-from localllm.server.protocol import APIError, usage_totals
+from localllm.server.errors import APIError, stream_error_of
+from localllm.server.metrics import RequestTracker, ServerMetrics
+from localllm.server.protocol import usage_totals
 from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
 
 if TYPE_CHECKING:
-    from localllm.server.app import ServerState
+    from localllm.engine.async_engine import AsyncEngine
 
 log = logging.getLogger("localllm.server")
 
@@ -32,23 +34,38 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": the response goes nowher
 T = TypeVar("T")
 
 
-def shutting_down() -> APIError:
-    return APIError("the server is shutting down", 503, "server_error", code="server_shutdown")
+class Submitter:
+    """What jobs need of the server: `ready()` (the engine, or the 503 while it loads or shuts down),
+    the metrics each job feeds, and the jobs and engine calls in flight, which `interrupt` ends."""
+
+    def __init__(self, ready: Callable[[], AsyncEngine], metrics: ServerMetrics):
+        self.ready = ready
+        self.metrics = metrics
+        self.jobs: set[Job] = set()  # submitted and not yet closed
+        self.scoring: set[asyncio.Future] = set()  # results awaited from the engine thread (run_on_engine)
+
+    def interrupt(self, error: Callable[[], BaseException]) -> None:
+        """End every job and awaited engine call now with `error()` (the server is shutting down)."""
+        for job in list(self.jobs):
+            job.interrupt(error())
+        for future in list(self.scoring):  # the engine thread may stop before it runs them
+            if not future.done():
+                future.set_exception(error())
 
 
 class Job:
     """One submitted request. Outputs arrive on an asyncio queue from the engine thread; `close()`
     (idempotent, synchronous so it works even while the task is being cancelled) aborts it if unfinished."""
 
-    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, prefix: str):
+    def __init__(self, submitter: Submitter, prompt_ids: list[int], params: SamplingParams, prefix: str):
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.prompt_ids = prompt_ids
         self.params = params
-        self.tracker = RequestTracker(state.metrics, self.id)
-        self._engine = state.ready()
+        self.tracker = RequestTracker(submitter.metrics, self.id)
+        self._engine = submitter.ready()
         self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
         self._done = False
-        self._jobs = state.jobs
+        self._jobs = submitter.jobs
         self._started = asyncio.Event()  # the first output (or error) has arrived: the prompt is computed
         loop = asyncio.get_running_loop()
 
@@ -165,7 +182,7 @@ def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str
 
 
 async def submit_choices(
-    state: ServerState, prompts: list[list[int]], params: SamplingParams, n: int, prefix: str
+    submitter: Submitter, prompts: list[list[int]], params: SamplingParams, n: int, prefix: str
 ) -> list[Job]:
     """`n` jobs per prompt, prompt-major (choice index = prompt * n + j). Each prompt's first job runs
     alone until its prompt is computed; the other n - 1 then find the prompt's full blocks in the prefix
@@ -173,13 +190,13 @@ async def submit_choices(
     fails (queue full) or the request is cancelled meanwhile, the jobs so far are aborted."""
     jobs: list[Job] = []
     try:
-        firsts = [Job(state, ids, params, prefix) for ids in prompts]
+        firsts = [Job(submitter, ids, params, prefix) for ids in prompts]
         jobs += firsts
         if n > 1:
             await asyncio.gather(*(job.started() for job in firsts))
         for p, ids in enumerate(prompts):
             jobs[p * n + 1 : p * n + 1] = [
-                Job(state, ids, choice_params(params, j), prefix) for j in range(1, n)
+                Job(submitter, ids, choice_params(params, j), prefix) for j in range(1, n)
             ]
     except BaseException:
         for job in jobs:
@@ -229,22 +246,20 @@ async def events(
         for chunk in chunks.usage_tail(totals()):
             yield chunk
     except Exception as e:  # after the 200 header an error can only travel inside the stream
-        code = getattr(e, "code", None)
-        if code != "server_shutdown":  # begin_shutdown logged those once
+        error = stream_error_of(e)
+        if error.code != "server_shutdown":  # begin_shutdown logged those once
             log.warning("%s failed mid-stream: %s", chunks.request_id, e)
-        yield sse_error(
-            str(e), "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error", code
-        )
+        yield sse_error(error.message, error.type, error.code)
     finally:
         for job in jobs:
             job.close()
     yield DONE
 
 
-async def run_on_engine(state: ServerState, fn: Callable[[Any], T]) -> T:
+async def run_on_engine(submitter: Submitter, fn: Callable[[Any], T]) -> T:
     """`fn(llm)` on the engine thread between steps (work that needs the model outside generation);
     its error is raised here. No free KV blocks for it now is a 503 to retry."""
-    engine = state.ready()
+    engine = submitter.ready()
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
 
@@ -267,7 +282,7 @@ async def run_on_engine(state: ServerState, fn: Callable[[Any], T]) -> T:
             pass
 
     engine.call_soon(work)
-    state.scoring.add(done)
+    submitter.scoring.add(done)
     try:
         return await done
     except KVCacheFullError as e:
@@ -275,4 +290,4 @@ async def run_on_engine(state: ServerState, fn: Callable[[Any], T]) -> T:
             str(e), 503, "server_error", code="kv_cache_full", headers={"Retry-After": "1"}
         ) from None
     finally:
-        state.scoring.discard(done)
+        submitter.scoring.discard(done)

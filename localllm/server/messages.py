@@ -4,45 +4,27 @@ A request is translated to a chat request (system -> a system message, content b
 tool_use / tool_result blocks -> tool calls and tool messages, tools' input_schema -> parameters,
 tool_choice auto/any/tool/none) and run as /v1/chat/completions runs one; the reply comes back as
 content blocks with Anthropic's stop_reason. Errors on this path have Anthropic's shape
-({"type": "error", "error": {"type", "message"}}); `x-api-key` is accepted as the key (app.py).
+({"type": "error", "error": {"type", "message"}}: errors.py); `x-api-key` is accepted as the key
+(guards.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from localllm.engine.output import StepOutput
-from localllm.errors import LocalLLMError
+from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
-from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request, cut_short
-from localllm.server.responses import live_deltas
-from localllm.server.streaming import sse_event
-
-if TYPE_CHECKING:
-    from localllm.server.app import ServerState
-
-PATH = "/v1/messages"
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error body for an HTTP status."""
-    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+from localllm.server.pipeline import chat_prompt_length, start_chat
+from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_choice, chat_request, cut_short
+from localllm.server.state import server_state
+from localllm.server.streaming import live_deltas, sse_event
 
 
 class AnthropicMessage(_Request):
@@ -286,8 +268,8 @@ def message_body(rid: str, model: str, run: ChatRun, outs: list[StepOutput]) -> 
 
 
 async def create_message(body: MessagesRequest, request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    run = await state.start_chat(body.to_chat(), "msg")
+    state = server_state(request)
+    run = await start_chat(state, body.to_chat(), "msg")
     rid, model = run.jobs[0].id.replace("-", "_", 1), state.config.model_id
     if body.stream:
         return EventStream(stream(rid, model, run), run.jobs)
@@ -298,8 +280,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 
 
 async def count_message_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
-    state: ServerState = request.app.state.server
-    return {"input_tokens": await state.chat_prompt_length(body.to_chat())}
+    return {"input_tokens": await chat_prompt_length(server_state(request), body.to_chat())}
 
 
 def event(kind: str, **data: Any) -> bytes:
@@ -310,7 +291,7 @@ async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
     """message_start, the text block's deltas as they come, each tool_use block as its call is written
     (content_block_start with its id and name, then input_json_delta pieces of its input), then
     message_delta with the stop reason and usage, message_stop."""
-    job, deltas = run.jobs[0], live_deltas(run)
+    job, deltas = run.jobs[0], live_deltas(run.tools)
     head = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": []}
     usage = {**messages_usage(run.usage()), "output_tokens": 0}
     yield event("message_start", message={**head, "stop_reason": None, "stop_sequence": None, "usage": usage})
@@ -329,8 +310,7 @@ async def stream(rid: str, model: str, run: ChatRun) -> AsyncIterator[bytes]:
         yield event("message_delta", delta=delta, usage=body["usage"])
         yield event("message_stop")
     except Exception as e:  # after the 200 header an error can only travel inside the stream
-        message = str(e) if isinstance(e, LocalLLMError | APIError) else "internal server error"
-        yield event("error", error={"type": "api_error", "message": message})
+        yield event("error", error={"type": "api_error", "message": error_of(e).message})
     finally:
         job.close()
 

@@ -1,7 +1,7 @@
 """Prometheus metrics with vLLM's names under a `localllm:` prefix, plus the one log line per request.
 
 Each app owns its CollectorRegistry (not the process-global one), so tests can build several apps.
-Engine state (queue lengths, KV usage, prefix-cache counts) is read at scrape time by a collector;
+Engine state (queue lengths, KV usage, prefix-cache counts: LLMEngine.stats()) is read at scrape time;
 per-request counters and histograms are fed by `RequestTracker` as outputs stream past.
 """
 
@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from localllm.engine.async_engine import AsyncEngine
+    from localllm.engine.engine import EngineStats
     from localllm.engine.output import StepOutput
 
 log = logging.getLogger("localllm.server")
@@ -46,40 +46,38 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 
 class _EngineCollector(Collector):
-    """Gauges and counters mirrored from the engine when Prometheus scrapes (nothing while loading)."""
+    """Gauges and counters mirrored from the engine's stats when Prometheus scrapes (nothing while
+    loading)."""
 
-    def __init__(self, get_engine: Callable[[], AsyncEngine | None]):
-        self._get_engine = get_engine
+    def __init__(self, get_stats: Callable[[], EngineStats | None]):
+        self._get_stats = get_stats
 
     def collect(self) -> Iterator[Metric]:
-        engine = self._get_engine()
-        if engine is None:
+        stats = self._get_stats()
+        if stats is None:
             return
-        bm = engine.engine.block_manager
         yield GaugeMetricFamily(
-            "localllm:num_requests_running", "Requests in the running batch.", engine.num_running
+            "localllm:num_requests_running", "Requests in the running batch.", stats.num_running
         )
         yield GaugeMetricFamily(
-            "localllm:num_requests_waiting", "Requests waiting to start.", engine.num_waiting
+            "localllm:num_requests_waiting", "Requests waiting to start.", stats.num_waiting
         )
         yield GaugeMetricFamily(
-            "localllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", bm.usage
+            "localllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", stats.kv_cache_usage
         )
         yield CounterMetricFamily(
             "localllm:prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
-            bm.num_prefix_queries,
+            stats.prefix_cache_queries,
         )
         yield CounterMetricFamily(
-            "localllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", bm.num_prefix_hits
+            "localllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits
         )
         yield CounterMetricFamily(
-            "localllm:num_preemptions",
-            "Sequences preempted for lack of KV blocks.",
-            engine.engine.scheduler.num_preemptions,
+            "localllm:num_preemptions", "Sequences preempted for lack of KV blocks.", stats.num_preemptions
         )
-        if engine.engine.spec is not None:
-            yield from _spec_metrics(engine.engine.spec.stats)
+        if stats.spec is not None:
+            yield from _spec_metrics(stats.spec)
 
 
 def _spec_metrics(stats) -> Iterator[Metric]:
@@ -101,7 +99,10 @@ def _spec_metrics(stats) -> Iterator[Metric]:
 
 
 class ServerMetrics:
-    def __init__(self, get_engine: Callable[[], AsyncEngine | None]):
+    """The request counters and histograms, and the engine's stats read through `get_stats` (None
+    while the model loads) at each scrape."""
+
+    def __init__(self, get_stats: Callable[[], EngineStats | None]):
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter("localllm:prompt_tokens", "Prompt tokens processed.", registry=r)
@@ -118,7 +119,7 @@ class ServerMetrics:
         self.e2e = Histogram(
             "localllm:e2e_request_latency_seconds", "Request latency.", buckets=E2E_BUCKETS, registry=r
         )
-        r.register(_EngineCollector(get_engine))
+        r.register(_EngineCollector(get_stats))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,5 +1,5 @@
-"""The OpenAI wire format: pydantic request models, their mapping to SamplingParams, the error shape,
-and the non-streaming response bodies.
+"""The OpenAI wire format: pydantic request models, their mapping to SamplingParams, and the
+non-streaming response bodies (the error shape: errors.py).
 
 Nothing is silent: a request field is honoured, accepted as a documented no-op (NOOP_FIELDS: OpenAI fields
 with no local meaning), or refused with a 400 naming it (unknown fields, and OpenAI features not
@@ -17,51 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from localllm.engine.output import StepOutput, TokenLogprob
 from localllm.sampling_params import OPENAI_DEFAULTS, SamplingParams, resolve_sampling
+from localllm.server.errors import APIError
 
 MIN_TEMPERATURE = 1e-5  # below this the softmax overflows; treated as greedy, as vLLM does
 MIN_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
 SEED_RANGE = 2**64
-
-
-# ---------------------------------------------------------------------------------------------- errors
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """Documents the error shape in the OpenAPI schema."""
-
-    error: ErrorDetail
 
 
 # -------------------------------------------------------------------------------------------- requests

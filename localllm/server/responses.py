@@ -13,22 +13,20 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from localllm.engine.output import StepOutput
-from localllm.errors import LocalLLMError
+from localllm.server.errors import APIError, stream_error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
-from localllm.server.protocol import NOOP, NOT_YET, APIError, _Request, chat_choice, chat_request, cut_short
-from localllm.server.streaming import sse_event
-from localllm.server.tool_stream import ToolStream
-
-if TYPE_CHECKING:
-    from localllm.server.app import ServerState
+from localllm.server.pipeline import start_chat
+from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_choice, chat_request, cut_short
+from localllm.server.state import server_state
+from localllm.server.streaming import live_deltas, sse_event
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -289,8 +287,8 @@ def reply_message(run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
 
 
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    run = await state.start_chat(body.to_chat(), "resp")
+    state = server_state(request)
+    run = await start_chat(state, body.to_chat(), "resp")
     response = response_body(
         run.jobs[0].id.replace("-", "_", 1), body, state.config.model_id, int(time.time()), []
     )
@@ -312,34 +310,10 @@ class _Events:
         return sse_event(kind, {"type": kind, "sequence_number": next(self.numbers), **data})
 
 
-class _Deltas:
-    """Stands in for streaming.ChunkBuilder: tool_stream.ToolStream's deltas come back as they are."""
-
-    @staticmethod
-    def chat_delta(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return delta
-
-
-def live_deltas(run: ChatRun) -> Callable[[StepOutput], list[dict[str, Any]]]:
-    """Each output as the chat deltas that can be sent as it comes: its text without tools; with tools,
-    tool_stream.ToolStream's (the content before a call, then each call's head and argument pieces)."""
-    if run.tools is None:
-        return lambda out: [{"content": out.text}] if out.text else []
-    tool_stream = ToolStream(run.tools, _Deltas())
-    return lambda out: list(tool_stream.chat_output(out))
-
-
-def live_text(run: ChatRun) -> Callable[[StepOutput], list[str]]:
-    """The text of each output that can be shown as it comes (the Responses stream's function calls
-    come whole at the end)."""
-    deltas = live_deltas(run)
-    return lambda out: [d["content"] for d in deltas(out) if d.get("content")]
-
-
 async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]:
     """The Responses event stream: text deltas as they come, each function call as it is written (its
     item added, then function_call_arguments.delta pieces), the done events and response.completed."""
-    event, job, deltas = _Events(), run.jobs[0], live_deltas(run)
+    event, job, deltas = _Events(), run.jobs[0], live_deltas(run.tools)
     yield event("response.created", response=response)
     yield event("response.in_progress", response=response)
     outs: list[StepOutput] = []
@@ -361,9 +335,8 @@ async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
         yield event(kind, response=done)
     except Exception as e:  # after the 200 header an error can only travel inside the stream
-        code = getattr(e, "code", None)
-        kind = "invalid_request_error" if isinstance(e, LocalLLMError) else "server_error"
-        yield event("error", code=code or kind, message=str(e), param=None)
+        error = stream_error_of(e)
+        yield event("error", code=error.code or error.type, message=error.message, param=None)
     finally:
         job.close()
 

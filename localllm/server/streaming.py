@@ -4,26 +4,31 @@ Chat: a role chunk, content deltas, a final chunk with an empty delta and `finis
 chunk (`choices: []`) when `stream_options.include_usage` is set, then `data: [DONE]`. Completions:
 text chunks, a final chunk with `finish_reason`, the usage chunk, `[DONE]`. The engine already emits
 whole UTF-8 characters and holds back stop strings, so deltas are forwarded as they come.
+`live_deltas` gives the Responses and Anthropic Messages streams the same deltas to frame their way.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm.engine.output import StepOutput
+from localllm.server.errors import error_body
 from localllm.server.protocol import (
     chat_logprobs,
     completion_choice,
     completion_logprobs,
-    error_body,
     finish_fields,
     finish_reason,
     is_stop_token,
 )
+from localllm.server.tool_stream import ToolStream
+
+if TYPE_CHECKING:
+    from localllm.server.tool_calls import ToolPlan
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of events
@@ -124,3 +129,20 @@ class ChunkBuilder:
             yield self.completion_text(out.text, index, logprobs)
         if out.finished:
             yield self._chunk([completion_choice(index, "", None, finish_reason(out))])
+
+
+class _Deltas:
+    """Stands in for ChunkBuilder: tool_stream.ToolStream's deltas come back as they are."""
+
+    @staticmethod
+    def chat_delta(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return delta
+
+
+def live_deltas(tools: ToolPlan | None) -> Callable[[StepOutput], list[dict[str, Any]]]:
+    """Each output as the chat deltas that can be sent as it comes: its text without tools; with tools,
+    tool_stream.ToolStream's (the content before a call, then each call's head and argument pieces)."""
+    if tools is None:
+        return lambda out: [{"content": out.text}] if out.text else []
+    tool_stream = ToolStream(tools, _Deltas())
+    return lambda out: list(tool_stream.chat_output(out))

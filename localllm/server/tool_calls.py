@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from localllm.server.protocol import APIError, ChatCompletionRequest
+from localllm.server.errors import APIError
+from localllm.server.protocol import ChatCompletionRequest
 from localllm.structured.spec import StructuredSpec
 from localllm.structured.tools import (
     Tool,

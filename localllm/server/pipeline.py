@@ -1,0 +1,123 @@
+"""The pipeline every generating endpoint shares: validate a request, turn it into sampling parameters,
+build its prompt, and submit it (vLLM's OpenAIServing role).
+
+/v1/chat/completions, /v1/responses and /v1/messages all run a chat request through `start_chat`;
+/v1/completions and /tokenize use the pieces. Each check raises an `APIError` before anything reaches the
+engine, so a prompt that does not fit is a 400 naming its field, not an error inside a 200 stream.
+"""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+
+from localllm.engine.async_engine import AsyncEngine
+from localllm.engine.engine import LLMEngine
+from localllm.errors import LocalLLMError
+from localllm.sampling_params import SamplingParams
+from localllm.server.errors import APIError, error_of
+from localllm.server.jobs import ChatRun, submit_choices
+from localllm.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    DetokenizeRequest,
+    SamplingRequest,
+    TokenizeRequest,
+    check_token_ids,
+    message_dicts,
+)
+from localllm.server.state import ServerState
+from localllm.server.structured_output import constrained_params
+from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan
+
+
+def check_request(
+    state: ServerState, body: SamplingRequest | TokenizeRequest | DetokenizeRequest
+) -> AsyncEngine:
+    engine = state.ready()
+    state.check_model(body.model)
+    if isinstance(body, SamplingRequest):
+        body.check_supported()
+    return engine
+
+
+def check_context(llm: LLMEngine, num_prompt: int, max_tokens: int | None, param: str) -> None:
+    """The engine's one prompt-length rule, checked before the job so that a prompt that does not fit
+    is a 400 naming `param` ("messages" or "prompt"), not an error inside a 200 stream."""
+    try:
+        llm.check_prompt(num_prompt, max_tokens, param)
+    except LocalLLMError as e:
+        raise error_of(e, param) from None
+
+
+def build_params(
+    llm: LLMEngine, body: SamplingRequest, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
+    params = body.sampling_params(
+        max_tokens,
+        None if logprobs is None else min(logprobs, llm.tokenizer.vocab_size),
+        llm.sampling_defaults,
+    )
+    check_token_ids(list(params.logit_bias), llm.tokenizer.vocab_size, "logit_bias")
+    return params
+
+
+def check_prompt_chars(state: ServerState, num_chars: int, max_tokens: int | None, param: str) -> None:
+    """Refuse, before tokenizing it, a text that cannot fit the context (a 10 MB prompt costs a
+    CPU-minute to tokenize). Sound for any tokenizer: a token stands for at most `max_token_bytes`
+    bytes of text and a character is at least one byte, so n characters are at least
+    ceil(n / max_token_bytes) tokens. Prompts the bound lets through get the exact check after."""
+    limit = state.llm.max_model_len
+    least = -(-num_chars // max(state.max_token_bytes, 1))
+    needed = least + (max_tokens or 0)
+    if needed < limit or (max_tokens is not None and needed == limit):
+        return
+    if max_tokens is None:
+        asked = f"{least} tokens in the prompt, leaving no room for the completion"
+    else:
+        asked = f"{needed} tokens (at least {least} in the prompt, {max_tokens} for the completion)"
+    raise APIError(
+        f"This model's maximum context length is {limit} tokens. However, you requested at least {asked}: "
+        f"{num_chars} characters cannot be fewer tokens, as no token of this model stands for more than "
+        f"{state.max_token_bytes} bytes. Please reduce the length of the prompt.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def chat_prompt_ids(
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    max_tokens: int | None = None,
+    tools: ToolPlan | None = None,
+) -> list[int]:
+    from localllm.tokenizer.chat_template import apply_chat_template
+
+    if state.template is None:
+        raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
+    dicts, extra = prepare_messages(message_dicts(messages), state.template.source, tools)
+    # The bound applies to the rendered text (a template may drop or add text); rendering is cheap.
+    rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt, **extra)
+    check_prompt_chars(state, len(rendered), max_tokens, "messages")
+    return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt, **extra)
+
+
+async def chat_prompt_length(state: ServerState, body: ChatCompletionRequest) -> int:
+    """The tokens of a chat request's prompt, tools included (Anthropic's count_tokens)."""
+    check_request(state, body)
+    tools = tool_plan(body, state.template.source) if state.template is not None else None
+    return len(await run_in_threadpool(chat_prompt_ids, state, body.messages, True, None, tools))
+
+
+async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: str = "chatcmpl") -> ChatRun:
+    """Validate a chat request, render its prompt (tools included), and submit its choices: what
+    /v1/chat/completions, /v1/responses and /v1/messages share."""
+    llm = check_request(state, body).engine
+    tools = tool_plan(body, state.template.source) if state.template is not None else None
+    max_tokens = body.max_new_tokens()
+    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, max_tokens, tools)
+    params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
+    params = await run_in_threadpool(constrained_params, llm, body, params, tools)
+    check_context(llm, len(prompt_ids), params.max_tokens, "messages")
+    jobs = await submit_choices(state.submitter, [prompt_ids], params, body.num_choices, prefix)
+    return ChatRun(jobs, prompt_ids, tools)
