@@ -401,3 +401,36 @@ def test_sigterm_ends_32_streams_with_an_error_event(
     text = log.read_text()
     assert took < 10 and "Traceback" not in text, (took, text[-3000:])
     print(f"SIGTERM with 32 streams: exited after {took:.2f} s")
+
+
+def test_embeddings_stop_when_the_client_leaves(srv: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big embeddings request runs one forward pass per engine call; once its client is gone no
+    further pass starts (it used to keep the engine busy for minutes)."""
+    import localllm.server.embeddings as embeddings
+
+    calls: list[int] = []
+    real = embeddings.embed_token_ids
+
+    def slow(engine: Any, group: list[list[int]]) -> Any:
+        calls.append(len(group))
+        time.sleep(0.2)
+        return real(engine, group)
+
+    monkeypatch.setattr(embeddings, "embed_token_ids", slow)
+    body = {"model": MODEL_ID, "input": [[7] * 200 for _ in range(60)]}  # passes of 2 inputs
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/v1/embeddings", json=body, timeout=1.0)
+    time.sleep(0.6)
+    seen = len(calls)
+    time.sleep(1.0)
+    assert len(calls) == seen and seen < 12, calls
+    r = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+    assert r.status_code == 200
+
+
+def test_embeddings_past_the_token_budget_are_refused(tiny_model_path: Path, index_dir: Path) -> None:
+    factory = engine_factory(tiny_model_path, index_dir)
+    with running_server(factory, max_embedding_tokens=1000) as small:
+        err = error_of(post(small, "/v1/embeddings", {"input": [[7] * 200] * 6}), 400)
+        assert err["param"] == "input" and "1,000 tokens" in err["message"]
+        assert post(small, "/v1/embeddings", {"input": [[7] * 200] * 5}).status_code == 200

@@ -30,6 +30,9 @@ ApiKey = Annotated[
 MaxQueue = Annotated[
     int, typer.Option("--max-queue", help="Waiting requests allowed before 503 (0 = unbounded).")
 ]
+MaxEmbeddingTokens = Annotated[
+    int, typer.Option("--max-embedding-tokens", help="Input tokens of one /v1/embeddings request, at most.")
+]
 CorsOrigins = Annotated[
     list[str] | None,
     typer.Option("--cors-origins", help="Allowed browser origin (repeatable, or comma-separated)."),
@@ -87,6 +90,7 @@ def serve(
     draft_vocab: c.DraftVocab = DRAFT_VOCAB,
     api_key: ApiKey = None,
     max_queue: MaxQueue = 256,
+    max_embedding_tokens: MaxEmbeddingTokens = 65_536,
     cors_origins: CorsOrigins = None,
     chat_template: c.ChatTemplateOption = None,
     allowed_hosts: AllowedHosts = None,
@@ -144,6 +148,7 @@ def _serve_command(o: SimpleNamespace) -> None:
         allowed_hosts=_split(o.allowed_hosts),
         max_body_bytes=int(o.max_body_mb * 2**20),
         max_queue=o.max_queue,
+        max_embedding_tokens=o.max_embedding_tokens,
         chat_template=chat_template_source(o.chat_template, defaults.get("chat_template")),
         host=o.host,
         port=o.port,
@@ -161,6 +166,7 @@ RANGES: dict[str, tuple[float, float | None, str]] = {
     "kv_cache_mb": (0, None, "0 (automatic) or more"),
     "threads": (0, None, "0 (physical cores) or more"),
     "max_queue": (0, None, "0 (unbounded) or more"),
+    "max_embedding_tokens": (1, None, "at least 1"),
     "max_connections": (1, None, "at least 1"),
     "header_timeout": (0.1, None, "at least 0.1 s"),
     "body_timeout": (0.1, None, "at least 0.1 s"),

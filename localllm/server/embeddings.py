@@ -13,14 +13,14 @@ import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-from fastapi import Request
+from fastapi import Request, Response
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from localllm.engine.embedding import check_input_length, embed_token_ids
 from localllm.errors import LocalLLMError
 from localllm.server.errors import APIError
-from localllm.server.jobs import run_on_engine
+from localllm.server.jobs import ClientGone, run_on_engine, unless_client_gone
 from localllm.server.protocol import NOOP, _Request, check_token_ids
 from localllm.server.state import ServerState, server_state
 
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("localllm.server")
 
 
-PASSES_PER_CALL = 4  # forward passes of inputs per engine call, at most (a long input: its chunks)
+CLIENT_CLOSED = 499  # nginx's status for a request its client closed (logged, never read)
+PASSES_PER_CALL = 1  # forward passes per engine call: a generation step runs between any two passes
 
 
 class EmbeddingRequest(_Request):
@@ -57,9 +58,11 @@ class EmbeddingRequest(_Request):
 
 
 def input_ids(state: ServerState, llm: LLMEngine, body: EmbeddingRequest) -> list[list[int]]:
-    """Each input's token ids, checked against the vocabulary and the context (as a 400 naming input)."""
-    out = []
+    """Each input's token ids, checked against the vocabulary, the context and the request's token
+    budget (as a 400 naming input)."""
+    out: list[list[int]] = []
     limit, widest = llm.max_model_len, max(state.max_token_bytes, 1)
+    budget, total = state.config.max_embedding_tokens, 0
     for item in body.inputs():
         if isinstance(item, str):
             if -(-len(item) // widest) > limit:  # surely too long: refuse before tokenizing
@@ -72,6 +75,13 @@ def input_ids(state: ServerState, llm: LLMEngine, body: EmbeddingRequest) -> lis
             check_input_length(limit, len(ids))
         except LocalLLMError as e:
             raise APIError(str(e), param="input", code=e.code) from None
+        total += len(ids)
+        if total > budget:
+            raise APIError(
+                f"the inputs hold more than {budget:,} tokens, the limit of one request "
+                "(--max-embedding-tokens): split them over several requests",
+                param="input",
+            )
         out.append(ids)
     return out
 
@@ -96,7 +106,21 @@ def encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str
     return vector.tolist()
 
 
-async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+async def embed_groups(state: ServerState, request: Request, work: list[list[list[int]]]) -> list[np.ndarray]:
+    """Each group in its own engine call (generation steps run between them, so a big request never
+    freezes the streams of others for long); the calls stop when the client leaves."""
+    vectors: list[np.ndarray] = []
+    for done, group in enumerate(work):
+        call = run_on_engine(state.submitter, lambda engine, g=group: embed_token_ids(engine, g))
+        try:
+            vectors += list(await unless_client_gone(call, request))
+        except ClientGone:
+            log.info("embeddings: client gone after %d of %d passes; the rest dropped", done, len(work))
+            raise
+    return vectors
+
+
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any] | Response:
     state = server_state(request)
     llm = state.ready().engine
     state.check_model(body.model)
@@ -108,13 +132,9 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
         )
     ids = await run_in_threadpool(input_ids, state, llm, body)
     started = time.perf_counter()
-    vectors = []
-    for group in groups(ids, PASSES_PER_CALL * llm.config.max_num_batched_tokens):
-        # one engine call per group: generation steps run between them, so a big request never
-        # freezes the streams of others for long
-        vectors += list(
-            await run_on_engine(state.submitter, lambda engine, g=group: embed_token_ids(engine, g))
-        )
+    vectors = await embed_groups(
+        state, request, groups(ids, PASSES_PER_CALL * llm.config.max_num_batched_tokens)
+    )
     data = [
         {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
         for i, v in enumerate(vectors)

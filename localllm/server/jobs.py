@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -121,6 +121,25 @@ async def _client_gone(request: Request) -> None:
     # The body is already read, so the next ASGI message is http.disconnect when the client leaves.
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+class ClientGone(Exception):
+    """The client left while its request was being worked on: the rest of the work is dropped."""
+
+
+async def unless_client_gone(work: Awaitable[T], request: Request) -> T:
+    """`work`'s result, or ClientGone as soon as the client disconnects (`work` is then cancelled:
+    what already runs on the engine thread finishes, nothing after it starts)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientGone
+    return task.result()
 
 
 async def collect(jobs: list[Job], request: Request) -> list[list[StepOutput]] | None:
