@@ -153,3 +153,44 @@ def test_preemption_frees_the_newest_sequence():
     assert [s.request_id for s in plan.preempted] == ["b"]
     assert [s.seq.request_id for s in plan.scheduled] == ["a"]
     assert b.num_computed_tokens == 0 and not b.block_table and sched.waiting[0] is b
+
+
+def _step(sched: Scheduler) -> list[Sequence]:
+    """One scheduler step with a made-up token for every sequence that samples; the scheduled ones."""
+    out = sched.schedule()
+    for item in out.scheduled:
+        samples = item.samples
+        item.seq.num_computed_tokens += item.num_tokens
+        if samples:
+            item.seq.append_token(1)
+    return [item.seq for item in out.scheduled]
+
+
+def test_a_request_with_many_choices_cannot_hold_another_back() -> None:
+    """128 choices of one request fill every seat; a one-choice request arriving later runs at the next
+    step (a seat taken from the big group, which is recomputed later), and the big group keeps the rest."""
+    bm = BlockManager(4096, 16, True)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=512)
+    many = [Sequence(f"n-{i}", [5] * 20, SamplingParams(max_tokens=64), group="n") for i in range(128)]
+    for seq in many:
+        sched.add(seq)
+    for _ in range(3):
+        assert len(_step(sched)) == 8
+    late = Sequence("late", [6] * 20, SamplingParams(max_tokens=16))
+    sched.add(late)
+    scheduled = _step(sched)
+    assert late in scheduled and late.status == SequenceStatus.RUNNING
+    assert Counter(s.group for s in sched.running) == {"n": 7, "late": 1}
+    check_invariants(bm, sched)
+
+
+def test_fair_admission_prefers_groups_running_the_fewest() -> None:
+    bm = BlockManager(4096, 16, True)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=512)
+    for i in range(6):
+        sched.add(Sequence(f"a-{i}", [5] * 8, SamplingParams(), group="a"))
+    for i in range(2):
+        sched.add(Sequence(f"b-{i}", [6] * 8, SamplingParams(), group="b"))
+    _step(sched)
+    assert Counter(s.group for s in sched.running) == {"a": 2, "b": 2}  # not a-0..a-3 first come
+    check_invariants(bm, sched)

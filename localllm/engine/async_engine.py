@@ -48,12 +48,20 @@ class AsyncEngine:
         """The engine's counts, with requests still on their way to it counted as waiting."""
         return dataclasses.replace(self.engine.stats(), num_waiting=self.num_waiting)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, request_id: str) -> None:
-        """Validate and queue a request (raises LocalLLMError for bad input or a full queue)."""
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        request_id: str,
+        group: str | None = None,
+    ) -> None:
+        """Validate and queue a request (raises LocalLLMError for bad input or a full queue); `group`:
+        see LLMEngine.add_request."""
         self.engine.check_prompt(len(prompt_ids))
         if self.max_queue and self.num_waiting >= self.max_queue:
             raise QueueFull(f"the server is busy: {self.num_waiting} requests are already waiting")
-        self._commands.put(("add", request_id, prompt_ids, params, sink))
+        self._commands.put(("add", request_id, prompt_ids, params, sink, group))
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -96,9 +104,9 @@ class AsyncEngine:
     def _apply(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, prompt_ids, params, sink = command
+            _, request_id, prompt_ids, params, sink, group = command
             try:
-                self.engine.add_request(prompt_ids, params, request_id)
+                self.engine.add_request(prompt_ids, params, request_id, group)
                 self._sinks[request_id] = sink
             except LocalLLMError as e:
                 sink(e)

@@ -145,9 +145,14 @@ class LLMEngine:
         return resolve_sampling(given or {}, self.sampling_defaults, builtin)
 
     def add_request(
-        self, prompt: str | list[int], params: Params = None, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: Params = None,
+        request_id: str | None = None,
+        group: str | None = None,
     ) -> str:
-        """Queue a request; returns its id. Rejects prompts that cannot fit the context."""
+        """Queue a request; returns its id. Rejects prompts that cannot fit the context. Requests of one
+        `group` (a client request's n choices) share the scheduler's fair share of sequences."""
         if not isinstance(params, SamplingParams):
             params = self.sampling_params(params)
         ids = self.tokenize_prompt(prompt) if isinstance(prompt, str) else self.check_token_ids(prompt)
@@ -155,7 +160,7 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise LocalLLMError(f"request id '{request_id}' is already in use")
-        seq = Sequence(request_id, ids, params, make_generator(params.seed))
+        seq = Sequence(request_id, ids, params, make_generator(params.seed), group)
         if params.structured is not None:
             budget = self.max_model_len - len(ids)  # the context's room, or max_tokens when smaller
             budget = budget if params.max_tokens is None else min(params.max_tokens, budget)

@@ -5,11 +5,16 @@ token, an unfinished prompt continues with a chunk), then waiting ones are admit
 budget and `max_num_seqs` allow. A long prompt is split into chunks, so it never freezes the other
 streams. When blocks run out, the newest running sequence is preempted: its blocks are freed and it is
 recomputed later. Pure bookkeeping: no arrays.
+
+Fairness is by group (a client request's n choices share one): the next sequence admitted is the first
+waiting one whose group runs the fewest sequences, and when every seat is taken, a group with none
+running takes one from the group running the most (if that one runs two or more). So a request with
+n=128 cannot hold another request's first token back by more than a step or two.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from localllm.engine.block_manager import BlockManager
@@ -95,17 +100,38 @@ class Scheduler:
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        while self.waiting and budget > 0:
+            seq = self._next_waiting()
+            if len(self.running) >= self.max_num_seqs and not self._make_room(seq, out):
+                break
             cached = self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(seq, num_tokens, cached):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self._admit(seq, num_cached)
             out.scheduled.append(ScheduledSeq(seq, num_tokens))
             budget -= num_tokens
+
+    def _next_waiting(self) -> Sequence:
+        """The first waiting sequence of a group running the fewest (first come first served among
+        equals: min keeps the first of a tie)."""
+        running = Counter(s.group for s in self.running)
+        return min(self.waiting, key=lambda s: running[s.group])
+
+    def _make_room(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Every seat is taken: preempt the newest sequence of the group running the most, if `seq`'s
+        group runs none and that group runs at least two (else `seq` waits for a seat)."""
+        running = Counter(s.group for s in self.running)
+        if running[seq.group]:
+            return False
+        group, count = max(running.items(), key=lambda item: item[1], default=(None, 0))
+        if count < 2:
+            return False
+        victim = next(s for s in reversed(self.running) if s.group == group)
+        self._preempt(victim, out)
+        return True
 
     def _admit(self, seq: Sequence, num_cached: int) -> None:
         if not seq.admitted:  # the first admission is what the user's cached-token count reports

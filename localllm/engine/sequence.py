@@ -16,8 +16,16 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, rng: Any = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        rng: Any = None,
+        group: str | None = None,
+    ):
         self.request_id = request_id
+        self.group = group or request_id  # sequences of one client request (its n choices) share it
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params

@@ -57,8 +57,16 @@ class Job:
     """One submitted request. Outputs arrive on an asyncio queue from the engine thread; `close()`
     (idempotent, synchronous so it works even while the task is being cancelled) aborts it if unfinished."""
 
-    def __init__(self, submitter: Submitter, prompt_ids: list[int], params: SamplingParams, prefix: str):
+    def __init__(
+        self,
+        submitter: Submitter,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        prefix: str,
+        group: str | None = None,
+    ):
         self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.group = group or self.id  # the client request it belongs to: the scheduler shares fairly by it
         self.prompt_ids = prompt_ids
         self.params = params
         self.tracker = RequestTracker(submitter.metrics, self.id)
@@ -81,7 +89,7 @@ class Job:
 
         # Submitting here, not inside the stream, makes a full queue or an oversized prompt an HTTP
         # status instead of an error in the middle of a 200 stream.
-        self._engine.submit(prompt_ids, params, sink, self.id)
+        self._engine.submit(prompt_ids, params, sink, self.id, self.group)
         self._jobs.add(self)
 
     async def started(self) -> None:
@@ -209,13 +217,14 @@ async def submit_choices(
     fails (queue full) or the request is cancelled meanwhile, the jobs so far are aborted."""
     jobs: list[Job] = []
     try:
-        firsts = [Job(submitter, ids, params, prefix) for ids in prompts]
+        group = f"{prefix}-{uuid.uuid4().hex}"
+        firsts = [Job(submitter, ids, params, prefix, group) for ids in prompts]
         jobs += firsts
         if n > 1:
             await asyncio.gather(*(job.started() for job in firsts))
         for p, ids in enumerate(prompts):
             jobs[p * n + 1 : p * n + 1] = [
-                Job(submitter, ids, choice_params(params, j), prefix) for j in range(1, n)
+                Job(submitter, ids, choice_params(params, j), prefix, group) for j in range(1, n)
             ]
     except BaseException:
         for job in jobs:
