@@ -434,3 +434,31 @@ def test_embeddings_past_the_token_budget_are_refused(tiny_model_path: Path, ind
         err = error_of(post(small, "/v1/embeddings", {"input": [[7] * 200] * 6}), 400)
         assert err["param"] == "input" and "1,000 tokens" in err["message"]
         assert post(small, "/v1/embeddings", {"input": [[7] * 200] * 5}).status_code == 200
+
+
+MALFORMED_TURNS = [
+    ("/v1/chat/completions", {"role": "assistant", "content": "x", "tool_calls": 5}),
+    ("/v1/chat/completions", {"role": "assistant", "content": "x", "tool_calls": [5]}),
+    ("/v1/chat/completions", {"role": "assistant", "content": "x", "tool_calls": [{"function": 5}]}),
+    ("/v1/chat/completions", {"role": "assistant", "content": None, "tool_calls": "abc"}),
+    (
+        "/v1/messages",
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 7}]},
+    ),
+    (
+        "/v1/messages",
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": {}}]},
+    ),
+    ("/v1/messages", {"role": "user", "content": [{"type": "tool_result", "content": [{"type": 5}]}]}),
+    ("/v1/messages", {"role": "user", "content": [5]}),
+]
+
+
+@pytest.mark.parametrize(("path", "turn"), MALFORMED_TURNS)
+def test_malformed_turns_are_400_not_500(srv: Running, path: str, turn: dict[str, Any]) -> None:
+    """Shapes a schema cannot catch (values typed Any reach the handlers): each is the client's 400."""
+    messages = [{"role": "user", "content": "hi"}, turn, {"role": "user", "content": "go on"}]
+    if path == "/v1/messages":
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}, turn]
+    r = post(srv, path, {"model": MODEL_ID, "max_tokens": 3, "messages": messages})
+    assert r.status_code == 400, r.text

@@ -131,6 +131,8 @@ def system_text(system: str | list[dict[str, Any]] | None) -> str:
 
 
 def blocks_text(blocks: list[dict[str, Any]], where: str) -> str:
+    if not isinstance(blocks, list):
+        raise APIError(f"{where}: content must be a string or a list of blocks", param=where)
     texts = []
     for block in blocks:
         if (

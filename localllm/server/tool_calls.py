@@ -174,6 +174,8 @@ def _with_call_objects(d: dict[str, Any]) -> dict[str, Any]:
     if d["role"] == "assistant" and isinstance(d.get("function_call"), dict):
         d["tool_calls"] = [{"type": "function", "function": d.pop("function_call")}]
     if d["role"] == "assistant" and d.get("tool_calls"):
+        if not isinstance(d["tool_calls"], list):
+            raise APIError("an assistant message's 'tool_calls' must be a list", param="messages")
         d["tool_calls"] = [_call_object(c) for c in d["tool_calls"]]
     return d
 
