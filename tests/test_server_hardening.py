@@ -462,3 +462,15 @@ def test_malformed_turns_are_400_not_500(srv: Running, path: str, turn: dict[str
         messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}, turn]
     r = post(srv, path, {"model": MODEL_ID, "max_tokens": 3, "messages": messages})
     assert r.status_code == 400, r.text
+
+
+def test_n_times_max_tokens_is_bounded(tiny_model_path: Path, index_dir: Path) -> None:
+    with running_server(engine_factory(tiny_model_path, index_dir), max_choice_tokens=256) as small:
+        chat = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}
+        err = error_of(post(small, "/v1/chat/completions", {**chat, "n": 128, "max_tokens": 64}), 400)
+        assert err["param"] == "n" and "128 x 64" in err["message"] and "256" in err["message"]
+        assert post(small, "/v1/chat/completions", {**chat, "n": 4, "max_tokens": 8}).status_code == 200
+        done = post(small, "/v1/completions", {"prompt": "x", "n": 16})  # 16 x completions' default of 16
+        assert done.status_code == 200 and len(done.json()["choices"]) == 16
+        err = error_of(post(small, "/v1/chat/completions", {**chat, "n": 2}), 400)  # n x the context
+        assert err["param"] == "n"

@@ -33,6 +33,9 @@ MaxQueue = Annotated[
 MaxEmbeddingTokens = Annotated[
     int, typer.Option("--max-embedding-tokens", help="Input tokens of one /v1/embeddings request, at most.")
 ]
+MaxChoiceTokens = Annotated[
+    int, typer.Option("--max-choice-tokens", help="n x max_tokens of one request with n > 1, at most.")
+]
 CorsOrigins = Annotated[
     list[str] | None,
     typer.Option("--cors-origins", help="Allowed browser origin (repeatable, or comma-separated)."),
@@ -91,6 +94,7 @@ def serve(
     api_key: ApiKey = None,
     max_queue: MaxQueue = 256,
     max_embedding_tokens: MaxEmbeddingTokens = 65_536,
+    max_choice_tokens: MaxChoiceTokens = 65_536,
     cors_origins: CorsOrigins = None,
     chat_template: c.ChatTemplateOption = None,
     allowed_hosts: AllowedHosts = None,
@@ -149,6 +153,7 @@ def _serve_command(o: SimpleNamespace) -> None:
         max_body_bytes=int(o.max_body_mb * 2**20),
         max_queue=o.max_queue,
         max_embedding_tokens=o.max_embedding_tokens,
+        max_choice_tokens=o.max_choice_tokens,
         chat_template=chat_template_source(o.chat_template, defaults.get("chat_template")),
         host=o.host,
         port=o.port,
@@ -167,6 +172,7 @@ RANGES: dict[str, tuple[float, float | None, str]] = {
     "threads": (0, None, "0 (physical cores) or more"),
     "max_queue": (0, None, "0 (unbounded) or more"),
     "max_embedding_tokens": (1, None, "at least 1"),
+    "max_choice_tokens": (1, None, "at least 1"),
     "max_connections": (1, None, "at least 1"),
     "header_timeout": (0.1, None, "at least 0.1 s"),
     "body_timeout": (0.1, None, "at least 0.1 s"),

@@ -37,7 +37,23 @@ def check_request(
     state.check_model(body.model)
     if isinstance(body, SamplingRequest):
         body.check_supported()
+        check_choice_tokens(body, engine.engine.max_model_len, state.config.max_choice_tokens)
     return engine
+
+
+def check_choice_tokens(body: SamplingRequest, max_model_len: int, limit: int) -> None:
+    """n choices of up to max_tokens each (the context when not given) are at most `limit` tokens."""
+    n = body.num_choices
+    if n == 1:
+        return
+    given = body.max_new_tokens() if hasattr(body, "max_new_tokens") else body.max_tokens
+    per_choice = given or body.DEFAULT_MAX_TOKENS or max_model_len
+    if n * per_choice > limit:
+        raise APIError(
+            f"n x max_tokens is {n:,} x {per_choice:,}, over the limit of {limit:,} tokens a request "
+            "(--max-choice-tokens): ask for fewer choices or a lower max_tokens",
+            param="n",
+        )
 
 
 def check_context(llm: LLMEngine, num_prompt: int, max_tokens: int | None, param: str) -> None:

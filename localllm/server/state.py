@@ -36,6 +36,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 2**20
     max_queue: int = 0  # waiting requests allowed before 503; 0 = unbounded
     max_embedding_tokens: int = 65_536  # input tokens of one /v1/embeddings request, all inputs together
+    max_choice_tokens: int = 65_536  # n x max_tokens of one request with n > 1
     chat_template: str | None = None  # Jinja text overriding the model's template
     host: str = "127.0.0.1"  # for the banner only; uvicorn binds
     port: int = 8080
