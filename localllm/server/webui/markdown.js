@@ -2,6 +2,8 @@
 // paragraphs; inline code, bold, italics, strike-through, links) and a keyword highlighter for code.
 // Safety: every piece of text becomes a Text node (textContent), never HTML, so a reply cannot inject
 // markup; links keep only http(s) and mailto targets. Unclosed fences and strings render as they stream.
+// Any reply renders in time linear in its length: no regex searches for a closer from every position,
+// nothing recurses deeper than MAX_DEPTH, and a render makes at most MAX_NODES nodes (the rest is text).
 "use strict";
 
 (function () {
@@ -105,26 +107,28 @@
   // look-ahead (a code span's closing run, a link's `]`, `)` or a URL's end) is answered from an index
   // or a cursor that only moves forward, so the work is linear in the line on any input, and nothing
   // recurses but a link's text, which holds no links.
-  const SPECIAL = /[`*_~[]|https?:\/\//g;
+  const STARTS = new Uint8Array(128); // the characters that may start a token (h: http:// or https://)
+  for (const c of "`*_~[h") STARTS[c.charCodeAt(0)] = 1;
   const URL_TAIL = ".,;:!?'\"*_]"; // not the last character of a bare URL
   const SPACE = /\s/;
   const WORD_CHAR = /\w/;
-  const MAX_DEPTH = 8; // emphasis nested deeper stays text: a deep DOM is slow to lay out
+  // A character (undefined past either end) is white space: ASCII decided at once, the rest by \s.
+  const isSpace = (c) => c === " " || (c !== undefined && (c < "!" || c > "~") && SPACE.test(c));
+  // Lists, quotes and emphasis nested deeper are text: each list or quote level scans its lines again,
+  // and Chromium lays out a deep DOM slowly. Real replies nest 3 or 4 deep.
+  const MAX_DEPTH = 8;
 
   function inline(text, parent, links = true) {
     const s = { text, parent, links, plain: 0, runs: null, seek: null, bottom: null, top: null };
     s.bottom = s.top = { pos: -1, after: 0, prev: null, next: null };
-    let i = 0;
-    while (i < text.length && budget > 0) {
-      SPECIAL.lastIndex = i;
-      const m = SPECIAL.exec(text);
-      if (!m) break;
-      const at = m.index;
-      const c = text[at];
-      if (c === "`") i = codeSpan(s, at);
-      else if (c === "[") i = linkAt(s, at);
-      else if (c === "h") i = bareUrl(s, at, m[0].length);
-      else i = delimiter(s, at);
+    for (let i = 0; i < text.length && budget > 0; ) {
+      const code = text.charCodeAt(i);
+      if (code > 127 || !STARTS[code]) { i++; continue; }
+      const c = text[i];
+      if (c === "`") i = codeSpan(s, i);
+      else if (c === "[") i = linkAt(s, i);
+      else if (c === "h") i = bareUrl(s, i);
+      else i = delimiter(s, i);
     }
     if (s.plain < text.length) parent.append(text.slice(s.plain));
     emphasis(s.bottom);
@@ -177,16 +181,22 @@
     return emit(s, at, runs.start[close] + runs.len[k], el("code", null, code));
   }
 
-  // The first index at or after `from` where `re` (one character class) matches, else text.length.
-  // Each caller asks with `from` never decreasing, so a search starts past the last answer: linear.
-  function seeker(text, source) {
-    const re = new RegExp(source, "g");
+  // The first index at or after `from` of `char`, or where the regex `source` (one character class)
+  // matches; else text.length. Each caller asks with `from` never decreasing, so a search starts past
+  // the last answer: linear in all.
+  function seeker(text, char, source) {
+    const re = source && new RegExp(source, "g");
     let asked = -1;
     let found = -1;
     return (from) => {
       if (from < asked || from > found) {
-        re.lastIndex = from;
-        found = re.exec(text) ? re.lastIndex - 1 : text.length;
+        if (re) {
+          re.lastIndex = from;
+          found = re.exec(text) ? re.lastIndex - 1 : text.length;
+        } else {
+          found = text.indexOf(char, from);
+          if (found < 0) found = text.length;
+        }
         asked = from;
       }
       return found;
@@ -195,43 +205,49 @@
 
   function seekers(text) {
     return {
-      close: seeker(text, String.raw`\]`), open: seeker(text, String.raw`\[`),
-      destStart: seeker(text, String.raw`\S`), destEnd: seeker(text, String.raw`[\s)<>]`),
-      titleStart: seeker(text, String.raw`\S`), titleEnd: seeker(text, '"'),
-      parenAt: seeker(text, String.raw`\S`), urlEnd: seeker(text, String.raw`[\s<>()]`),
+      close: seeker(text, "]"), titleEnd: seeker(text, '"'), closeAt: -1, lastOpen: -1,
+      destStart: seeker(text, null, String.raw`\S`), destEnd: seeker(text, null, String.raw`[\s)<>]`),
+      afterDest: seeker(text, null, String.raw`\S`), afterTitle: seeker(text, null, String.raw`\S`),
+      urlEnd: seeker(text, null, String.raw`[\s<>()]`),
     };
   }
 
   // `[text](url)`, `[text](<url>)` or `[text](url "title")`; text without brackets, url without spaces.
   function linkAt(s, at) {
     if (!s.links) return at + 1;
+    while (s.text[at + 1] === "[") at++; // of a run of [ only the last may open a link
     const seek = s.seek || (s.seek = seekers(s.text));
     const close = seek.close(at + 1);
-    if (close === at + 1 || seek.open(at + 1) < close || s.text[close + 1] !== "(") return at + 1;
+    if (close !== seek.closeAt) { // the [ nearest this ], found once per ]: the ranges searched are disjoint
+      seek.closeAt = close;
+      seek.lastOpen = s.text.lastIndexOf("[", close);
+    }
+    if (seek.lastOpen !== at) return at + 1;
+    if (close === at + 1 || s.text[close + 1] !== "(") return at + 1;
     const dest = destination(s.text, seek, close + 2);
     if (!dest) return at + 1;
     return emit(s, at, dest.end, link(s.text.slice(at + 1, close), dest.url, true));
   }
 
   function destination(text, seek, from) {
-    let start = seek.destStart(from);
+    let start = isSpace(text[from]) ? seek.destStart(from) : from; // (the seeker skips spaces)
     if (text[start] === "<") start++;
     const end = seek.destEnd(start);
     if (end === start) return null;
-    let after = text[end] === ">" ? end + 1 : end;
-    const title = seek.titleStart(after);
-    if (title > after && text[title] === '"') {
-      const closing = seek.titleEnd(title + 1);
+    const after = text[end] === ">" ? end + 1 : end;
+    let paren = isSpace(text[after]) ? seek.afterDest(after) : after; // `)`, or a title's quote
+    if (paren > after && text[paren] === '"') {
+      const closing = seek.titleEnd(paren + 1);
       if (closing === text.length) return null;
-      after = closing + 1;
+      paren = isSpace(text[closing + 1]) ? seek.afterTitle(closing + 1) : closing + 1;
     }
-    const paren = seek.parenAt(after);
     return text[paren] === ")" ? { url: text.slice(start, end), end: paren + 1 } : null;
   }
 
-  function bareUrl(s, at, schemeLength) {
-    const start = at + schemeLength;
-    if (!s.links) return start;
+  function bareUrl(s, at) {
+    const scheme = s.text.startsWith("https://", at) ? 8 : s.text.startsWith("http://", at) ? 7 : 0;
+    const start = at + scheme;
+    if (!scheme || !s.links) return start + 1;
     const seek = s.seek || (s.seek = seekers(s.text));
     let end = seek.urlEnd(at);
     while (end > start && URL_TAIL.includes(s.text[end - 1])) end--;
@@ -250,8 +266,8 @@
     const before = text[at - 1] || "";
     const after = text[end] || "";
     if (before === "\\" || (ch === "~" && end - at !== 2)) return end;
-    let canOpen = after !== "" && !SPACE.test(after);
-    let canClose = before !== "" && !SPACE.test(before);
+    let canOpen = after !== "" && !isSpace(after);
+    let canClose = before !== "" && !isSpace(before);
     if (ch === "_") {
       canOpen = canOpen && !WORD_CHAR.test(before);
       canClose = canClose && !WORD_CHAR.test(after);
@@ -369,12 +385,14 @@
   // ------------------------------------------------------------------------------------------ blocks
   const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)/;
   const HEADING = /^ {0,3}(#{1,6})\s/; // the text is cut by hand: a lazy regex there is quadratic
-  const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
+  const RULE_LINE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
+  const NOT_RULE = /[^-*_\s]/; // one scan that spares a long "- - - x" the rule's backtracking
+  const isRule = (line) => !NOT_RULE.test(line) && RULE_LINE.test(line);
   const QUOTE = /^ {0,3}> ?/;
   const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+/;
   const SEP_CELL = /^:?-+:?$/;
   // `nest`: quotes and lists may start (false past MAX_DEPTH levels of them, where lines are text)
-  const startsBlock = (line, nest) => FENCE.test(line) || HEADING.test(line) || RULE.test(line) ||
+  const startsBlock = (line, nest) => FENCE.test(line) || HEADING.test(line) || isRule(line) ||
     (nest && (QUOTE.test(line) || ITEM.test(line)));
 
   // "Title ##" -> "Title"; "C#" keeps its mark (the closing run needs a space before it)
@@ -382,7 +400,7 @@
     const text = rest.trim();
     let end = text.length;
     while (end > 0 && text[end - 1] === "#") end--;
-    return end === 0 || SPACE.test(text[end - 1]) ? text.slice(0, end).trim() : text;
+    return end === 0 || isSpace(text[end - 1]) ? text.slice(0, end).trim() : text;
   }
 
   function copyText(text, button) {
@@ -433,8 +451,8 @@
 
   const tableSeparator = (line) => line.includes("-") && splitRow(line).every((c) => SEP_CELL.test(c));
   // A header row, a separator row below, and cells the budget can hold (else the lines are text).
-  const isTable = (lines, i) => lines[i].includes("|") && i + 1 < lines.length && tableSeparator(lines[i + 1]) &&
-    2 * splitRow(lines[i]).length <= budget;
+  const isTable = (lines, i) => lines[i].includes("|") && i + 1 < lines.length &&
+    tableSeparator(lines[i + 1]) && 2 * splitRow(lines[i]).length <= budget;
 
   // The table whose header is lines[i]; returns the index after the last row the budget allows.
   function table(lines, i, parent) {
@@ -473,8 +491,9 @@
       else if (line.trim() === "") {
         if (next === undefined || !(indented(next) || sameList(next.match(ITEM)))) break;
         if (indented(next)) items[items.length - 1].push("");
-      } else if (indented(line) || !startsBlock(line, true)) items[items.length - 1].push(line.replace(/^\s{1,4}/, ""));
-      else break;
+      } else if (indented(line) || !startsBlock(line, true)) {
+        items[items.length - 1].push(line.replace(/^\s{1,4}/, ""));
+      } else break;
     }
     const node = parent.appendChild(el(ordered ? "ol" : "ul"));
     const number = parseInt(first[2], 10);
@@ -499,7 +518,8 @@
 
   function paragraph(lines, i, parent, nest) {
     const para = [];
-    for (; i < lines.length && lines[i].trim() !== "" && (para.length === 0 || !startsBlock(lines[i], nest)); i++) {
+    for (; i < lines.length && lines[i].trim() !== ""; i++) {
+      if (para.length && startsBlock(lines[i], nest)) break;
       para.push(lines[i]);
     }
     parent.append(inlineLines(para, el("p")));
@@ -524,9 +544,10 @@
       }
       if ((m = line.match(FENCE))) i = fenced(lines, i, parent, m[1], m[2]);
       else if ((m = line.match(HEADING))) {
-        inline(headingText(line.slice(m[0].length)), parent.appendChild(el(`h${Math.min(m[1].length + 2, 6)}`)));
+        const heading = parent.appendChild(el(`h${Math.min(m[1].length + 2, 6)}`));
+        inline(headingText(line.slice(m[0].length)), heading);
         i++;
-      } else if (RULE.test(line)) {
+      } else if (isRule(line)) {
         parent.append(el("hr"));
         i++;
       } else if (nest && QUOTE.test(line)) {
