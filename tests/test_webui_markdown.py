@@ -94,6 +94,36 @@ def test_bare_urls_are_links_once(chromium: Any, serve: Any) -> None:
     assert b.errors == []
 
 
+A = '<a href="{}" rel="noopener noreferrer" target="_blank">{}</a>'
+# Markdown as models write it -> its HTML (nested emphasis, unmatched backtick runs and "C#" in a heading
+# as CommonMark has them, where the regex renderer went wrong)
+ORDINARY = {
+    "**bold *em* bold**, *em **bold** em*, ***both***": "<p><strong>bold <em>em</em> bold</strong>, "
+    "<em>em <strong>bold</strong> em</em>, <em><strong>both</strong></em></p>",
+    "__init__, snake_case_name, _em_, ~~del~~, ~1 ms, 2 * 3": "<p><strong>init</strong>, snake_case_name, "
+    "<em>em</em>, <del>del</del>, ~1 ms, 2 * 3</p>",
+    "`a` and `` b ` c `` and ``` x ``": "<p><code>a</code> and <code>b ` c</code> and ``` x ``</p>",
+    '[x](<https://a.b/c> "title") [y](/rel)': "<p>"
+    + A.format("https://a.b/c", "x")
+    + " "
+    + A.format("http://127.0.0.1/rel", "y").replace("127.0.0.1", "{host}")
+    + "</p>",
+    "# Title ##\n### C#": "<h3>Title</h3><h5>C#</h5>",
+    "- a\n- **b**\n  - c": "<ul><li>a</li><li><p><strong>b</strong></p><ul><li>c</li></ul></li></ul>",
+    "| a | b |\n|---|:-:|\n| `c` | d |": "<table><thead><tr><th>a</th><th>b</th></tr></thead>"
+    "<tbody><tr><td><code>c</code></td><td>d</td></tr></tbody></table>",
+}
+
+
+def test_ordinary_markdown(chromium: Any, serve: Any) -> None:
+    b = reply_page(chromium, serve)
+    host = serve.url.removeprefix("http://")
+    for text, html in ORDINARY.items():
+        show(b.page, text)
+        assert b.page.locator("#messages .hostile .body").inner_html() == html.replace("{host}", host), text
+    assert b.errors == []
+
+
 def test_ten_thousand_nested_lists_and_quotes(chromium: Any, serve: Any) -> None:
     b = reply_page(chromium, serve)
     for marker, tag in (("- ", "ul"), ("* ", "ul"), ("1. ", "ol"), ("> ", "blockquote")):

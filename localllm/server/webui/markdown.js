@@ -218,7 +218,7 @@
     while (s.text[at + 1] === "[") at++; // of a run of [ only the last may open a link
     const seek = s.seek || (s.seek = seekers(s.text));
     const close = seek.close(at + 1);
-    if (close !== seek.closeAt) { // the [ nearest this ], found once per ]: the ranges searched are disjoint
+    if (close !== seek.closeAt) { // the [ nearest this ], once per ]: the stretches searched are disjoint
       seek.closeAt = close;
       seek.lastOpen = s.text.lastIndexOf("[", close);
     }
@@ -247,7 +247,8 @@
   function bareUrl(s, at) {
     const scheme = s.text.startsWith("https://", at) ? 8 : s.text.startsWith("http://", at) ? 7 : 0;
     const start = at + scheme;
-    if (!scheme || !s.links) return start + 1;
+    if (!scheme) return at + 1;
+    if (!s.links) return start; // in a link's text: text
     const seek = s.seek || (s.seek = seekers(s.text));
     let end = seek.urlEnd(at);
     while (end > start && URL_TAIL.includes(s.text[end - 1])) end--;
