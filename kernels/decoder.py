@@ -25,7 +25,7 @@ from numba import njit
 from . import attention, layers, matmul, moe
 from .quantize_act import with_residual
 
-# Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
+# Attention below this many multiply-adds runs on one thread (a parallel launch costs more than it saves).
 ATTN_PARALLEL_MIN = 1 << 15
 
 # Columns of the per-layer flags array.

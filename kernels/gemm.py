@@ -1,10 +1,10 @@
 """float32 GEMM micro-kernels: y[t, n0 + r] = dot(x[t], w[r]) for a dequantized tile w (rows, K).
 
-Used when many activation rows share the weights (prefill, big batches): the tile is dequantized
-once and then costs nothing per row, and float FMAs beat the integer path (measured ~60-75 GFLOP/s
-per core on AVX2).  Each micro-kernel keeps a 3x3 block of dot products in registers while
-streaming over K, so every loaded vector feeds three FMAs; LLVM vectorises the K loop (8 lanes) and
-reduces horizontally once at the end.  fastmath is needed for that vectorisation (it reorders the
+The float path's kernel (matmul.float_range): for the kinds without an integer kernel (F32, F16,
+BF16, Q2_K, Q3_K) the tile is dequantized once and then costs nothing per activation row (prefill,
+big batches).  Each micro-kernel keeps a 3x3 block of dot products in registers while streaming
+over K, so every loaded vector feeds three FMAs; LLVM vectorises the K loop (8 lanes) and reduces
+horizontally once at the end.  fastmath is needed for that vectorisation (it reorders the
 sums), and is safe: only summation order changes.
 """
 

@@ -1,9 +1,9 @@
 """Element-wise and per-row layers: RMSNorm, rotary embedding, SwiGLU / GeGLU, KV-cache writes.
 
-These are small next to the matmuls (a few microseconds per decode step), so they run on one
-thread: a parallel launch costs ~5 us, more than the work.  fastmath is safe here: it only
-reorders sums (rms_norm's sum of squares is accumulated in float64 like the reference) and lets
-LLVM vectorise; exp uses simd.fast_exp (~2 ulp) instead of a scalar libm call.
+These are small next to the matmuls, so they run on one thread: a parallel launch costs more than
+the work.  fastmath is safe here: it only reorders sums (rms_norm's sum of squares is accumulated in
+float64 like the reference) and lets LLVM vectorise; exp uses simd.fast_exp (~2 ulp) instead of a
+scalar libm call.
 """
 
 from __future__ import annotations

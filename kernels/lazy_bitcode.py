@@ -2,11 +2,10 @@
 
 Numba loads a cached kernel as its machine code plus its LLVM bitcode, which it parses at once into a
 module and keeps for any later compile that links the kernel in (a caller compiled afterwards). A
-parsed module takes ~9x its bitcode: Gemma 3 270M's `run` loads 12 libraries whose 1.6 MB of bitcode
-held ~14 MiB of LLVM objects, and links none of them afterwards. Here the bitcode is parsed once to
-learn the symbols it defines (what Numba records from it), dropped (its memory handed back to the
-system), and parsed again only if a later compile asks for it (`_get_module_for_linking`). The machine
-code that runs is the same.
+parsed module takes several times its bitcode's size, and a cached `run` links none of them
+afterwards. Here the bitcode is parsed once to learn the symbols it defines (what Numba records from
+it), dropped (its memory handed back to the system), and parsed again only if a later compile asks for
+it (`_get_module_for_linking`). The machine code that runs is the same.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ def _unserialize(cls: type, cg: Any, state: tuple[str, str, Any]) -> Any:
 
 
 def _release_free_heap() -> None:
-    """Give the parsed module's freed memory back to the system (glibc keeps it otherwise: the fused
-    decoder stack's 0.9 MB of bitcode parse into ~10 MiB). Elsewhere (macOS, musl) nothing to do."""
+    """Give the parsed module's freed memory back to the system (glibc keeps it otherwise, and the
+    fused decoder stack's bitcode alone parses into megabytes). Elsewhere (macOS, musl) nothing to do."""
     if _TRIM is not None:
         _TRIM(0)
 

@@ -68,17 +68,17 @@ from .simd import (
 from .simd_x86 import PAIRS_BYTES
 
 # Quantized kinds use the integer path up to this many activation rows, the float path above.
-# With the AVX2 kernels the integer path is faster at every T (1536 x 576 Q4_1, one core: T=1
-# 52 vs 685 us, T=512 9.7 vs 14.7 ms) and, like llama.cpp, prefill uses it too.  The portable
-# loops (no AVX2: ARM, old x86) would be faster on the float path from T = 12-16, but the two
+# With the AVX2 kernels the integer path is faster at every T, from one row to a 512-row prefill
+# (docs/benchmarks.md, Design measurements) and, like llama.cpp, prefill uses it too.  The portable
+# loops (no AVX2: ARM, old x86) would be faster on the float path for larger batches, but the two
 # paths round differently, so a row's result would depend on its batch (a token decoded alone vs
 # among 16 sequences, a speculative verify step vs plain decode): every T takes the integer path.
 INT_PATH_MAX_T = 1 << 30
-# Below this many weight bytes x rows, one thread beats paying the ~5 us parallel launch.
+# Below this many weight bytes x rows, one thread beats paying for a parallel launch.
 PARALLEL_MIN_WORK = 96 * 1024
 
 # Decode prefetches the first this many bytes of the next tile's scale fields as a tile starts (the
-# hardware prefetcher follows from there): the whole of them cost ~130 ns a tile in cache, with no
+# hardware prefetcher follows from there): prefetching the whole of them cost time in cache, with no
 # gain from memory.
 SCALE_PREFETCH_BYTES = 1024
 
@@ -86,9 +86,8 @@ SCALE_PREFETCH_BYTES = 1024
 # thread that another process holds off the CPU leaves its pieces to the others (a static split
 # made every launch wait for it).
 PIECES_PER_THREAD = 4
-# ...but a piece holds at least this many 32-blocks x rows: each range-kernel call sets up its scratch
-# (~1 us), which cut into small launches (1024 x 1024 Q4_0, one row: 11.8 us on one thread, 9.3 on two
-# with 8 pieces).
+# ...but a piece holds at least this many 32-blocks x rows: each range-kernel call sets up its scratch,
+# which ate most of a second thread's gain on small launches cut into many pieces.
 MIN_PIECE_WORK = 256
 
 # The float path dequantizes this many rows at a time: (32, K) float32 stays in L2 next to x.
@@ -186,7 +185,7 @@ def _q6_fields(buf, n, k):
 @njit(cache=True)
 def tile_views(kind, buf, n, k):
     """All tiles' fields as matmul_row.row_nibbles takes them, indexed [t]: (f0, sm, qh, qs).  Built
-    once per range call: building them per tile cost ~220 ns, a tenth of a 1536-wide decode tile."""
+    once per range call: building them per tile cost a sizeable share of a decode tile's time."""
     f0, f1, f2, qs, nt, nb, ns = _nib_views(kind, buf, n, k)
     sm, qh = f1[:0].reshape(nt, 0, 2, R), f0[:0].reshape(nt, 0, 2, R)  # none
     if kind == Q4_K or kind == Q5_K:
@@ -350,8 +349,7 @@ def _prefetch_field(base, lo, hi, nt, t) -> None:
 def _prefetch_scales(kind, buf, n, k, t) -> None:
     """Prefetch tile t's small fields (scales; Q5's fifth bits): the block kernels prefetch the
     quants (and Q6_K's crumbs, its third field) ahead of their loads, but a tile's scales are read
-    in one burst, and for one activation row those misses stalled every tile (1 thread, weights
-    streamed from memory: 768 x 1024 Q4_0 15 -> 17.5 GB/s)."""
+    in one burst, and for one activation row those misses stalled every tile."""
     o1, o2, o3, _ = layout(kind, n, k)
     nt, base = (n + R - 1) // R, buf.ctypes.data
     _prefetch_field(base, 0, o1, nt, t)
@@ -389,8 +387,8 @@ def int_range(kind, argv, lo, hi) -> int:
 
 @njit(cache=True)
 def _int_scratch(kind, T, k):
-    """int_range's scratch arrays cut from one allocation (eight allocations cost ~1 us a call, more than
-    a small decode range's compute); the general kernels' arrays are empty where the fused row kernels
+    """int_range's scratch arrays cut from one allocation (eight allocations cost more than a small
+    decode range's compute); the general kernels' arrays are empty where the fused row kernels
     (matmul_row) take all T rows."""
     nb, rc, big = k // 32, min(T, mi.ROW_CHUNK), T > mr.fused_limit(kind)
     n16, n32 = 4 * rc * (nb if big else 0) * R, (nb if big else 2) * R
@@ -453,7 +451,7 @@ def range_kernel(kind: int, path: str):
     """The compiled C callback for (kind, path); kept alive here so its address stays valid.
     The closure captures only the int `kind`: Numba keys its disk cache on the pickled closure
     cells, and a captured dispatcher pickles differently in every process (a cache miss and a
-    0.6 s recompile per kernel at every start)."""
+    recompile per kernel at every start)."""
     if path == "int":
 
         def kernel(argv, lo, hi):
@@ -616,7 +614,7 @@ def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
 
 class KernelAddresses:
     """A weight's (int path, float path) range-kernel addresses (int is 0 for row kinds), each
-    compiled or loaded from Numba's cache on first use: loading one costs ~80 ms of start-up, and
+    compiled or loaded from Numba's cache on first use: loading one adds to start-up, and
     with AVX2 a quantized matrix never takes the float path (only its embedding rows do)."""
 
     __slots__ = ("kind", "lane")

@@ -4,14 +4,14 @@ One call handles one tile of TILE_ROWS weight rows for every activation row; the
 stay in L1 while they are reused for all T rows.  Per activation row there are two phases:
   1. integer sums for every 32-block and lane (row), into int16/int32 arrays (nb, R);
   2. the float scale step, acc[r] += dsc[b, r] * dx[b] * sum + msc[b, r] * sx[b].
-Why this shape (each point measured; getting it wrong costs 3-10x):
+Why this shape (each point measured; getting one wrong cost several times the time):
   * The lane (row) loop is innermost with the 16 quants of a block unrolled inside it, so LLVM
     vectorises across rows: one 16-byte load feeds 16 rows, and no horizontal sums are needed.
   * Phase 1 holds only int16 values, so LLVM picks 16-lane vectors; any float or int32 in the same
     loop makes it pick 8 lanes for everything (half speed).
   * Kernels take whole-tile views (q3 = qs[t], xr = x8[ti]) created once per tile: a view per
     block costs reference-count updates, and 4-D indexing inside the hot loop stopped LLVM from
-    unrolling the quant loop (it vectorised it with gathers instead: 5x slower).
+    unrolling the quant loop (it vectorised it with gathers instead, several times slower).
 Overflow: |x8| <= 127 and 4-bit quants <= 15, so 16 products sum to <= 30480 < 2**15.
 fastmath is safe for the integer phase (exact).  The float step is compiled with simd.EXACT_FP and
 written-out FMAs: with reassociation its bits differed between a fresh compile and the disk cache.
@@ -67,10 +67,9 @@ ROW_CHUNK = 16
 # With AVX512-VNNI, chunks of at least QUAD_ROWS (Q6_K: QUAD_ROWS_Q6) rows unpack each weight block
 # once into quads (quad_sums_rows, q6_sums_rows) and every path hands the float step one int32 sum
 # per block and row (two for Q6_K), from one place in the code: a row's bits never depend on its
-# chunk's size.  Integer sums of one 64-row tile, 1 thread (us, quads vs direct): Q5_0 K=896 2 rows
-# 1.07 vs 0.92, 3 rows 0.99 vs 1.39, 4 rows 1.61 vs 4.40; Q4 3 rows 0.77 vs 0.84; Q6_K K=2048 2 rows
-# 2.6 vs 8.0 (its direct kernel takes two passes a row).  Batched decode and speculative verify steps
-# (2-16 rows) gain most.
+# chunk's size.  QUAD_ROWS is where one tile's quad sums overtook the direct kernel's (Q6_K earlier:
+# its direct kernel takes two passes a row); see docs/benchmarks.md, Design measurements.  Batched
+# decode and speculative verify steps (2-16 rows) gain most.
 QUADS = HAVE_VNNI
 QUAD_ROWS = 3
 QUAD_ROWS_Q6 = 2
@@ -537,7 +536,7 @@ def _combine_q6(slo, shi, clo, chi, nb, s32) -> None:
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
 def _combine_half(s, c, out) -> None:
-    # one half per loop: with all five arrays in one loop LLVM gave up vectorising (5x slower)
+    # one half per loop: with all five arrays in one loop LLVM gave up vectorising
     for r in range(R):
         out[r] = i32(s[r]) + i32(16) * i32(c[r])
 

@@ -2,8 +2,8 @@
 
 The general tile kernels (matmul_int) first compute a whole tile's float scales, then its integer sums
 into (nb, R) arrays, then the float step: for one row that wrote and re-read ~1 byte of scratch per
-weight byte, and the weight stream from memory paused during every pass that read no weights (one
-core: 29 GB/s with the weights in cache, 17 from memory).  Here each 32-block's integer sums (the same
+weight byte, and the weight stream from memory paused during every pass that read no weights (far
+slower from memory than with the weights in cache).  Here each 32-block's integer sums (the same
 SIMD block kernels) go to a few R-lane vectors in L1 and are scaled at once, so loads of the weights
 are spread over the whole tile.  The float step is the same operations in the same order as
 matmul_int's (`_scale_sums`, `_scale_q6`, `tile_q8_0`, with blockscales' scale products): a row's bits
@@ -44,17 +44,15 @@ from .simd_x512 import (
 
 # Up to this many activation rows take these kernels (decode of one sequence is 1 row, the output
 # projection's precise pass 2, a few sequences or a speculative verify step more); more rows share the
-# unpacking in matmul_int.  One core, weights from memory (12 copies), us per call, fused vs matmul_int:
-# Q4_K 8960 x 1536 5 rows 715 vs 710-779, 8 rows 896-949 vs 1101-1173, 12 rows 1359-1398 vs 1123-1147;
-# Q5_0 4864 x 896 8 rows 366-421 vs 336-412, 12 rows 532-621 vs 342-467.  Q8_0 has no shared unpacking
-# and Q6_K's fused form unpacks once too: both fused up to 16 rows (Q8_0 4864 x 896 16 rows 485-511 vs
-# 755-761; Q6_K 1536 x 8960 16 rows 2342-2556 vs 2670-2776).
+# unpacking in matmul_int.  Each limit is where the fused kernels stopped beating matmul_int's (one
+# core, weights from memory: docs/benchmarks.md, Kernels).  Q8_0 has no shared unpacking and Q6_K's
+# fused form unpacks once too: both stay fused up to 16 rows.
 FUSED_MAX_ROWS = 8
 FUSED_MAX_ROWS_Q6_Q8 = 16
 # The fifth-bit kinds' unpack-once kernel shares the fifth bits' work too: fused only up to 4 rows there.
 FUSED_MAX_ROWS_Q5 = 4
-# Q6_K from this many rows unpacks each block once (VNNI quads): equal at 2 rows, 3 rows 13.0 vs
-# 16.7 ms, 4 rows 15.8 vs 21.1 (151936 x 1536, one core)
+# Q6_K from this many rows unpacks each block once (VNNI quads): as fast as the fused form at 2 rows,
+# faster from 3 (docs/benchmarks.md, Design measurements)
 Q6_QUAD_ROWS = 2
 FIVE_BIT = (Q5_0, Q5_1, Q5_K)
 # The 4/5-bit kinds with a kernel here on this CPU, and up to how many rows each takes it.

@@ -2,7 +2,7 @@
 
 Before its first kernel, each process compiles NRT's few atomic helpers through LLVM's whole
 optimisation and code-generation pipeline; that is the only compile a cached `run` does, and it maps
-~18 MiB more of libllvmlite's code into memory than loading cached kernels needs. Here the compiled
+much more of libllvmlite's code into memory than loading cached kernels needs. Here the compiled
 library is saved once, keyed like Numba's own cache entries (Numba and llvmlite versions, target
 triple, CPU name and features), and loaded as machine code plus bitcode like any cached kernel.
 """

@@ -24,8 +24,8 @@ from numba import njit
 
 from ..quant.types import QUANT_TYPES
 
-TILE_ROWS = 64  # rows per tile = lanes per weight block; 64 measured 25% faster than 32 (fewer
-# per-block broadcasts of the activations per row), at the cost of padding small matrices to 64 rows
+TILE_ROWS = 64  # rows per tile = lanes per weight block; 64 is faster than 32 (fewer per-block
+# broadcasts of the activations per row), at the cost of padding small matrices to 64 rows
 
 # Kernel ids ("kinds").  Lane kinds (repacked, integer kernels) first, then row kinds.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = range(8)
@@ -110,7 +110,7 @@ class PackedWeight:
     @property
     def gemm(self) -> int:
         """Address of the shared float GEMM kernel, loaded on first use: with AVX2 a quantized model
-        never takes the float path, and loading it costs ~0.1 s of start-up."""
+        never takes the float path, and loading it would add to start-up."""
         from .gemm import gemm_kernel
 
         return gemm_kernel().address

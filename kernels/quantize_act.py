@@ -32,8 +32,8 @@ def _block_scale(x, o, qmax):
 @njit(cache=True, fastmath=True, error_model="numpy")
 def quantize_row(x, x8, dx, sx, hs, x8p) -> None:
     """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32.
-    Three passes, each a loop LLVM vectorises: one loop writing all five arrays was not (16 ns an
-    element, against 0.7 now; prefill quantizes every matmul's input, up to 512 x 8960 values)."""
+    Three passes, each a loop LLVM vectorises: one loop writing all five arrays was not, and ran many
+    times slower (prefill quantizes every matmul's input, up to 512 x 8960 values)."""
     inv = np.empty(x.shape[0] // 32, np.float32)
     _scales(x, dx, inv)
     _round(x, inv, x8)

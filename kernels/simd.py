@@ -9,8 +9,7 @@ target LLVM supports (no x86-specific intrinsics).
 Also here: fp16 -> fp32 (Numba has no float16 on the CPU) and a vectorisable `exp`.
 
 Kernels use error_model="numpy": with Numba's default ("python") every float division checks for
-a zero divisor to raise ZeroDivisionError, and that branch stops LLVM from vectorising the loop
-(measured: swiglu 8 us -> ~1 us for 1536 values).
+a zero divisor to raise ZeroDivisionError, and that branch stops LLVM from vectorising the loop.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """AVX2 block kernels written directly in LLVM IR (used through Numba intrinsics).
 
 LLVM never turns scalar loops into `vpmaddubsw` (8-bit multiplies with pairwise int16 sums, 32
-multiply-adds per instruction); these kernels ask for it by name and are 2x faster than the best
-auto-vectorised Numba loops (measured: Q4 block sums 19 vs 9 GB/s per core).  They are only
-compiled where the host CPU has AVX2 (`HAVE_AVX2`); matmul_int falls back to the portable loops
-elsewhere, and both give bit-identical integer sums (tests compare them).
+multiply-adds per instruction); these kernels ask for it by name and beat the best auto-vectorised
+Numba loops by far.  They are only compiled where the host CPU has AVX2 (`HAVE_AVX2`); matmul_int
+falls back to the portable loops elsewhere, and both give bit-identical integer sums (tests compare them).
 
 Layout (packing.py): for one 32-block of a 64-row tile, byte j of each row lies at q[j * 64 + r];
 its low nibble is element j, its high nibble element j + 16.
@@ -62,11 +61,10 @@ def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir
 
 
 # Software prefetch distance in bytes.  Decode streams every weight from DRAM once per token and
-# the hardware prefetcher alone left each core at ~5 GB/s of its ~9 (an AVX2 machine); fetching this
+# the hardware prefetcher alone left each core well short of its memory bandwidth; fetching this
 # far ahead lets the loads overlap the integer work.  Once one row went through a tile block by block
-# (matmul_row: ~55 GB/s in cache), 4 KiB ahead was ~75 ns, less than a DRAM miss: 8 KiB measured
-# best (one core, Q4_K 8960 x 1536 from memory: 4 KiB 24.8, 6 KiB 28.3, 8 KiB 31.2, 12-16 KiB 31.0
-# GB/s; two cores 57 GB/s).
+# (matmul_row), 4 KiB ahead took less time to consume than a DRAM miss takes: 8 KiB measured best of
+# 4-16 KiB (docs/benchmarks.md, Design measurements).
 PREFETCH_AHEAD = 8192
 
 
@@ -222,7 +220,7 @@ def q8_block_sums_avx2(typingctx, q_addr, x_addr, s_addr, unused):
 # ---- many activation rows: unpack a block's nibbles once, reuse them for every row ---------------
 # The 64 pair vectors of one 32-block (16 byte pairs x 2 half-tiles x lo/hi rows) are written to a
 # 2 KiB scratch that stays in L1; each activation row then costs 64 `vpmaddubsw` + adds instead of
-# also re-doing the masks, shifts and shuffles (measured: T=16 layer matmuls 2x faster).
+# also re-doing the masks, shifts and shuffles (layer matmuls of 16 rows ran much faster).
 PAIRS_BYTES = 16 * 2 * 2 * 32
 
 

@@ -20,7 +20,7 @@ def warm_kernels(
 ) -> None:
     """layer_ops=False: only what a step uses around a fused layer stack (embedding, final norm, output
     projection); the stack itself is one kernel, loaded at its first call.  Each kernel loaded from
-    Numba's cache costs ~20 ms of start-up, so a fused model skips the op-by-op layer kernels.
+    Numba's cache adds to start-up, so a fused model skips the op-by-op layer kernels.
     kv_dtype: the KV cache's storage type (float32, or uint16 for f16)."""
     _warm_matmul(weights, threads, layer_ops)
     x = np.ones((2, 64), np.float32)
@@ -39,8 +39,8 @@ def warm_kernels(
 
 def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
     """The launchers, on both paths: their code does not depend on the weight's type or on T.  Each
-    path runs with a weight that needs that path's per-type kernel anyway (loading another costs
-    ~80 ms of start-up): the first prepared one (the token embedding) on the float path, which does
+    path runs with a weight that needs that path's per-type kernel anyway (loading another would add
+    to start-up): the first prepared one (the token embedding) on the float path, which does
     its row lookups, and the last quantized one (a layer matrix) on the integer path."""
     if not weights:
         weights = [matmul.prepare_weight(np.zeros((TILE_ROWS, 32), np.float32), 0)]  # F32: float only

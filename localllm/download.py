@@ -27,7 +27,7 @@ from localllm.errors import ChecksumError, DownloadError, ModelNotFoundError
 from localllm.model_entry import ModelEntry, Source
 
 # Every start resolves its model through here, mostly to find it already cached: the HTTP, zip and
-# Rich stacks (~0.1 s of imports) load only in the functions that transfer or display something.
+# Rich stacks (slow imports) load only in the functions that transfer or display something.
 if TYPE_CHECKING:
     import http.client
     import subprocess
@@ -335,7 +335,7 @@ def _assemble_batch(
 
 
 def _batches(parts: Sequence[Source]) -> Iterator[list[Source]]:
-    """Runs of same-kind parts, at most PIP_BATCH long: one pip start-up per run (it costs ~1 s),
+    """Runs of same-kind parts, at most PIP_BATCH long: one pip start-up per run (each is slow),
     while only a bounded number of wheels sits on disk at a time."""
     batch: list[Source] = []
     for part in parts:

@@ -51,7 +51,7 @@ class SpecComparison:
     @property
     def paired_speedup(self) -> float:
         """The median over rounds of on / off within the round: the two ran back to back, so a load
-        change between rounds (which swings the means by 10-20% on a shared machine) mostly cancels."""
+        change between rounds (which swings the means on a shared machine) mostly cancels."""
         ratios = [a / b for a, b in zip(self.on, self.off, strict=True) if b]
         return statistics.median(ratios) if ratios else 0.0
 

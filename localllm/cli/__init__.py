@@ -56,5 +56,5 @@ def main() -> None:
         sys.exit(help.report(e))
     finally:
         # Everything still alive is freed by the exit itself; frozen, it is not also scanned by the
-        # interpreter's final collection (0.3 s after a model was loaded).
+        # interpreter's final collection (slow after a model was loaded).
         gc.freeze()

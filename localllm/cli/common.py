@@ -206,9 +206,9 @@ def first_run_notice(backend: str, model: Path | None = None) -> list[str]:
 
 @contextlib.contextmanager
 def loading(backend: str, model: Path | None = None) -> Iterator[None]:
-    """Around a command's one engine load: no garbage collection while it creates ~1M objects that live
-    until exit (Numba's compiler state, the vocabulary, the model), then a freeze so no later collection
-    rescans them.  Collections during the load cost ~0.1 s of start-up.  A first run says what it does
+    """Around a command's one engine load: no garbage collection while it creates the many objects that
+    live until exit (Numba's compiler state, the vocabulary, the model), then a freeze so no later
+    collection rescans them.  Collections during the load add to start-up.  A first run says what it does
     and, after, how long it took."""
     steps = first_run_notice(backend, model)
     start = time.perf_counter()

@@ -78,8 +78,8 @@ def build_params(
 
 
 def check_prompt_chars(state: ServerState, num_chars: int, max_tokens: int | None, param: str) -> None:
-    """Refuse, before tokenizing it, a text that cannot fit the context (a 10 MB prompt costs a
-    CPU-minute to tokenize). Sound for any tokenizer: a token stands for at most `max_token_bytes`
+    """Refuse, before tokenizing it, a text that cannot fit the context (tokenizing a huge prompt
+    ties up a CPU for a long time). Sound for any tokenizer: a token stands for at most `max_token_bytes`
     bytes of text and a character is at least one byte, so n characters are at least
     ceil(n / max_token_bytes) tokens. Prompts the bound lets through get the exact check after."""
     limit = state.llm.max_model_len

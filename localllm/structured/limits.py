@@ -1,6 +1,6 @@
 """Bounds on a grammar before anything compiles it: a grammar is an untrusted program.
 
-llguidance recurses once per link of a chain of rules (or of `$ref`s), about 2.8 KB of stack each, so
+llguidance recurses once per link of a chain of rules (or of `$ref`s), a few KB of stack each, so
 a request with a few thousand chained rules overflowed an 8 MiB thread stack and killed the server
 (SIGSEGV). Three layers keep that and slow compiles away from the server: these static bounds (far below
 what crashes the library), validation in a child process with a time and memory budget (sandbox.py), and
@@ -23,8 +23,8 @@ _RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w-]*(?:\.-?\d+)?[ \t]*(?:::=|:)", re
 @dataclass(frozen=True, slots=True)
 class GrammarLimits:
     """What one constraint may cost. Defaults are far above real schemas and grammars (a JSON grammar is
-    ~30 rules, a tool schema a few dozen `$ref`s) and far below what breaks llguidance (~3,000 chained
-    rules on an 8 MiB stack: the sandbox validates on `sandbox_stack` and the server compiles on
+    ~30 rules, a tool schema a few dozen `$ref`s) and far below what breaks llguidance (a few thousand
+    chained rules on an 8 MiB stack: the sandbox validates on `sandbox_stack` and the server compiles on
     `compile_stack`, both far larger)."""
 
     max_bytes: int = 256 * 1024  # the schema (as JSON text) or grammar text

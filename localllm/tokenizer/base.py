@@ -354,8 +354,9 @@ def _cut(fragment: str | int, piece: str, tid: int) -> list[str | int]:
 
 
 def _token_texts(tokens: Any) -> TextTable:
-    """The vocabulary as one blob: the metadata's own table when it can serve as is (262k strings
-    would be ~24 MiB). llama.cpp renames empty tokens so they never match text."""
+    """The vocabulary as one blob: the metadata's own table when it can serve as is (a str object per
+    token would take several times the blob's memory). llama.cpp renames empty tokens so they never
+    match text."""
     table = tokens if isinstance(tokens, TextTable) else None
     if table is not None and table.byte_lengths().all():
         return table

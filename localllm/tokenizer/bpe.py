@@ -91,7 +91,7 @@ def _read_merges(metadata: Mapping[str, Any]) -> dict[str, int]:
     llama.cpp splits a merge at the first space after its first character. A pair looked up here
     comes from byte-level symbols, which never hold a space (GPT-2 writes it as "Ġ"), so the text
     left + " " + right names exactly the merge that splits into (left, right): the same matches as
-    (left, right) tuple keys, without a tuple and two new strings per merge (Qwen2.5: 34 -> 8 MiB)."""
+    (left, right) tuple keys, without a tuple and two new strings per merge (far less memory)."""
     merges = metadata.get("tokenizer.ggml.merges")
     if merges is None:
         raise ModelFormatError("the BPE model file has no merges (tokenizer.ggml.merges).")

@@ -73,7 +73,7 @@ def _generation_block() -> type:
 
 
 def _environment(budget: TemplateBudget) -> Any:
-    # jinja2 is imported here, when a template is compiled: ~9 MiB a run without one never needs
+    # jinja2 is imported here, when a template is compiled: memory a run without one never needs
     env = _budgeted_class()(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_block()]
     )

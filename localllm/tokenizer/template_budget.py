@@ -28,7 +28,8 @@ class TemplateBudgetError(LocalLLMError):
 
 @dataclass(frozen=True, slots=True)
 class TemplateBudget:
-    """What one render may cost. Real templates take a few thousand steps and well under 10 ms."""
+    """What one render may cost. Real templates take a few thousand steps and a small fraction of the
+    time allowed."""
 
     max_steps: int = 2_000_000  # lines of template code executed
     max_seconds: float = 2.0

@@ -1,8 +1,9 @@
 """Text -> token id for a tokenizer, over the vocabulary's `TextTable`, without a dict of it all.
 
-A dict from 262,144 token texts to ids costs ~40 MiB (its table plus the str keys); the table's hash
-buckets cost ~3 MiB. Lookups that tokenization repeats (the same pair of symbols in many words) are
-answered by a bounded dict of recent results, so the hot path stays one C dict lookup.
+A dict from every token text to its id costs several times the vocabulary's blob (its table plus the
+str keys); the table's hash buckets cost a small fraction of that. Lookups that tokenization repeats
+(the same pair of symbols in many words) are answered by a bounded dict of recent results, so the hot
+path stays one C dict lookup.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def _handler(content: bytes, media_type: str) -> Callable[[Request], Awaitable[R
 
 
 def add_webui_routes(app: FastAPI) -> None:
-    """GET (and HEAD) routes for the page's files, read once now and kept in memory (~50 KB)."""
+    """GET (and HEAD) routes for the page's files, read once now and kept in memory (they are small)."""
     for path, (name, media_type) in FILES.items():
         endpoint = _handler(read_file(name), media_type)
         app.add_api_route(path, endpoint, methods=["GET", "HEAD"], include_in_schema=False)
