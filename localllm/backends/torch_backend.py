@@ -134,7 +134,7 @@ class TorchBackend(Backend):
 
     # ---- weights and memory ---------------------------------------------------------------------
 
-    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:
+    def prepare_weight(self, raw: np.ndarray, ggml_type: int, cache: Any = None) -> torch.Tensor:
         w = torch.from_numpy(_owned(dequantize(raw, ggml_type)))
         w = w.to(self.device, self.dtype)
         self.weight_bytes += w.numel() * w.element_size()

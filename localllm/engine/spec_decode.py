@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from localllm.config import EngineConfig
+from localllm.engine.block_manager import BlockManager
+from localllm.engine.loaded_model import LoadedModel
 from localllm.engine.model_runner import SampledToken
 from localllm.engine.ngram import propose_ngram
 from localllm.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -73,19 +76,31 @@ class NgramProposer:
         pass
 
 
-class SpecDecoder:
-    def __init__(self, engine: Any):
-        config = engine.config
-        self.block_manager = engine.block_manager
-        self.backend = engine.backend
-        self.max_model_len = engine.max_model_len
-        self.max_num_batched_tokens = config.max_num_batched_tokens
-        if config.draft_model:
-            from localllm.engine.draft_model import DraftModel
+def open_spec_decoder(config: EngineConfig, target: LoadedModel) -> SpecDecoder:
+    """The speculation config asks for, on the target's model: prompt lookup, or config.draft_model
+    opened beside it on the same backend."""
+    if config.draft_model:
+        from localllm.engine.draft_model import DraftModel
 
-            self.proposer: Any = DraftModel(config.draft_model, engine)
-        else:
-            self.proposer = NgramProposer()
+        draft = LoadedModel.open(config.draft_model, target.backend, config, target=target)
+        proposer: Any = DraftModel(draft, target.args.vocab_size)
+    else:
+        proposer = NgramProposer()
+    return SpecDecoder(proposer, target.block_manager, target.backend, target.max_model_len, config)
+
+
+class SpecDecoder:
+    def __init__(
+        self, proposer: Any, block_manager: BlockManager, backend: Any, max_model_len: int,
+        config: EngineConfig,
+    ):  # fmt: skip
+        """proposer: NgramProposer or DraftModel; block_manager: the target's, whose blocks the drafts
+        take; max_model_len: the target's context, which drafts never pass."""
+        self.proposer = proposer
+        self.block_manager = block_manager
+        self.backend = backend
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         self.policy = SpecPolicy(config.draft_max, cheap_probes=not config.draft_model)
         self.stats = SpecStats()
         self.enabled = True  # off: plain steps (bench compares both on one engine)
