@@ -68,8 +68,8 @@ class NumbaBackend(Backend):
         (see threads.py: a busy machine makes parallel launches wait)."""
         self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
-        self.governor = ThreadGovernor(self.threads, adaptive_threads)
-        self._step_threads = self.threads
+        self._governed = (self.threads, adaptive_threads)  # each model's governor's choices
+        self._governors: dict[int, tuple[object, ThreadGovernor]] = {}  # id(model) -> (model, governor)
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
@@ -121,7 +121,7 @@ class NumbaBackend(Backend):
         bounds.check_step(model.args, x, batch, kv.k, kv.v)
         start = time.perf_counter()
         out = plan.run(self, _f32(x), batch, kv)
-        self.governor.record(x.shape[0], self.threads, time.perf_counter() - start)
+        self.thread_governor(model).record(x.shape[0], self.threads, time.perf_counter() - start)
         return out
 
     def _plan(self, model: Any) -> DecoderPlan | None:
@@ -135,9 +135,15 @@ class NumbaBackend(Backend):
         """Whether steps of `model` run as one fused call."""
         return self.fuse_layers and self._plan(model) is not None
 
-    def begin_step(self, batch: Any) -> Any:
+    def thread_governor(self, model: Any) -> ThreadGovernor:
+        entry = self._governors.get(id(model))
+        if entry is None:  # the model kept alive with it, as in _plans: its id is not reused meanwhile
+            entry = self._governors[id(model)] = (model, ThreadGovernor(*self._governed))
+        return entry[1]
+
+    def begin_step(self, batch: Any, model: Any) -> Any:
         """Pick this step's thread count (see threads.py)."""
-        n = self.governor.choose(int(batch.input_ids.shape[0]))
+        n = self.thread_governor(model).choose(int(batch.input_ids.shape[0]))
         if n != self.threads:
             self.threads = n
             numba.set_num_threads(n)  # (per calling thread: the engine's)

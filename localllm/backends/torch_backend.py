@@ -113,11 +113,11 @@ class TorchBackend(Backend):
         self.dtype = weight_dtype(self.device)
         # On the CPU, each step's thread count is learned from step times, as the Numba backend does
         # (threads.py): a busy core makes torch's parallel regions wait, 2 threads slower than 1.
-        self.governor = (
-            ThreadGovernor(threads or torch.get_num_threads()) if self.device.type == "cpu" else None
-        )
+        self._max_threads = (threads or torch.get_num_threads()) if self.device.type == "cpu" else 0
+        self._governors: dict[int, tuple[Any, ThreadGovernor]] = {}  # id(model) -> (model, governor)
         self.threads = torch.get_num_threads()
-        self._step: tuple[int, int, float] | None = None  # (tokens, threads, start) of the open step
+        # (tokens, threads, start, governor) of the open step
+        self._step: tuple[int, int, float, ThreadGovernor] | None = None
         self.weight_bytes = 0
         self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self._groups: list[_Group] = []
@@ -161,11 +161,11 @@ class TorchBackend(Backend):
 
     # ---- the step's batch -----------------------------------------------------------------------
 
-    def begin_step(self, batch: ForwardBatch) -> ForwardBatch:
+    def begin_step(self, batch: ForwardBatch, model: Any) -> ForwardBatch:
         """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
         self._masks.clear()
         self._host = batch
-        self._start_step(len(batch.input_ids))
+        self._start_step(len(batch.input_ids), self.thread_governor(model))
         self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
         static = self.static_decode and _static_eligible(batch)
         self._groups = (
@@ -262,20 +262,29 @@ class TorchBackend(Backend):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         out = x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float32)
-        if self._step is not None and self.governor is not None:  # the step's logits: it is over
-            tokens, threads, start = self._step
-            self.governor.record(tokens, threads, time.perf_counter() - start)
+        if self._step is not None:  # the step's logits: it is over
+            tokens, threads, start, governor = self._step
+            governor.record(tokens, threads, time.perf_counter() - start)
         self._step = None
         return out
 
-    def _start_step(self, n_tokens: int) -> None:
-        if self.governor is None:
+    def thread_governor(self, model: Any) -> ThreadGovernor | None:
+        """On the CPU, as the Numba backend's; a device's thread count is not the host's to tune."""
+        if not self._max_threads:
+            return None
+        entry = self._governors.get(id(model))
+        if entry is None:  # the model kept alive with it: its id is not reused meanwhile
+            entry = self._governors[id(model)] = (model, ThreadGovernor(self._max_threads))
+        return entry[1]
+
+    def _start_step(self, n_tokens: int, governor: ThreadGovernor | None) -> None:
+        if governor is None:
             return
-        n = self.governor.choose(n_tokens)
+        n = governor.choose(n_tokens)
         if n != self.threads:
             torch.set_num_threads(n)
             self.threads = n
-        self._step = (n_tokens, n, time.perf_counter())
+        self._step = (n_tokens, n, time.perf_counter(), governor)
 
     # ---- RoPE and the paged cache ---------------------------------------------------------------
 

@@ -11,9 +11,7 @@ draft passes. Rejected drafts are forgotten by rewinding the shadow's num_comput
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,7 +36,6 @@ class DraftModel:
         self.runner = loaded.runner
         self.vocab_size = vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
-        self.governor = _governor_like(getattr(loaded.backend, "governor", None))
 
     def prefill(self, scheduled: list[ScheduledSeq]) -> None:
         """Keep up with the target's prefill chunks in one pass, so that drafting later only feeds the
@@ -49,9 +46,8 @@ class DraftModel:
             num_new = item.seq.num_computed_tokens + item.num_tokens - shadow.num_computed_tokens
             if num_new > 0 and self.block_manager.allocate(shadow, num_new):
                 items.append(ScheduledSeq(shadow, num_new))
-        if items:
-            with self._own_governor():
-                self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
+        if items:  # (the backend times the draft's steps apart from the target's: thread_governor)
+            self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
             for item in items:
                 item.seq.num_computed_tokens += item.num_tokens
                 self.block_manager.cache_full_blocks(item.seq)  # prompt tokens: the target's own
@@ -111,22 +107,7 @@ class DraftModel:
 
     def _forward(self, items: list[ScheduledSeq]) -> np.ndarray:
         batch = self.runner.prepare(items)
-        with self._own_governor():
-            return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
-
-    @contextlib.contextmanager
-    def _own_governor(self) -> Iterator[None]:
-        """The draft's steps pick their thread count from their own timings: mixed with the target's
-        (a 1-token draft step is ~2x faster than a 1-token target step), they would mislead its choice."""
-        backend = self.model.backend
-        if self.governor is None:
-            yield
-            return
-        target, backend.governor = backend.governor, self.governor
-        try:
-            yield
-        finally:
-            backend.governor = target
+        return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
 
     def _choose(self, shadow: Sequence, row: np.ndarray) -> tuple[int, np.ndarray | None]:
         """The draft token, processed as the target's own sampling would (penalties over the shadow's
@@ -145,15 +126,6 @@ class DraftModel:
         entry = self.shadows.pop(request_id, None)
         if entry is not None and entry[0].block_table:
             self.block_manager.free(entry[0])
-
-
-def _governor_like(governor: Any) -> Any:
-    """A fresh thread governor with the target's choices (None for backends without one)."""
-    if governor is None:
-        return None
-    from localllm.backends.threads import ThreadGovernor
-
-    return ThreadGovernor(governor.max_threads, adaptive=len(governor.candidates) > 1)
 
 
 def _fit(row: np.ndarray, vocab_size: int, ids: np.ndarray | None) -> np.ndarray:

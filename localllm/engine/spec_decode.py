@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from localllm.engine.scheduler import ScheduledSeq, SchedulerOutput
 from localllm.engine.sequence import Sequence
 from localllm.engine.spec_policy import SpecPolicy
 from localllm.engine.spec_verify import verify_draft
+
+if TYPE_CHECKING:
+    from localllm.backends.threads import ThreadGovernor
 
 # A draft model's shadow that catches up on more tokens than this before drafting (a sequence drafting
 # again after plain steps) is not a steady-state sample of the drafting cost: the policy skips it.
@@ -86,19 +89,21 @@ def open_spec_decoder(config: EngineConfig, target: LoadedModel) -> SpecDecoder:
         proposer: Any = DraftModel(draft, target.args.vocab_size)
     else:
         proposer = NgramProposer()
-    return SpecDecoder(proposer, target.block_manager, target.backend, target.max_model_len, config)
+    governor = target.backend.thread_governor(target.model)
+    return SpecDecoder(proposer, target.block_manager, governor, target.max_model_len, config)
 
 
 class SpecDecoder:
     def __init__(
-        self, proposer: Any, block_manager: BlockManager, backend: Any, max_model_len: int,
-        config: EngineConfig,
+        self, proposer: Any, block_manager: BlockManager, governor: ThreadGovernor | None,
+        max_model_len: int, config: EngineConfig,
     ):  # fmt: skip
         """proposer: NgramProposer or DraftModel; block_manager: the target's, whose blocks the drafts
-        take; max_model_len: the target's context, which drafts never pass."""
+        take; governor: the target's thread governor, if its backend has one; max_model_len: the
+        target's context, which drafts never pass."""
         self.proposer = proposer
         self.block_manager = block_manager
-        self.backend = backend
+        self.governor = governor
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.policy = SpecPolicy(config.draft_max, cheap_probes=not config.draft_model)
@@ -177,13 +182,9 @@ class SpecDecoder:
         self._draft_seconds, self._drafted, self._accepted, self._lag = 0.0, 0, 0, 0
 
     def _probe_step(self, num_tokens: int) -> bool:
-        """Whether the step ran with a thread count its governor is only re-measuring (backends with a
-        governor; the target's choice is the one in force after its forward pass)."""
-        governor = getattr(self.backend, "governor", None)
-        if governor is None:
-            return False
-        choice = governor.current_choice(num_tokens)
-        return choice is not None and choice != self.backend.threads
+        """Whether the target's forward pass ran with a thread count its governor is only re-measuring
+        (backends with a governor)."""
+        return self.governor is not None and self.governor.ran_probe(num_tokens)
 
     def release(self, request_id: str) -> None:
         """A finished or aborted request: drop its draft state (and the draft model's blocks)."""

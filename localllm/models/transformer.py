@@ -61,7 +61,7 @@ class Transformer:
         """The final normed hidden states (len(batch.logits_indices), dim) of the rows that need them:
         what the output projection reads, and what embeddings pool."""
         b = self.backend
-        batch = b.begin_step(batch)
+        batch = b.begin_step(batch, self)
         x = self.forward_layers(self.embed(batch.input_ids), batch, kv)
         return b.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
 
