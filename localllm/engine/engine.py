@@ -17,8 +17,7 @@ from localllm.config import EngineConfig
 from localllm.engine.detokenizer import Detokenizer
 from localllm.engine.loaded_model import LoadedModel
 from localllm.engine.loop_guard import LoopGuard
-from localllm.engine.model_runner import SampledToken
-from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
+from localllm.engine.output import RequestOutput, SampledToken, StepOutput, TokenLogprob
 from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
 from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
@@ -64,7 +63,6 @@ class LLMEngine:
             from localllm.engine.spec_decode import open_spec_decoder
 
             self.spec = open_spec_decoder(config, loaded)
-            self.runner.verify = self.spec.verify
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._calls: deque[Callable[[], None]] = deque()  # call_soon: run by the stepping thread
@@ -166,6 +164,8 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.propose(plan)
         sampled = self.runner.run(plan.scheduled)
+        if self.spec is not None:
+            self.spec.record_verified(plan.scheduled, sampled)
         now = time.perf_counter()
         outputs = []
         for item, tokens in zip(plan.scheduled, sampled, strict=True):

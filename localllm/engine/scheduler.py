@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.sequence import Sequence, SequenceStatus
@@ -23,6 +24,8 @@ class ScheduledSeq:
     # drafted tokens verified after them (speculative decoding): their K/V is written in the same pass,
     # and kept only as far as the drafts are accepted
     draft: list[int] = field(default_factory=list)
+    # the (len(draft), vocab) distributions a draft model sampled them from; None: one-hot drafts
+    draft_probs: Any = None
 
     @property
     def samples(self) -> bool:

@@ -3,8 +3,8 @@
 Each step, after the scheduler's plan, decoding sequences may get drafted tokens (prompt lookup or a draft
 model, as many as spec_policy says pays); their blocks grow to hold them. The target then runs ONE forward
 pass over the whole ragged batch (a sequence with k drafts is a (k+1)-token query with logits at every
-position), and `verify` applies the acceptance rule per sequence. The engine emits every kept token through
-its one per-token path and rolls the rest back (num_computed_tokens, surplus blocks).
+position), and its sampling applies the acceptance rule per sequence (spec_verify). The engine emits every
+kept token through its one per-token path and rolls the rest back (num_computed_tokens, surplus blocks).
 """
 
 from __future__ import annotations
@@ -13,17 +13,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from localllm.config import EngineConfig
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.loaded_model import LoadedModel
-from localllm.engine.model_runner import SampledToken
 from localllm.engine.ngram import propose_ngram
+from localllm.engine.output import SampledToken
 from localllm.engine.scheduler import ScheduledSeq, SchedulerOutput
 from localllm.engine.sequence import Sequence
 from localllm.engine.spec_policy import SpecPolicy
-from localllm.engine.spec_verify import verify_draft
 
 if TYPE_CHECKING:
     from localllm.backends.threads import ThreadGovernor
@@ -109,7 +106,6 @@ class SpecDecoder:
         self.policy = SpecPolicy(config.draft_max, cheap_probes=not config.draft_model)
         self.stats = SpecStats()
         self.enabled = True  # off: plain steps (bench compares both on one engine)
-        self._probs: dict[str, np.ndarray | None] = {}
         self._draft_seconds = 0.0  # this step's drafting, catching up included
         self._drafted = 0
         self._accepted = 0  # this step's kept drafts
@@ -133,8 +129,7 @@ class SpecDecoder:
         wanted = self._allocate(decodes, lengths, self.max_num_batched_tokens - plan.num_tokens)
         proposals = self.proposer.propose([(it.seq, k) for it, k in wanted]) if wanted else []
         for (item, _), (draft, probs) in zip(wanted, proposals, strict=True):
-            item.draft = draft
-            self._probs[item.seq.request_id] = probs
+            item.draft, item.draft_probs = draft, probs
             self._drafted += len(draft)
             if not draft:  # nothing found: give back the blocks taken for it
                 self.block_manager.trim(item.seq, item.seq.num_tokens)
@@ -157,17 +152,17 @@ class SpecDecoder:
                 self._lag = max(self._lag, lag)
         return wanted
 
-    def verify(self, item: ScheduledSeq, logits: np.ndarray) -> list[SampledToken]:
-        """The runner's hook for a sequence with drafts: the tokens it keeps, plus one of the target's."""
-        probs = self._probs.pop(item.seq.request_id, None)
-        tokens = verify_draft(item.seq, item.draft, logits, probs)
-        accepted = len(tokens) - 1
-        self.stats.drafted_tokens += len(item.draft)
-        self.stats.accepted_tokens += accepted
-        self.stats.verify_steps += 1
-        self._accepted += accepted
-        self.policy.record_verify(item.seq.request_id, len(item.draft), accepted)
-        return tokens
+    def record_verified(self, scheduled: list[ScheduledSeq], sampled: list[list[SampledToken]]) -> None:
+        """Count what the step's sampling kept of each sequence's drafts: all its tokens but the last."""
+        for item, tokens in zip(scheduled, sampled, strict=True):
+            if not item.draft:
+                continue
+            accepted = len(tokens) - 1
+            self.stats.drafted_tokens += len(item.draft)
+            self.stats.accepted_tokens += accepted
+            self.stats.verify_steps += 1
+            self._accepted += accepted
+            self.policy.record_verify(item.seq.request_id, len(item.draft), accepted)
 
     def record_step(self, plan: SchedulerOutput, seconds: float) -> None:
         """Feed a decode/verify step's measured time, drafting included, to the policy (steps with
@@ -188,7 +183,6 @@ class SpecDecoder:
 
     def release(self, request_id: str) -> None:
         """A finished or aborted request: drop its draft state (and the draft model's blocks)."""
-        self._probs.pop(request_id, None)
         self.proposer.release(request_id)
         self.policy.forget(request_id)
 
