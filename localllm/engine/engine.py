@@ -57,12 +57,14 @@ class LLMEngine:
         self.kv_cache, self.block_manager, self.runner = loaded.kv_cache, loaded.block_manager, loaded.runner
         self.cache_types = self.kv_cache.cache_types
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.spec = None
         if config.speculative:
             from localllm.engine.spec_decode import open_spec_decoder
 
             self.spec = open_spec_decoder(config, loaded)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec
+        )
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._calls: deque[Callable[[], None]] = deque()  # call_soon: run by the stepping thread

@@ -1,10 +1,13 @@
 """Speculative decoding inside continuous batching: the engine's glue.
 
-Each step, after the scheduler's plan, decoding sequences may get drafted tokens (prompt lookup or a draft
-model, as many as spec_policy says pays); their blocks grow to hold them. The target then runs ONE forward
-pass over the whole ragged batch (a sequence with k drafts is a (k+1)-token query with logits at every
-position), and its sampling applies the acceptance rule per sequence (spec_verify). The engine emits every
-kept token through its one per-token path and rolls the rest back (num_computed_tokens, surplus blocks).
+Each step, once the scheduler has planned the plain tokens, it asks `draft_lengths` how many drafts each
+decoding sequence would verify (as many as spec_policy says pays) and reserves draft slots for them
+within the step's token budget, growing their block tables from free blocks (drafts never preempt
+anything). `propose` fills the slots with drafted tokens (prompt lookup or a draft model). The target
+then runs ONE forward pass over the whole ragged batch (a sequence with k drafts is a (k+1)-token query
+with logits at every position), and its sampling applies the acceptance rule per sequence (spec_verify).
+The engine emits every kept token through its one per-token path and rolls the rest back
+(num_computed_tokens, surplus blocks).
 """
 
 from __future__ import annotations
@@ -102,7 +105,6 @@ class SpecDecoder:
         self.block_manager = block_manager
         self.governor = governor
         self.max_model_len = max_model_len
-        self.max_num_batched_tokens = config.max_num_batched_tokens
         self.policy = SpecPolicy(config.draft_max, cheap_probes=not config.draft_model)
         self.stats = SpecStats()
         self.enabled = True  # off: plain steps (bench compares both on one engine)
@@ -110,47 +112,52 @@ class SpecDecoder:
         self._drafted = 0
         self._accepted = 0  # this step's kept drafts
         self._lag = 0  # the most tokens a drafting sequence's draft caught up on this step
+        self._prefills: list[ScheduledSeq] = []  # this step's prefill chunks the draft keeps up with
 
-    def propose(self, plan: SchedulerOutput) -> None:
-        """Attach drafts to the plan's decoding sequences, growing their block tables to hold them."""
-        start = time.perf_counter()
+    def draft_lengths(self, plan: SchedulerOutput) -> list[tuple[ScheduledSeq, int]]:
+        """The scheduler's question, once the step's plain tokens are planned: how many drafts each
+        decoding sequence would verify, as the policy says pays, capped by the context and max_tokens;
+        none where the draft model lags far. The scheduler fits them into the step's token budget and
+        free blocks. Also notes which prefill chunks the draft model keeps up with (propose runs it)."""
         self._drafted = self._accepted = self._lag = 0
+        self._prefills = []
         if not self.enabled:
-            return
-        prefills = [it for it in plan.scheduled if it.num_tokens > 1 or not it.samples]
+            return []
         width = sum(1 for it in plan.scheduled if it.samples)  # sequences decoding from the next step
-        prefills = [it for it in prefills if self.policy.drafts(it.seq.request_id, width)]
-        if prefills:
-            self.proposer.prefill(prefills)
+        self._prefills = [
+            it
+            for it in plan.scheduled
+            if (it.num_tokens > 1 or not it.samples) and self.policy.drafts(it.seq.request_id, width)
+        ]
         decodes = [it for it in plan.scheduled if it.samples and it.num_tokens == 1 and _eligible(it.seq)]
         if not decodes:
-            return
+            return []
         lengths = self.policy.lengths([it.seq.request_id for it in decodes], plan.num_tokens)
-        wanted = self._allocate(decodes, lengths, self.max_num_batched_tokens - plan.num_tokens)
-        proposals = self.proposer.propose([(it.seq, k) for it, k in wanted]) if wanted else []
-        for (item, _), (draft, probs) in zip(wanted, proposals, strict=True):
-            item.draft, item.draft_probs = draft, probs
-            self._drafted += len(draft)
-            if not draft:  # nothing found: give back the blocks taken for it
-                self.block_manager.trim(item.seq, item.seq.num_tokens)
-        self._draft_seconds = time.perf_counter() - start
+        return [(item, self._cap(item.seq, k)) for item, k in zip(decodes, lengths, strict=True)]
 
-    def _allocate(
-        self, decodes: list[ScheduledSeq], lengths: list[int], budget: int
-    ) -> list[tuple[ScheduledSeq, int]]:
-        """The sequences that draft and how many tokens each: capped by the step's token budget, the
-        context, max_tokens, and free blocks (drafts never preempt anything); none whose draft lags far."""
-        wanted = []
-        for item, k in zip(decodes, lengths, strict=True):
-            seq = item.seq
-            left = seq.params.max_tokens - seq.num_output_tokens if seq.params.max_tokens else k + 1
-            k = min(k, budget, self.max_model_len - seq.num_tokens - 1, left - 1)
-            lag = self.proposer.lag(seq)
-            if k > 0 and lag <= MAX_CATCH_UP and self.block_manager.allocate(seq, 1 + k):
-                wanted.append((item, k))
-                budget -= k
-                self._lag = max(self._lag, lag)
-        return wanted
+    def _cap(self, seq: Sequence, k: int) -> int:
+        """k drafts for seq, within the context and max_tokens; none when its draft lags far."""
+        left = seq.params.max_tokens - seq.num_output_tokens if seq.params.max_tokens else k + 1
+        k = min(k, self.max_model_len - seq.num_tokens - 1, left - 1)
+        return k if self.proposer.lag(seq) <= MAX_CATCH_UP else 0
+
+    def propose(self, plan: SchedulerOutput) -> None:
+        """Fill the draft slots the scheduler made room for (the draft model first keeps up with the
+        step's prefill chunks); a sequence whose proposer found nothing gives its slots' blocks back."""
+        start = time.perf_counter()
+        if self._prefills:
+            self.proposer.prefill(self._prefills)
+            self._prefills = []
+        wanted = [it for it in plan.scheduled if it.draft_slots]
+        if wanted:
+            self._lag = max(self.proposer.lag(it.seq) for it in wanted)
+            proposals = self.proposer.propose([(it.seq, it.draft_slots) for it in wanted])
+            for item, (draft, probs) in zip(wanted, proposals, strict=True):
+                item.draft, item.draft_probs = draft, probs
+                self._drafted += len(draft)
+                if not draft:  # nothing found: give back the blocks taken for it
+                    self.block_manager.trim(item.seq, item.seq.num_tokens)
+        self._draft_seconds = time.perf_counter() - start
 
     def record_verified(self, scheduled: list[ScheduledSeq], sampled: list[list[SampledToken]]) -> None:
         """Count what the step's sampling kept of each sequence's drafts: all its tokens but the last."""
