@@ -21,7 +21,7 @@ from localllm.backends import bounds
 from localllm.backends.base import Backend
 from localllm.backends.memory import lazy_zeros
 from localllm.backends.numba_stack import DecoderPlan, plan_for
-from localllm.backends.threads import ThreadGovernor
+from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.kernels import attention, layers, matmul, moe
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.quant import dequantize
@@ -68,8 +68,7 @@ class NumbaBackend(Backend):
         (see threads.py: a busy machine makes parallel launches wait)."""
         self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
-        self._governed = (self.threads, adaptive_threads)  # each model's governor's choices
-        self._governors: dict[int, tuple[object, ThreadGovernor]] = {}  # id(model) -> (model, governor)
+        self._governors = ModelGovernors(self.threads, adaptive_threads)
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
@@ -136,10 +135,7 @@ class NumbaBackend(Backend):
         return self.fuse_layers and self._plan(model) is not None
 
     def thread_governor(self, model: Any) -> ThreadGovernor:
-        entry = self._governors.get(id(model))
-        if entry is None:  # the model kept alive with it, as in _plans: its id is not reused meanwhile
-            entry = self._governors[id(model)] = (model, ThreadGovernor(*self._governed))
-        return entry[1]
+        return self._governors.of(model)
 
     def begin_step(self, batch: Any, model: Any) -> Any:
         """Pick this step's thread count (see threads.py)."""

@@ -112,6 +112,21 @@ class ThreadGovernor:
         return choice is not None and choice != self.last
 
 
+class ModelGovernors:
+    """A backend's governors, one per model it runs (Backend.thread_governor): a draft model's steps
+    would mislead its target's choice."""
+
+    def __init__(self, max_threads: int, adaptive: bool = True):
+        self._choices = (max_threads, adaptive)
+        self._by_model: dict[int, tuple[object, ThreadGovernor]] = {}  # id(model) -> (model, governor)
+
+    def of(self, model: object) -> ThreadGovernor:
+        entry = self._by_model.get(id(model))
+        if entry is None:  # the model kept alive with it: its id is not reused meanwhile
+            entry = self._by_model[id(model)] = (model, ThreadGovernor(*self._choices))
+        return entry[1]
+
+
 def _faster(times: dict[int, float], current: int) -> int:
     """The fastest thread count, keeping `current` unless another beats it by SWITCH_MARGIN."""
     best = min(times, key=times.__getitem__)

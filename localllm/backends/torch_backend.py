@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from localllm.backends.base import Backend
-from localllm.backends.threads import ThreadGovernor
+from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.errors import ConfigError
 from localllm.models.base import ForwardBatch
 from localllm.models.layers import decoder_layer
@@ -113,11 +113,9 @@ class TorchBackend(Backend):
         self.dtype = weight_dtype(self.device)
         # On the CPU, each step's thread count is learned from step times, as the Numba backend does
         # (threads.py): a busy core makes torch's parallel regions wait, 2 threads slower than 1.
-        self._max_threads = (threads or torch.get_num_threads()) if self.device.type == "cpu" else 0
-        self._governors: dict[int, tuple[Any, ThreadGovernor]] = {}  # id(model) -> (model, governor)
+        self._governors = ModelGovernors(threads or torch.get_num_threads())  # used on the CPU only
         self.threads = torch.get_num_threads()
-        # (tokens, threads, start, governor) of the open step
-        self._step: tuple[int, int, float, ThreadGovernor] | None = None
+        self._step: tuple[int, int, float, ThreadGovernor] | None = None  # (tokens, threads, start, governor)
         self.weight_bytes = 0
         self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self._groups: list[_Group] = []
@@ -270,12 +268,7 @@ class TorchBackend(Backend):
 
     def thread_governor(self, model: Any) -> ThreadGovernor | None:
         """On the CPU, as the Numba backend's; a device's thread count is not the host's to tune."""
-        if not self._max_threads:
-            return None
-        entry = self._governors.get(id(model))
-        if entry is None:  # the model kept alive with it: its id is not reused meanwhile
-            entry = self._governors[id(model)] = (model, ThreadGovernor(self._max_threads))
-        return entry[1]
+        return self._governors.of(model) if self.device.type == "cpu" else None
 
     def _start_step(self, n_tokens: int, governor: ThreadGovernor | None) -> None:
         if governor is None:
