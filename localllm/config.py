@@ -46,7 +46,7 @@ def _sysfs_cores() -> int:
 # The context a command gets when neither its flag nor models.toml sets one: the model's trained context up
 # to this, in run, chat, serve and the Python API alike (a bigger KV cache costs memory up front).
 DEFAULT_CONTEXT = 8192
-DRAFT_VOCAB = 32768  # rows of a draft model's output layer (engine/draft_model.py's head_ids)
+DRAFT_VOCAB = 32768  # rows of a draft model's output layer (engine/loaded_model.py's head_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ class EngineConfig:
     prompt_lookup: bool = False
     draft_model: str | None = None
     draft_max: int = 8
-    draft_vocab: int = DRAFT_VOCAB  # the draft's output layer scores the first N ids (0: all; draft_model.py)
+    draft_vocab: int = DRAFT_VOCAB  # the draft's output layer scores the first N ids (0: all)
 
     def __post_init__(self) -> None:
         if self.backend not in ("numba", "numpy", "torch"):

@@ -702,13 +702,13 @@ def _batch(ids: list[int], start: int, blocks: list[int], block_size: int):
 
 def _run_model(backend, path, index_dir, prompt: list[int], steps: int) -> np.ndarray:
     """Logits of the prompt's last token, then of `steps` greedy decode steps."""
-    from localllm.engine.kv_cache import KVCache
+    from localllm.engine.kv_cache import KVCache, KVLayout
     from localllm.gguf_file import GGUFFile
     from localllm.models import load_model
 
     model = load_model(GGUFFile.open(path, index_dir), backend)
     a = model.args
-    kv = KVCache(backend, a.n_layers, 8, 16, a.n_kv_heads, a.head_dim)
+    kv = KVCache(backend, KVLayout.of(a), 8, 16)
     blocks = [5, 2, 7, 0]  # scattered blocks
     logits = [model.forward(_batch(prompt, 0, blocks, 16), kv)[0]]
     ids = list(prompt)

@@ -194,3 +194,51 @@ def test_fair_admission_prefers_groups_running_the_fewest() -> None:
     _step(sched)
     assert Counter(s.group for s in sched.running) == {"a": 2, "b": 2}  # not a-0..a-3 first come
     check_invariants(bm, sched)
+
+
+class _AskFor:
+    """A stand-in for the spec decoder: asks for k drafts for every decoding sequence of a plan."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.plans = 0
+
+    def draft_lengths(self, plan):
+        self.plans += 1
+        return [(item, self.k) for item in plan.scheduled if item.samples and item.num_tokens == 1]
+
+
+def _decoding(sched: Scheduler, *seqs: Sequence) -> None:
+    """Prefill seqs and give each its first token: the next plan decodes them."""
+    for seq in seqs:
+        sched.add(seq)
+    for item in sched.schedule().scheduled:
+        item.seq.num_computed_tokens += item.num_tokens
+        item.seq.append_token(0)
+
+
+def test_draft_tokens_share_the_step_budget_in_plan_order():
+    bm = BlockManager(64, 4)
+    drafts = _AskFor(3)
+    sched = Scheduler(bm, 4, 64, drafts)
+    a, b, c = (Sequence(n, [1, 2, 3], SamplingParams()) for n in "abc")
+    _decoding(sched, a, b, c)
+    sched.max_num_batched_tokens = 7
+    plan = sched.schedule()
+    assert [(i.seq.request_id, i.num_tokens, i.draft_slots) for i in plan.scheduled] == [
+        ("a", 1, 3),
+        ("b", 1, 1),  # 7 tokens: three decodes, then 3 + 1 drafts
+        ("c", 1, 0),
+    ]
+    assert [len(s.block_table) for s in (a, b, c)] == [2, 2, 1]  # 4 + 3 tokens; 4 + 1; 4
+    assert drafts.plans == 2
+
+
+def test_drafts_take_free_blocks_only_and_never_preempt():
+    bm = BlockManager(3, 4)
+    sched = Scheduler(bm, 4, 64, _AskFor(8))
+    a, b = Sequence("a", [1, 2, 3], SamplingParams()), Sequence("b", [4, 5, 6], SamplingParams())
+    _decoding(sched, a, b)
+    plan = sched.schedule()  # a's 8 drafts would need 3 blocks, 2 more than the 1 free: no slots
+    assert [(i.seq.request_id, i.draft_slots) for i in plan.scheduled] == [("a", 0), ("b", 0)]
+    assert not plan.preempted and bm.num_free_blocks == 1

@@ -12,8 +12,8 @@ from engine_scenarios import alone, run_with_arrivals
 from tiny_model import write_tiny_model
 
 from localllm.config import EngineConfig
-from localllm.engine.draft_model import check_same_vocabulary, head_ids
 from localllm.engine.engine import LLMEngine
+from localllm.engine.loaded_model import check_same_vocabulary, head_ids
 from localllm.engine.ngram import propose_ngram
 from localllm.engine.sequence import Sequence
 from localllm.engine.spec_decode import MAX_CATCH_UP

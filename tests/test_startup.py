@@ -28,8 +28,9 @@ def model_path(tiny_model_path: Path, tmp_path: Path) -> Path:
 def _load(path: Path, cache_dir: Path) -> tuple[object, weight_cache.WeightCache]:
     backend = NumbaBackend(1)
     gf = GGUFFile.open(path, cache_dir)
-    with backend.weight_cache(gf, cache_dir) as cache:
-        model = load_model(gf, backend)
+    cache = backend.open_weight_cache(gf, cache_dir)
+    model = load_model(gf, backend, weight_cache=cache)
+    cache.save()
     return model, cache
 
 
@@ -127,8 +128,9 @@ def test_arrays_from_elsewhere_are_packed_not_cached(model_path: Path, tmp_path:
     gf = GGUFFile.open(model_path, tmp_path)
     raw = np.array(gf.raw("blk.0.attn_q.weight"))  # a copy: not a view of the file
     assert gf.offset_of(raw) is None
-    with backend.weight_cache(gf, tmp_path) as cache:
-        w = backend.prepare_weight(raw, gf.tensors["blk.0.attn_q.weight"].ggml_type)
+    cache = backend.open_weight_cache(gf, tmp_path)
+    w = backend.prepare_weight(raw, gf.tensors["blk.0.attn_q.weight"].ggml_type, cache)
+    cache.save()
     assert w.n == 64 and cache.misses == 1 and not _cache_files(tmp_path)
 
 

@@ -89,3 +89,26 @@ def test_one_delayed_step_does_not_flip_close_thread_counts() -> None:
     assert gov.current_choice(1) == 2
     _drive(gov, {2: 0.062, 1: 0.026}, 1)  # a third: a sustained slowdown
     assert gov.current_choice(1) == 1
+
+
+def test_a_probe_step_is_told_from_a_chosen_one() -> None:
+    """What speculative decoding asks after each step: did it only re-measure the other thread count?"""
+    gov = ThreadGovernor(2)
+    flags = []
+    for _ in range(3 * FIRST_PROBE):
+        n = gov.choose(1)
+        gov.record(1, n, {2: 0.008, 1: 0.012}[n])
+        flags.append((n, gov.ran_probe(1)))
+    settled = flags[2:]  # the first two steps time each candidate: nothing is settled before
+    assert all(probe == (n == 1) for n, probe in settled) and any(probe for _, probe in settled)
+
+
+def test_each_model_has_its_own_governor() -> None:
+    """A draft model's steps are timed apart from its target's (engine/draft_model.py)."""
+    from localllm.backends.numba_cpu import NumbaBackend
+    from localllm.backends.numpy_ref import NumpyBackend
+
+    backend, target, draft = NumbaBackend(2), object(), object()
+    assert backend.thread_governor(target) is backend.thread_governor(target)
+    assert backend.thread_governor(target) is not backend.thread_governor(draft)
+    assert NumpyBackend().thread_governor(target) is None

@@ -3,20 +3,22 @@
 The shared decoder (localllm/models) calls only the operations below, so the same architecture runs on
 the NumPy reference, the Numba CPU kernels, or a device backend. Capabilities a backend may add are
 declared here with their do-nothing defaults, so callers never probe with getattr/hasattr:
-`run_layers` (a fused layer stack), `begin_step` (upload a step's batch to the device), `warmup`
-(compile before the first request) and `weight_cache` (a disk cache of prepared weights).
+`run_layers` (a fused layer stack), `begin_step` (upload a step's batch to the device, pick its thread
+count), `thread_governor` (the thread count learned per model from step times), `warmup`
+(compile before the first request) and `open_weight_cache` (a disk cache of prepared weights, which the
+loader passes back to `prepare_weight`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from localllm.backends.threads import ThreadGovernor
     from localllm.gguf_file import GGUFFile
     from localllm.models.base import ForwardBatch
     from localllm.models.spec import RopeSpec
@@ -27,8 +29,9 @@ class Backend:
 
     # ---- weights and memory ---------------------------------------------------------------------
 
-    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> Any:
-        """A matrix as stored in the GGUF (possibly repacked once), for `linear`/`embedding`."""
+    def prepare_weight(self, raw: np.ndarray, ggml_type: int, cache: Any = None) -> Any:
+        """A matrix as stored in the GGUF (possibly repacked once), for `linear`/`embedding`; `cache`
+        is what open_weight_cache gave for the file `raw` comes from, or None."""
         raise NotImplementedError
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> Any:
@@ -106,9 +109,16 @@ class Backend:
 
     # ---- optional capabilities (defaults: not had) ----------------------------------------------
 
-    def begin_step(self, batch: ForwardBatch) -> ForwardBatch:
-        """Called once per forward pass before any layer: where a device backend uploads the batch."""
+    def begin_step(self, batch: ForwardBatch, model: Any) -> ForwardBatch:
+        """Called once per forward pass of `model` before any layer: where a device backend uploads the
+        batch, and a backend with a thread governor sets the step's thread count."""
         return batch
+
+    def thread_governor(self, model: Any) -> ThreadGovernor | None:
+        """The governor picking the thread count of `model`'s steps from their timings (threads.py), one
+        per model: a draft model's steps (a 1-token one ~2x faster than its target's) would mislead its
+        target's choice. None: this backend's thread count is fixed."""
+        return None
 
     def run_layers(self, model: Any, x: Any, batch: ForwardBatch, kv: Any) -> Any | None:
         """All of model's layers on x in one fused call, or None to have the model run them op by op."""
@@ -117,7 +127,7 @@ class Backend:
     def warmup(self, model: Any, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load) what a step of `model` with such a KV cache runs, so no request pays."""
 
-    @contextlib.contextmanager
-    def weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Iterator[None]:
-        """Within this block, prepared weights of `gf` may come from (and go to) a disk cache."""
-        yield None
+    def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Any | None:
+        """A disk cache in cache_dir of this backend's prepared weights of `gf`, to pass to
+        prepare_weight and then save() once the model has loaded; None: nothing here is worth caching."""
+        return None

@@ -8,9 +8,8 @@ specialisation, which `warmup()` compiles (or loads from Numba's cache) before t
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from localllm.backends import bounds
 from localllm.backends.base import Backend
 from localllm.backends.memory import lazy_zeros
 from localllm.backends.numba_stack import DecoderPlan, plan_for
-from localllm.backends.threads import ThreadGovernor
+from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.kernels import attention, layers, matmul, moe
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.quant import dequantize
@@ -69,39 +68,34 @@ class NumbaBackend(Backend):
         (see threads.py: a busy machine makes parallel launches wait)."""
         self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
-        self.governor = ThreadGovernor(self.threads, adaptive_threads)
-        self._step_threads = self.threads
+        self._governors = ModelGovernors(self.threads, adaptive_threads)
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
         self._plans: dict[int, tuple[object, object]] = {}  # id(model) -> (model, DecoderPlan or None)
-        self._weight_cache: WeightCache | None = None  # set while a model loads, see weight_cache()
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
         self.moe_stats = np.zeros(2, np.int64)  # op path's expert bytes launched, rows (kernels/moe.py)
 
     # ---- weights and cache -------------------------------------------------------------------
 
-    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> PackedWeight:
-        """Repack a matrix once (the same tensor asked twice, e.g. tied embeddings, is packed once)."""
+    def prepare_weight(
+        self, raw: np.ndarray, ggml_type: int, cache: WeightCache | None = None
+    ) -> PackedWeight:
+        """Repack a matrix once (the same tensor asked twice, e.g. tied embeddings, is packed once),
+        from the disk cache `cache` when it holds it."""
         key = (raw.__array_interface__["data"][0], raw.shape, raw.dtype.str, int(ggml_type))
         packed = self._prepared.get(key)
         if packed is None:
-            pack = self._weight_cache.pack if self._weight_cache is not None else pack_weight
+            pack = cache.pack if cache is not None else pack_weight
             packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type, pack)
         return packed
 
-    @contextlib.contextmanager
-    def weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Iterator[WeightCache]:
-        """Within this block, weights of `gf` come from (and, when new, go to) a disk cache of packed
-        weights in cache_dir."""
+    def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> WeightCache:
+        """The disk cache of gf's packed weights in cache_dir (the caller saves it after the load: never
+        a cache of a half-loaded model)."""
         from localllm.backends.weight_cache import WeightCache
 
-        self._weight_cache = cache = WeightCache(gf, cache_dir)
-        try:
-            yield cache
-        finally:
-            self._weight_cache = None
-        cache.save()  # only after a load that finished: never a cache of a half-loaded model
+        return WeightCache(gf, cache_dir)
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return _f32(dequantize(raw, ggml_type)).reshape(-1)  # a copy: F32 file data is read-only
@@ -126,7 +120,7 @@ class NumbaBackend(Backend):
         bounds.check_step(model.args, x, batch, kv.k, kv.v)
         start = time.perf_counter()
         out = plan.run(self, _f32(x), batch, kv)
-        self.governor.record(x.shape[0], self.threads, time.perf_counter() - start)
+        self.thread_governor(model).record(x.shape[0], self.threads, time.perf_counter() - start)
         return out
 
     def _plan(self, model: Any) -> DecoderPlan | None:
@@ -140,9 +134,12 @@ class NumbaBackend(Backend):
         """Whether steps of `model` run as one fused call."""
         return self.fuse_layers and self._plan(model) is not None
 
-    def begin_step(self, batch: Any) -> Any:
+    def thread_governor(self, model: Any) -> ThreadGovernor:
+        return self._governors.of(model)
+
+    def begin_step(self, batch: Any, model: Any) -> Any:
         """Pick this step's thread count (see threads.py)."""
-        n = self.governor.choose(int(batch.input_ids.shape[0]))
+        n = self.thread_governor(model).choose(int(batch.input_ids.shape[0]))
         if n != self.threads:
             self.threads = n
             numba.set_num_threads(n)  # (per calling thread: the engine's)

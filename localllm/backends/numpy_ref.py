@@ -34,7 +34,7 @@ class RawWeight:
 class NumpyBackend(Backend):
     name = "numpy"
 
-    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> RawWeight:
+    def prepare_weight(self, raw: np.ndarray, ggml_type: int, cache: Any = None) -> RawWeight:
         return RawWeight(raw, ggml_type)
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:

@@ -46,6 +46,7 @@ class ThreadGovernor:
         self.max_threads = max(1, max_threads)
         self.candidates = sorted({self.max_threads, 1}, reverse=True) if adaptive else [self.max_threads]
         self._buckets: dict[int, _Bucket] = {}
+        self.last = self.max_threads  # the thread count choose() gave the latest step
 
     @staticmethod
     def bucket_of(n_tokens: int) -> int:
@@ -55,6 +56,10 @@ class ThreadGovernor:
     def choose(self, n_tokens: int) -> int:
         """The thread count for a step of n_tokens: an unmeasured candidate first, else the fastest,
         except on a probe step, which re-measures the runner-up."""
+        self.last = self._choose(n_tokens)
+        return self.last
+
+    def _choose(self, n_tokens: int) -> int:
         if len(self.candidates) == 1:
             return self.candidates[0]
         b = self._bucket(n_tokens)
@@ -99,6 +104,27 @@ class ThreadGovernor:
         """The settled choice for a step size (None before it was measured with every candidate)."""
         b = self._buckets.get(self.bucket_of(n_tokens))
         return b.best or None if b else None
+
+    def ran_probe(self, n_tokens: int) -> bool:
+        """Whether the latest step, of n_tokens, ran with a thread count the governor was only
+        re-measuring (its choice for that size, after recording the step, is another)."""
+        choice = self.current_choice(n_tokens)
+        return choice is not None and choice != self.last
+
+
+class ModelGovernors:
+    """A backend's governors, one per model it runs (Backend.thread_governor): a draft model's steps
+    would mislead its target's choice."""
+
+    def __init__(self, max_threads: int, adaptive: bool = True):
+        self._choices = (max_threads, adaptive)
+        self._by_model: dict[int, tuple[object, ThreadGovernor]] = {}  # id(model) -> (model, governor)
+
+    def of(self, model: object) -> ThreadGovernor:
+        entry = self._by_model.get(id(model))
+        if entry is None:  # the model kept alive with it: its id is not reused meanwhile
+            entry = self._by_model[id(model)] = (model, ThreadGovernor(*self._choices))
+        return entry[1]
 
 
 def _faster(times: dict[int, float], current: int) -> int:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from localllm.backends.base import Backend
-from localllm.backends.threads import ThreadGovernor
+from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.errors import ConfigError
 from localllm.models.base import ForwardBatch
 from localllm.models.layers import decoder_layer
@@ -113,11 +113,9 @@ class TorchBackend(Backend):
         self.dtype = weight_dtype(self.device)
         # On the CPU, each step's thread count is learned from step times, as the Numba backend does
         # (threads.py): a busy core makes torch's parallel regions wait, 2 threads slower than 1.
-        self.governor = (
-            ThreadGovernor(threads or torch.get_num_threads()) if self.device.type == "cpu" else None
-        )
+        self._governors = ModelGovernors(threads or torch.get_num_threads())  # used on the CPU only
         self.threads = torch.get_num_threads()
-        self._step: tuple[int, int, float] | None = None  # (tokens, threads, start) of the open step
+        self._step: tuple[int, int, float, ThreadGovernor] | None = None  # (tokens, threads, start, governor)
         self.weight_bytes = 0
         self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self._groups: list[_Group] = []
@@ -134,7 +132,7 @@ class TorchBackend(Backend):
 
     # ---- weights and memory ---------------------------------------------------------------------
 
-    def prepare_weight(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:
+    def prepare_weight(self, raw: np.ndarray, ggml_type: int, cache: Any = None) -> torch.Tensor:
         w = torch.from_numpy(_owned(dequantize(raw, ggml_type)))
         w = w.to(self.device, self.dtype)
         self.weight_bytes += w.numel() * w.element_size()
@@ -161,11 +159,11 @@ class TorchBackend(Backend):
 
     # ---- the step's batch -----------------------------------------------------------------------
 
-    def begin_step(self, batch: ForwardBatch) -> ForwardBatch:
+    def begin_step(self, batch: ForwardBatch, model: Any) -> ForwardBatch:
         """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
         self._masks.clear()
         self._host = batch
-        self._start_step(len(batch.input_ids))
+        self._start_step(len(batch.input_ids), self.thread_governor(model))
         self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
         static = self.static_decode and _static_eligible(batch)
         self._groups = (
@@ -262,20 +260,24 @@ class TorchBackend(Backend):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         out = x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float32)
-        if self._step is not None and self.governor is not None:  # the step's logits: it is over
-            tokens, threads, start = self._step
-            self.governor.record(tokens, threads, time.perf_counter() - start)
+        if self._step is not None:  # the step's logits: it is over
+            tokens, threads, start, governor = self._step
+            governor.record(tokens, threads, time.perf_counter() - start)
         self._step = None
         return out
 
-    def _start_step(self, n_tokens: int) -> None:
-        if self.governor is None:
+    def thread_governor(self, model: Any) -> ThreadGovernor | None:
+        """On the CPU, as the Numba backend's; a device's thread count is not the host's to tune."""
+        return self._governors.of(model) if self.device.type == "cpu" else None
+
+    def _start_step(self, n_tokens: int, governor: ThreadGovernor | None) -> None:
+        if governor is None:
             return
-        n = self.governor.choose(n_tokens)
+        n = governor.choose(n_tokens)
         if n != self.threads:
             torch.set_num_threads(n)
             self.threads = n
-        self._step = (n_tokens, n, time.perf_counter())
+        self._step = (n_tokens, n, time.perf_counter(), governor)
 
     # ---- RoPE and the paged cache ---------------------------------------------------------------
 

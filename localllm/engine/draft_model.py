@@ -11,90 +11,31 @@ draft passes. Rejected drafts are forgotten by rewinding the shadow's num_comput
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localllm.engine.block_manager import BlockManager
-from localllm.engine.kv_cache import KVCache
-from localllm.engine.model_runner import ModelRunner
 from localllm.engine.scheduler import ScheduledSeq
 from localllm.engine.sequence import Sequence
-from localllm.errors import ConfigError
 from localllm.sampler import apply_penalties, dense_distribution
+
+if TYPE_CHECKING:
+    from localllm.engine.loaded_model import LoadedModel
 
 Proposal = tuple[list[int], np.ndarray | None]  # drafted tokens, and their q rows when sampled
 
 
-def check_same_vocabulary(target: Any, draft: Any) -> None:
-    """Refuse a draft model whose token list differs from the target's: its ids would mean other text."""
-    ours = list(target.metadata.get("tokenizer.ggml.tokens") or [])
-    theirs = list(draft.metadata.get("tokenizer.ggml.tokens") or [])
-    if ours == theirs and ours:
-        return
-    where = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-    detail = (
-        f"token {where} is {theirs[where]!r} there and {ours[where]!r} here"
-        if where is not None
-        else f"{len(theirs)} tokens there, {len(ours)} here"
-    )
-    raise ConfigError(
-        f"the draft model {draft.path.name} does not share {target.path.name}'s vocabulary ({detail}); "
-        "a draft model must use the same tokenizer"
-    )
-
-
-def head_ids(tokenizer: Any, vocab_size: int, limit: int) -> np.ndarray | None:
-    """The token ids the draft's output layer scores (None: all of them): the first `limit` ids and every
-    special one. Byte-level BPE vocabularies list tokens in merge order, which follows their frequency
-    in the tokenizer's corpus: Qwen2.5's first 32,768 ids hold 93% of the tokens of localllm's own code
-    and 95% of its README. A token outside is never drafted (its position is a rejection, as a wrong
-    draft's), while the layer reads a fraction of its rows (FR-Spec, Zhao et al. 2025, does the same with
-    counted frequencies)."""
-    if limit <= 0 or limit >= vocab_size:
-        return None
-    special = [i for i in range(limit, vocab_size) if tokenizer.is_special(i) or tokenizer.is_eog(i)]
-    return np.concatenate([np.arange(limit, dtype=np.int64), np.asarray(special, dtype=np.int64)])
-
-
-def restricted_head(gguf: Any, model: Any, ids: np.ndarray) -> Any:
-    """model's output layer restricted to the rows of `ids` (a packed copy of those rows)."""
-    name = "token_embd.weight" if model.args.tied_output else "output.weight"
-    raw = gguf.raw(name)
-    return model.backend.prepare_weight(np.ascontiguousarray(raw[ids]), gguf.tensors[name].ggml_type)
-
-
 class DraftModel:
-    def __init__(self, path: str, target: Any):
-        from localllm.gguf_file import GGUFFile
-        from localllm.models import load_model
-
-        config = target.config
-        self.gguf = GGUFFile.open(path, config.index_dir)
-        check_same_vocabulary(target.gguf, self.gguf)
-        backend = target.backend
-        if config.index_dir is None:
-            self.model = load_model(self.gguf, backend)
-        else:
-            with backend.weight_cache(self.gguf, config.index_dir):
-                self.model = load_model(self.gguf, backend)
-        rows = min(target.args.vocab_size, self.model.args.vocab_size)
-        self.head_ids = head_ids(target.tokenizer, rows, config.draft_vocab)
-        if self.head_ids is not None:  # packed anew each load: a copy of some rows has no place in the file
-            self.model.output = restricted_head(self.gguf, self.model, self.head_ids)
-        a = self.model.args
-        num_blocks = target.block_manager.num_blocks
-        self.kv = KVCache(
-            backend, a.n_layers, num_blocks, config.block_size, a.n_kv_heads, a.head_dim, target.cache_types
-        )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(self.model, self.kv)
-        self.vocab_size = target.args.vocab_size
+    def __init__(self, loaded: LoadedModel, vocab_size: int):
+        """`loaded`: the draft, opened as the target's (LoadedModel.open's `target`); `vocab_size`: the
+        target's, over which drafts are chosen."""
+        self.model = loaded.model
+        self.head_ids = loaded.head_ids
+        self.kv = loaded.kv_cache
+        self.block_manager = loaded.block_manager
+        self.runner = loaded.runner
+        self.vocab_size = vocab_size
         self.shadows: dict[str, tuple[Sequence, int]] = {}  # request id -> (shadow, tokens known equal)
-        self.governor = _governor_like(getattr(backend, "governor", None))
-        backend.warmup(self.model, target.cache_types)
 
     def prefill(self, scheduled: list[ScheduledSeq]) -> None:
         """Keep up with the target's prefill chunks in one pass, so that drafting later only feeds the
@@ -105,9 +46,8 @@ class DraftModel:
             num_new = item.seq.num_computed_tokens + item.num_tokens - shadow.num_computed_tokens
             if num_new > 0 and self.block_manager.allocate(shadow, num_new):
                 items.append(ScheduledSeq(shadow, num_new))
-        if items:
-            with self._own_governor():
-                self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
+        if items:  # (the backend times the draft's steps apart from the target's: thread_governor)
+            self.runner.hidden_states(items, np.zeros(1, dtype=np.int64))  # the K/V is what counts
             for item in items:
                 item.seq.num_computed_tokens += item.num_tokens
                 self.block_manager.cache_full_blocks(item.seq)  # prompt tokens: the target's own
@@ -167,22 +107,7 @@ class DraftModel:
 
     def _forward(self, items: list[ScheduledSeq]) -> np.ndarray:
         batch = self.runner.prepare(items)
-        with self._own_governor():
-            return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
-
-    @contextlib.contextmanager
-    def _own_governor(self) -> Iterator[None]:
-        """The draft's steps pick their thread count from their own timings: mixed with the target's
-        (a 1-token draft step is ~2x faster than a 1-token target step), they would mislead its choice."""
-        backend = self.model.backend
-        if self.governor is None:
-            yield
-            return
-        target, backend.governor = backend.governor, self.governor
-        try:
-            yield
-        finally:
-            backend.governor = target
+        return self.model.backend.to_numpy(self.model.forward(batch, self.kv))
 
     def _choose(self, shadow: Sequence, row: np.ndarray) -> tuple[int, np.ndarray | None]:
         """The draft token, processed as the target's own sampling would (penalties over the shadow's
@@ -201,15 +126,6 @@ class DraftModel:
         entry = self.shadows.pop(request_id, None)
         if entry is not None and entry[0].block_table:
             self.block_manager.free(entry[0])
-
-
-def _governor_like(governor: Any) -> Any:
-    """A fresh thread governor with the target's choices (None for backends without one)."""
-    if governor is None:
-        return None
-    from localllm.backends.threads import ThreadGovernor
-
-    return ThreadGovernor(governor.max_threads, adaptive=len(governor.candidates) > 1)
 
 
 def _fit(row: np.ndarray, vocab_size: int, ids: np.ndarray | None) -> np.ndarray:

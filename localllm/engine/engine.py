@@ -15,12 +15,10 @@ from typing import Any
 import numpy as np
 
 from localllm.config import EngineConfig
-from localllm.engine.block_manager import BlockManager
 from localllm.engine.detokenizer import Detokenizer
-from localllm.engine.kv_cache import KVCache, kv_bytes_per_token
+from localllm.engine.loaded_model import LoadedModel
 from localllm.engine.loop_guard import LoopGuard
-from localllm.engine.model_runner import ModelRunner, SampledToken
-from localllm.engine.output import RequestOutput, StepOutput, TokenLogprob
+from localllm.engine.output import RequestOutput, SampledToken, StepOutput, TokenLogprob
 from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
 from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
@@ -63,73 +61,32 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         from localllm.backends import make_backend
-        from localllm.gguf_file import GGUFFile
-        from localllm.models import load_model
-        from localllm.models.base import trained_context
-        from localllm.tokenizer import load_tokenizer
 
         self.config = config
-        self.gguf = GGUFFile.open(config.model, config.index_dir)
-        self.tokenizer = load_tokenizer(self.gguf.metadata)
         self.backend = make_backend(config.backend, config.num_threads, config.device)
-        # the context is known before the model is read: Phi-3's LongRoPE factors depend on it
-        self.max_model_len = config.ctx_size or min(trained_context(self.gguf), config.max_default_ctx)
-        self.model = self._load_model(load_model)
-        self.args = self.model.args
+        loaded = LoadedModel.open(config.model, self.backend, config)
+        self.loaded = loaded  # what follows are its parts, by the names front ends and tests use
+        self.gguf, self.tokenizer, self.model = loaded.gguf, loaded.tokenizer, loaded.model
+        self.args, self.max_model_len = loaded.args, loaded.max_model_len
+        self.kv_cache, self.block_manager, self.runner = loaded.kv_cache, loaded.block_manager, loaded.runner
+        self.cache_types = self.kv_cache.cache_types
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
-        if (warning := self.args.context_warning(self.max_model_len)) is not None:
-            log.warning(warning)
-        self.cache_types = (config.cache_type_k, config.cache_type_v)
-        num_blocks = self._num_blocks()
-        a = self.args
-        self.kv_cache = KVCache(
-            self.backend,
-            a.n_layers,
-            num_blocks,
-            config.block_size,
-            a.n_kv_heads,
-            a.head_dim,
-            self.cache_types,
-        )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.spec = None
         if config.speculative:
-            from localllm.engine.spec_decode import SpecDecoder
+            from localllm.engine.spec_decode import open_spec_decoder
 
-            self.spec = SpecDecoder(self)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.spec.verify if self.spec else None)
+            self.spec = open_spec_decoder(config, loaded)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec
+        )
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._calls: deque[Callable[[], None]] = deque()  # call_soon: run by the stepping thread
         self._grammars: Any = None  # structured.matcher.GrammarCompiler, made by the first constraint
-        self.backend.warmup(self.model, self.cache_types)
-
-    def _load_model(self, load_model: Any) -> Any:
-        """The model, its packed weights read from the backend's disk cache when it has one."""
-        if self.config.index_dir is None:
-            model = load_model(self.gguf, self.backend, self.max_model_len)
-        else:
-            with self.backend.weight_cache(self.gguf, self.config.index_dir):
-                model = load_model(self.gguf, self.backend, self.max_model_len)
-        self.gguf.release_pages()  # copies (packed, vectors) replace what the load read of the file
-        return model
-
-    def _num_blocks(self) -> int:
-        bs = self.config.block_size
-        if self.config.num_kv_blocks:
-            return max(self.config.num_kv_blocks, -(-self.max_model_len // bs))
-        if self.config.kv_cache_mb:
-            tokens = self.config.kv_cache_mb * 2**20 // self.kv_bytes_per_token
-        else:
-            tokens = self.max_model_len * self.config.max_num_seqs
-        num_blocks = max(int(tokens) // bs, -(-self.max_model_len // bs))
-        return num_blocks
 
     @property
     def kv_bytes_per_token(self) -> int:
-        a = self.args
-        return kv_bytes_per_token(a.n_layers, a.n_kv_heads, a.head_dim, self.cache_types)
+        return self.kv_cache.layout.bytes_per_token
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -240,6 +197,8 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.propose(plan)
         sampled = self.runner.run(plan.scheduled)
+        if self.spec is not None:
+            self.spec.record_verified(plan.scheduled, sampled)
         now = time.perf_counter()
         outputs = []
         for item, tokens in zip(plan.scheduled, sampled, strict=True):

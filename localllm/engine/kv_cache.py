@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 # KV cache element types by llama.cpp's names (--cache-type-k/-v) -> bytes per element. f16 is the
@@ -10,24 +11,39 @@ CACHE_TYPE_BYTES = {"f32": 4, "f16": 2}
 DEFAULT_CACHE_TYPE = "f16"
 
 
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What one token's keys and values are in a model's cache: layers, heads, width, element types."""
+
+    n_layers: int
+    kv_heads: int
+    head_dim: int
+    cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
+
+    @classmethod
+    def of(
+        cls, args: Any, cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
+    ) -> KVLayout:
+        """The layout of a model's (ModelArgs') cache in the given element types."""
+        return cls(args.n_layers, args.n_kv_heads, args.head_dim, cache_types)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Keys and values of one token across all layers."""
+        per_row = self.n_layers * self.kv_heads * self.head_dim
+        return per_row * (CACHE_TYPE_BYTES[self.cache_types[0]] + CACHE_TYPE_BYTES[self.cache_types[1]])
+
+
 class KVCache:
-    def __init__(
-        self, backend: Any, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-        cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
-    ):  # fmt: skip
+    def __init__(self, backend: Any, layout: KVLayout, num_blocks: int, block_size: int):
+        self.layout = layout
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.cache_types = cache_types
+        self.cache_types = layout.cache_types
         # (n_layers, num_blocks, block_size, kv_heads, head_dim) each
         self.k, self.v = backend.allocate_kv(
-            n_layers, num_blocks, block_size, kv_heads, head_dim, cache_types
+            layout.n_layers, num_blocks, block_size, layout.kv_heads, layout.head_dim, layout.cache_types
         )
 
     def layer(self, il: int) -> tuple[Any, Any]:
         return self.k[il], self.v[il]
-
-
-def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, cache_types: tuple[str, str]) -> int:
-    """Keys and values of one token across all layers."""
-    per_row = n_layers * n_kv_heads * head_dim
-    return per_row * (CACHE_TYPE_BYTES[cache_types[0]] + CACHE_TYPE_BYTES[cache_types[1]])

@@ -1,39 +1,28 @@
 """ModelRunner: turns a scheduled step into the kernels' inputs, runs one forward pass for the whole
-mixed batch, and samples each sequence that reached its last token with its own parameters."""
+mixed batch, and samples each sequence that reached its last token with its own parameters: one token,
+or after drafts (speculative decoding) the acceptance rule's kept drafts and one more (spec_verify)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from localllm.engine.kv_cache import KVCache
 from localllm.engine.mask_prefetch import MaskPrefetcher
+from localllm.engine.output import SampledToken
 from localllm.engine.scheduler import ScheduledSeq
+from localllm.engine.spec_verify import verify_draft
 from localllm.models.base import ForwardBatch
 from localllm.sampler import apply_penalties, log_softmax, sample, token_generator, top_logprobs
 
 
-@dataclass(slots=True)
-class SampledToken:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-
-
-# verify(item, logits rows of its last token and drafts) -> the tokens it emits (speculative decoding)
-Verify = Callable[[ScheduledSeq, np.ndarray], list[SampledToken]]
-
-
 class ModelRunner:
-    def __init__(self, model: Any, kv_cache: KVCache, verify: Verify | None = None):
+    def __init__(self, model: Any, kv_cache: KVCache):
         self.model = model
         self.backend = model.backend
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
-        self.verify = verify
         self._masks = MaskPrefetcher()
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
@@ -81,10 +70,9 @@ class ModelRunner:
         for item in scheduled:
             if not item.samples:
                 results.append([])
-            elif item.draft:
-                assert self.verify is not None, "drafts need a verify rule"
+            elif item.draft:  # logits at its last token and at each draft
                 rows = len(item.draft) + 1
-                results.append(self.verify(item, logits[row : row + rows]))
+                results.append(verify_draft(item.seq, item.draft, logits[row : row + rows], item.draft_probs))
                 row += rows
             else:
                 results.append([self._sample(item, logits[row])])

@@ -6,6 +6,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
+class SampledToken:
+    """A token a step emitted for a sequence (ModelRunner.run), with its log-probability when asked."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass(slots=True)
 class TokenLogprob:
     token_id: int
     logprob: float

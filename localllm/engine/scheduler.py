@@ -4,7 +4,9 @@ Every step spends a token budget (`max_num_batched_tokens`): running sequences f
 token, an unfinished prompt continues with a chunk), then waiting ones are admitted while blocks, the
 budget and `max_num_seqs` allow. A long prompt is split into chunks, so it never freezes the other
 streams. When blocks run out, the newest running sequence is preempted: its blocks are freed and it is
-recomputed later. Pure bookkeeping: no arrays.
+recomputed later. With speculative decoding, what the budget has left then goes to draft tokens: the
+decoding sequences' draft slots (as many as `drafts.draft_lengths` asks, in plan order), their blocks
+taken from free ones only. Pure bookkeeping: no arrays.
 
 Fairness is by group (a client request's n choices share one): the next sequence admitted is the first
 waiting one whose group runs the fewest sequences, and when every seat is taken, a group with none
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.sequence import Sequence, SequenceStatus
@@ -28,6 +31,9 @@ class ScheduledSeq:
     # drafted tokens verified after them (speculative decoding): their K/V is written in the same pass,
     # and kept only as far as the drafts are accepted
     draft: list[int] = field(default_factory=list)
+    draft_slots: int = 0  # draft tokens the scheduler budgeted and allocated blocks for (draft <= them)
+    # the (len(draft), vocab) distributions a draft model sampled them from; None: one-hot drafts
+    draft_probs: Any = None
 
     @property
     def samples(self) -> bool:
@@ -45,11 +51,23 @@ class SchedulerOutput:
         return sum(s.num_tokens for s in self.scheduled)
 
 
+class DraftLengths(Protocol):
+    """Speculative decoding's part in planning a step (engine/spec_decode.py's SpecDecoder)."""
+
+    def draft_lengths(self, plan: SchedulerOutput) -> list[tuple[ScheduledSeq, int]]:
+        """The draft tokens each of the plan's sequences would verify, before the budget and blocks."""
+        ...
+
+
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+        drafts: DraftLengths | None = None,
+    ):  # fmt: skip
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.drafts = drafts
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -65,7 +83,19 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        if self.drafts is not None and out.scheduled:
+            self._schedule_drafts(out, self.drafts.draft_lengths(out))
         return out
+
+    def _schedule_drafts(self, out: SchedulerOutput, wanted: list[tuple[ScheduledSeq, int]]) -> None:
+        """Draft slots within what the plan's tokens left of the budget, in plan order; their blocks
+        from free ones only: a draft, likely rejected, never preempts a sequence's real progress."""
+        budget = self.max_num_batched_tokens - out.num_tokens
+        for item, k in wanted:
+            k = min(k, budget)
+            if k > 0 and self.block_manager.allocate(item.seq, item.num_tokens + k):
+                item.draft_slots = k
+                budget -= k
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         for seq in list(self.running):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localllm.engine.model_runner import SampledToken
+from localllm.engine.output import SampledToken
 from localllm.engine.sequence import Sequence
 from localllm.sampler import (
     apply_penalties,

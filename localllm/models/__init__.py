@@ -10,10 +10,11 @@ from localllm.architectures import ARCHITECTURES
 from localllm.errors import ModelFormatError
 
 
-def load_model(gf: Any, backend: Any, n_ctx: int | None = None) -> Any:
+def load_model(gf: Any, backend: Any, n_ctx: int | None = None, weight_cache: Any = None) -> Any:
     """Build the model for the GGUF's architecture, or say which architecture is unsupported. `n_ctx`
     is the context it will run (None: the trained one), for architectures whose weights depend on it
-    (a module with READS_CONTEXT: Phi-3's LongRoPE)."""
+    (a module with READS_CONTEXT: Phi-3's LongRoPE). `weight_cache`: the backend's disk cache of gf's
+    prepared weights (Backend.open_weight_cache), or None."""
     from localllm.models.transformer import Transformer
 
     arch = gf.architecture
@@ -25,4 +26,4 @@ def load_model(gf: Any, backend: Any, n_ctx: int | None = None) -> Any:
         )
     module = importlib.import_module(ARCHITECTURES[arch])
     args = module.read_args(gf, n_ctx) if getattr(module, "READS_CONTEXT", False) else module.read_args(gf)
-    return Transformer(gf, backend, args, getattr(module, "TENSOR_NAMES", None))
+    return Transformer(gf, backend, args, getattr(module, "TENSOR_NAMES", None), weight_cache)

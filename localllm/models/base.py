@@ -150,11 +150,13 @@ class ForwardBatch:
 
 
 class WeightLoader:
-    """Reads named tensors from a GGUF through a backend, checking that their types are supported."""
+    """Reads named tensors from a GGUF through a backend, checking that their types are supported;
+    matrices through `cache`, the backend's disk cache of prepared weights, when there is one."""
 
-    def __init__(self, gf: GGUFFile, backend: Any):
+    def __init__(self, gf: GGUFFile, backend: Any, cache: Any = None):
         self.gf = gf
         self.backend = backend
+        self.cache = cache
         self.read: set[str] = set()
 
     def check_all_read(self, also: tuple[str, ...] = ()) -> None:
@@ -175,7 +177,7 @@ class WeightLoader:
             if not 0 <= rows[0] < rows[1] <= raw.shape[0]:
                 raise ModelFormatError(f"{self.gf.path.name}: '{name}' has no rows {rows[0]}:{rows[1]}")
             raw = raw[rows[0] : rows[1]]
-        return self.backend.prepare_weight(raw, self.gf.tensors[name].ggml_type)
+        return self.backend.prepare_weight(raw, self.gf.tensors[name].ggml_type, self.cache)
 
     def experts(self, name: str) -> tuple[Any, ...]:
         """A (experts, rows, cols) tensor as one prepared matrix per expert: a kernel given the routed
@@ -184,7 +186,7 @@ class WeightLoader:
         if raw.ndim != 3:
             raise ModelFormatError(f"{self.gf.path.name}: '{name}' should have 3 dimensions, not {raw.ndim}")
         ggml_type = self.gf.tensors[name].ggml_type
-        return tuple(self.backend.prepare_weight(raw[e], ggml_type) for e in range(raw.shape[0]))
+        return tuple(self.backend.prepare_weight(raw[e], ggml_type, self.cache) for e in range(raw.shape[0]))
 
     def vector(self, name: str) -> Any:
         return self.backend.prepare_vector(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)

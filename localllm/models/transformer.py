@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 
 class Transformer:
-    def __init__(self, gf: GGUFFile, backend: Any, args: ModelArgs, names: dict[str, str] | None = None):
+    def __init__(
+        self, gf: GGUFFile, backend: Any, args: ModelArgs, names: dict[str, str] | None = None,
+        weight_cache: Any = None,
+    ):  # fmt: skip
         from localllm.gguf_check import check_model
 
         self.backend = backend
@@ -33,7 +36,7 @@ class Transformer:
                 f"({args.architecture}); use --backend numba"
             )
         names = {**TENSOR_NAMES, **(names or {})}
-        w = WeightLoader(gf, backend)
+        w = WeightLoader(gf, backend, weight_cache)
         self.tok_embd = w.matrix("token_embd.weight")
         self.output = self.tok_embd if args.tied_output else w.matrix("output.weight")
         self.output_norm = w.vector("output_norm.weight")
@@ -58,7 +61,7 @@ class Transformer:
         """The final normed hidden states (len(batch.logits_indices), dim) of the rows that need them:
         what the output projection reads, and what embeddings pool."""
         b = self.backend
-        batch = b.begin_step(batch)
+        batch = b.begin_step(batch, self)
         x = self.forward_layers(self.embed(batch.input_ids), batch, kv)
         return b.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
 
