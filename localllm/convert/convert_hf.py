@@ -5,7 +5,7 @@ the llama family's q/k rows permuted from Hugging Face's rotate-half layout to G
 Gemma's norms stored as 1 + w, Gemma's embedding rows beyond the vocabulary dropped, the vocabulary and
 special tokens from the tokenizer files (vocab.py).  Tensors are stored as `--type` chooses, with the
 same per-tensor rules as `localllm quantize` (norms and 1-D tensors F32; mixes as llama.cpp picks).
-The file is written under a temporary name and renamed at the end.
+The file is written under a temporary name and renamed at the end (localllm.partial_file).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from localllm.convert.hparams import gguf_hparams, llama3_rope_factors
 from localllm.convert.names import ARCHITECTURES, gguf_name, norm_shift, permute_qk
 from localllm.convert.vocab import Vocab, add_vocab, load_vocab
 from localllm.errors import LocalLLMError
+from localllm.partial_file import partial_output
 
 
 @dataclass(slots=True)
@@ -96,12 +97,9 @@ def convert_hf(
     refs = list_tensors(tensor_files(hf_dir))
     vocab = load_vocab(hf_dir, config.get("vocab_size"))
     items = plan(arch, config, refs, len(vocab.tokens), target)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
-    try:
+    with partial_output(out) as tmp:
         _write(tmp, arch, config, hp, vocab, hf_dir, items, target)
         os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return arch, items
 
 
