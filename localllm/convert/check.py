@@ -165,6 +165,8 @@ def _check_rope_scaling(scaling: Any, path: Path) -> None:
     for key, (lo, hi) in ROPE_FLOATS.items():
         _check_float(scaling, key, lo, hi, path, "rope_scaling.")
     _check_int(scaling, "original_max_position_embeddings", *INT_KEYS["max_position_embeddings"], path)
+    if kind == "linear" and scaling.get("factor") is None:
+        raise LocalLLMError(f"{path}: linear rope_scaling has no factor")
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
     if kind == "llama3" and high <= low:
         raise LocalLLMError(

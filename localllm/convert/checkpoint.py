@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localllm.convert.check import check_config, read_json
+from localllm.convert.check import check_config, quoted, read_json
 from localllm.errors import LocalLLMError
 
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -47,7 +47,7 @@ def tensor_files(hf_dir: Path) -> list[Path]:
         if bad or not weight_map:
             raise LocalLLMError(f"{index}: weight_map must map tensor names to shard files in {hf_dir}")
         files = [hf_dir / f for f in dict.fromkeys(weight_map.values())]
-        missing = [f.name for f in files if not f.is_file()]
+        missing = [quoted(f.name) for f in files if not _is_file(f)]
         if missing:
             raise LocalLLMError(f"{index.name} names shards that are missing: {', '.join(missing[:5])}")
         return files
@@ -55,6 +55,13 @@ def tensor_files(hf_dir: Path) -> list[Path]:
     if not files:
         raise LocalLLMError(f"{hf_dir} holds no *.safetensors files (PyTorch .bin checkpoints are not read)")
     return files
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system, say: no such shard
+        return False
 
 
 def list_tensors(files: list[Path]) -> list[TensorRef]:
