@@ -22,6 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 UNWOUND_SIGNALS = ("SIGTERM", "SIGHUP")
 
 
@@ -37,6 +42,8 @@ def partial_output(dest: str | os.PathLike) -> Iterator[Path]:
     remove_stale(dest)
     tmp = part_path(dest)
     lock = open_locked(tmp)
+    if fcntl is None:
+        lock.close()  # Windows renames no file that is open elsewhere; the PID in the name decides
     try:
         with unwinding_signals():
             yield tmp
@@ -48,10 +55,9 @@ def partial_output(dest: str | os.PathLike) -> Iterator[Path]:
 def open_locked(path: Path, mode: str = "wb") -> IO[bytes]:
     """`path` opened (created) and locked for as long as the returned file stays open."""
     f = open(path, mode)  # noqa: SIM115 (the caller closes it)
-    with contextlib.suppress(ImportError, OSError):
-        import fcntl
-
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fcntl is not None:
+        with contextlib.suppress(OSError):  # a file system without locks: the PID decides alone
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     return f
 
 
@@ -97,12 +103,12 @@ def remove_stale(dest: Path) -> list[Path]:
 
 
 def _abandoned(path: Path, pid: int) -> bool:
-    try:
-        import fcntl
-    except ImportError:
-        import psutil
+    import psutil
 
-        return not psutil.pid_exists(pid)
+    if not psutil.pid_exists(pid):
+        return True
+    if fcntl is None:
+        return False
     try:
         with open(path, "rb") as f:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when f closes

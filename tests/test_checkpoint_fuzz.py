@@ -88,7 +88,16 @@ def hostile(rng: random.Random, old: Any = None) -> Any:
     numbers += [0.5, 1e-300, 1e308, float("nan"), float("inf"), 3.0, 64.0, 10**30]
     if isinstance(old, int) and not isinstance(old, bool):
         numbers += [old + 1, old - 1, old * 2, old // 2, old * 1000, -old, float(old) + 0.5]
-    texts = ["", "x", "\x1b[2J\x1b]0;pwned\x07\u202eevil", "\ud800", "<|im_start|>", "a" * 100_000, "../x"]
+    texts = [
+        "",
+        "x",
+        "\x1b[2J\x1b]0;pwned\x07\u202eevil",
+        "\ud800",
+        "<|im_start|>",
+        "a" * 100_000,
+        "../x",
+        "a\x00b",
+    ]
     shapes = [None, True, False, [], {}, [1, 2], {"a": 1}, [[[[[]]]]], [old] * 3, {"type": "BPE"}]
     deep: Any = []
     for _ in range(rng.choice([50, 5000])):
@@ -109,7 +118,7 @@ def pick_path(rng: random.Random, root: Any) -> list[Any]:
 
 
 def mutate_tree(rng: random.Random, root: Any) -> tuple[Any, str]:
-    path = pick_path(rng, root)
+    path = pick_path(rng, root) if rng.random() > 0.05 else []
     if not path:
         return hostile(rng, root), "root replaced"
     parent = root

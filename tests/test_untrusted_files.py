@@ -109,11 +109,20 @@ def test_spm_piece_types_and_text_are_checked() -> None:
         read_spm(blob)
 
 
-def test_shard_names_stay_in_the_folder(hf: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("index", "match"),
+    [
+        ({"weight_map": {"w": "../qwen2/model.safetensors"}}, "weight_map must map tensor names to shard"),
+        ({"weight_map": {"w": "/etc/passwd"}}, "weight_map must map tensor names to shard"),
+        ({"weight_map": {"w": "a\x00b"}}, "names shards that are missing: 'a\\\\x00b'"),
+        ({"weight_map": {"w": "a" * 5000}}, "names shards that are missing: 'aaa"),
+        ([1, 2], "weight_map must map tensor names to shard"),
+    ],
+)
+def test_shard_names_stay_in_the_folder(hf: Path, tmp_path: Path, index: object, match: str) -> None:
     folder = _copy(hf, tmp_path / "c")
-    index = {"weight_map": {"model.embed_tokens.weight": "../qwen2/model.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    _refused_fast(folder, "weight_map must map tensor names to shard files in")
+    _refused_fast(folder, match)
 
 
 def test_lone_surrogates_and_nan_are_refused(hf: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 
 # Command -> the module that registers it.  Only the invoked command's module is imported: the others
@@ -47,6 +48,9 @@ def main() -> None:
     except LocalLLMError as e:  # its text may quote a file's strings: escaped, never acted on
         print(f"error: {printable(e)}", file=sys.stderr)
         sys.exit(1)
+    except BrokenPipeError:  # `localllm list | head`: the reader left; say nothing, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(141)
     except OSError as e:  # the environment (a read-only or full disk), never a bug: one line too
         print(f"error: {printable(e)}", file=sys.stderr)
         sys.exit(1)

@@ -40,8 +40,9 @@ def read_config(hf_dir: Path) -> dict[str, Any]:
 
 def tensor_files(hf_dir: Path) -> list[Path]:
     index = hf_dir / "model.safetensors.index.json"
-    weight_map = (read_json(index) or {}).get("weight_map") if index.is_file() else None
-    if index.is_file():
+    if _is_file(index):
+        content = read_json(index)
+        weight_map = content.get("weight_map") if isinstance(content, dict) else None
         names = weight_map.values() if isinstance(weight_map, dict) else [None]
         bad = [n for n in names if not isinstance(n, str) or Path(n).name != n or n in ("", ".", "..")]
         if bad or not weight_map:
@@ -60,7 +61,7 @@ def tensor_files(hf_dir: Path) -> list[Path]:
 def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
-    except OSError:  # a name too long for the file system, say: no such shard
+    except (OSError, ValueError):  # a name too long for the file system or with a NUL: no such shard
         return False
 
 
