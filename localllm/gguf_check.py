@@ -266,7 +266,7 @@ def check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None =
 
 def one_line(message: str) -> str:
     """An error message safe to print: names from the file may hold terminal escape sequences."""
-    from localllm.model_info import printable
+    from localllm.printable import printable
 
     return printable(message)
 

@@ -484,8 +484,13 @@ def _read_array(cur: _Cursor, what: str) -> Any:
         raise ModelFormatError(f"metadata {what} is an array of unsupported item type {item_type}")
     dtype = np.dtype(fmt)
     n = cur.count(f"the length of {what}", dtype.itemsize)
-    values = np.frombuffer(cur.buf, dtype, n, cur.take(n * dtype.itemsize, what)).copy()
-    return values.tolist() if n <= SMALL_ARRAY or dtype.kind == "b" else values
+    start = cur.take(n * dtype.itemsize, what)
+    if dtype.kind == "b":  # any non-zero byte is true; a numpy bool array holds only 0 and 1
+        values = np.frombuffer(cur.buf, np.uint8, n, start) != 0
+    else:
+        values = np.frombuffer(cur.buf, dtype, n, start).copy()
+    # a long array stays numpy: 1 byte a bool, not a list's 8-byte pointers (and 28-byte ints)
+    return values.tolist() if n <= SMALL_ARRAY else values
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import BinaryIO
 import numpy as np
 
 from localllm.errors import LocalLLMError
+from localllm.partial_file import open_locked, part_path, remove_stale
 
 MAGIC = b"_logits_"
 _RANGE = np.float32(16.0)  # nats below the top kept; llama.cpp's choice
@@ -63,10 +64,11 @@ class LogitsWriter:
 
     def __init__(self, path: str | Path, n_ctx: int, n_vocab: int, tokens: np.ndarray, n_chunk: int) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
+        self.tmp = part_path(self.path)
         self.n_vocab = n_vocab
         try:
-            self.file: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 (closed in commit/discard)
+            remove_stale(self.path)  # what a killed run left
+            self.file: BinaryIO = open_locked(self.tmp)  # closed in commit/discard
         except OSError as e:
             raise LocalLLMError(f"cannot write {self.path}: {e.strerror or e}") from None
         self.file.write(MAGIC)

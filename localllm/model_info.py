@@ -11,19 +11,14 @@ Memory, as this engine uses it:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localllm.engine.kv_cache import CACHE_TYPE_BYTES, DEFAULT_CACHE_TYPE
+from localllm.printable import printable
 
 KV_DTYPE_BYTES = CACHE_TYPE_BYTES[DEFAULT_CACHE_TYPE]  # the engine's default K and V element size
-# Characters a terminal acts on instead of showing: C0/C1 controls and DEL (escape sequences that
-# clear the screen or set the window title start with ESC or the 8-bit CSI/OSC), and the bidi
-# overrides that make text read differently from what it is. Line separators count in one-line fields.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,13 +232,6 @@ def short_template(text: str, max_lines: int = 12, max_chars: int = 800) -> tupl
     if len(cut) > max_chars:
         cut = cut[:max_chars]
     return cut, cut != text
-
-
-def printable(text: Any, multiline: bool = False) -> str:
-    """`text` safe to print to a terminal: control characters shown as escapes (\\x1b, \\u202e)
-    instead of acted on. multiline keeps newlines and tabs (for chat templates)."""
-    pattern = _UNSAFE if multiline else _UNSAFE_ONE_LINE
-    return pattern.sub(lambda m: repr(m[0])[1:-1] if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}", str(text))
 
 
 def _numel(shape: Any) -> int:

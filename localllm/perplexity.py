@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from localllm.errors import LocalLLMError
+from localllm.partial_file import unwinding_signals
 
 
 @dataclass(slots=True)
@@ -163,16 +164,17 @@ def perplexity(
     stats, running = NLLStats(), []
     start = time.perf_counter()
     try:
-        for done, chunk in enumerate(chunks, 1):
-            logits = chunk_logits(engine, chunk)
-            stats.add(chunk_nlls(logits, chunk))
+        with unwinding_signals():  # SIGTERM/SIGHUP too reach the finally that drops the file
+            for done, chunk in enumerate(chunks, 1):
+                logits = chunk_logits(engine, chunk)
+                stats.add(chunk_nlls(logits, chunk))
+                if writer is not None:
+                    writer.add_chunk(logits)
+                running.append(stats.ppl)
+                if on_chunk is not None:
+                    on_chunk(done, len(chunks), stats)
             if writer is not None:
-                writer.add_chunk(logits)
-            running.append(stats.ppl)
-            if on_chunk is not None:
-                on_chunk(done, len(chunks), stats)
-        if writer is not None:
-            writer.commit()
+                writer.commit()
     finally:
         if writer is not None:
             writer.discard()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LocalLLMError
+from ..partial_file import partial_output
 from . import dequantize, is_supported, quantize_k, quantize_legacy, type_name
 from .ggml import BLOCK_KERNELS
 from .types import QUANT_BY_NAME
@@ -226,12 +227,9 @@ def quantize_file(
         raise LocalLLMError("the output must be another file than the input")
     reader = _open_reader(src)
     plans = make_plan(reader, target, allow_requantize)
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
-    try:
+    with partial_output(dst) as tmp:  # removed on errors and signals; a SIGKILL's by the next run
         report = _write(reader, plans, tmp, target, progress)
         os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     report.source_bytes = src.stat().st_size
     return report
 

@@ -215,7 +215,7 @@ def test_markdown_detection_and_printable():
     assert looks_like_markdown("# Title\n\ntext") and looks_like_markdown("use `x` here")
     assert looks_like_markdown("1. one\n2. two") and looks_like_markdown("```py\nx\n```")
     assert not looks_like_markdown("Just a sentence, nothing more.")
-    assert printable("a\x1b[2Jb\n\tc\x7f") == "a\u241b[2Jb\n\tc\u2421"
+    assert printable("a\x1b[2Jb\n\tc\x7f\x9b\u202e", multiline=True) == "a\\x1b[2Jb\n\tc\\x7f\\x9b\\u202e"
 
 
 # ---------------------------------------------------------------- the command, not on a terminal

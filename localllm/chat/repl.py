@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from localllm.chat.session import ChatSession, Prompt, StreamFn, TurnStats
 from localllm.errors import LocalLLMError
+from localllm.printable import printable
 from localllm.sampling_params import SamplingParams
 
 PROMPT = ">>> "
@@ -90,16 +91,10 @@ _MARKDOWN = re.compile(
     r"(^|\n)\s{0,3}(#{1,6}\s|```|~~~|[-*+]\s|\d+[.)]\s|>\s|\|.*\|)"  # headings, fences, lists, quotes, tables
     r"|\*\*[^*\n]+\*\*|__[^_\n]+__|`[^`\n]+`|\[[^\]\n]+\]\([^)\s]+\)"  # bold, inline code, links
 )
-_CONTROL = {c: chr(0x2400 + c) for c in range(32) if c not in (9, 10)} | {127: "\u2421"}
 
 
 def looks_like_markdown(text: str) -> bool:
     return bool(_MARKDOWN.search(text))
-
-
-def printable(text: str) -> str:
-    """Control characters shown as visible symbols, so model output cannot drive the terminal."""
-    return text.translate(_CONTROL)
 
 
 class Quit(Exception):
@@ -228,13 +223,13 @@ class LiveReply:
         now = time.monotonic()
         if now - self._last >= self.min_interval:
             self._last = now
-            self.live.update(_Tail(printable(self.text)), refresh=True)
+            self.live.update(_Tail(printable(self.text, multiline=True)), refresh=True)
 
     def __exit__(self, *exc: Any) -> None:
         from rich.markdown import Markdown
         from rich.text import Text
 
-        shown = printable(self.text)
+        shown = printable(self.text, multiline=True)
         final = Markdown(shown) if self.markdown and looks_like_markdown(shown) else Text(shown)
         self.live.update(final)
         self.live.stop()
@@ -297,7 +292,8 @@ class ChatRepl:
     def say(self, text: str, style: str = "dim") -> None:
         from rich.text import Text
 
-        self.console.print(Text(text, style=style), soft_wrap=True)  # the terminal wraps; no hard breaks
+        shown = Text(printable(text, multiline=True), style=style)  # may quote a file's or the model's text
+        self.console.print(shown, soft_wrap=True)  # the terminal wraps; no hard breaks
 
     def error(self, message: str) -> None:
         self.say(f"error: {message}", "bold red")

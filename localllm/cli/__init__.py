@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 
 # Command -> the module that registers it.  Only the invoked command's module is imported: the others
@@ -37,14 +38,24 @@ def main() -> None:
     from localllm.cli import help
     from localllm.cli.app import app
     from localllm.errors import LocalLLMError
+    from localllm.printable import printable
 
     register_commands(sys.argv[1:])
     try:
         # Not standalone: usage errors come here, to be printed as one line (help.report).
         status = app(prog_name="localllm", standalone_mode=False)
         sys.exit(status if isinstance(status, int) else 0)
-    except LocalLLMError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except LocalLLMError as e:  # its text may quote a file's strings: escaped, never acted on
+        print(f"error: {printable(e)}", file=sys.stderr)
+        sys.exit(1)
+    except BrokenPipeError:  # `localllm list | head`: the reader left; say nothing, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(141)
+    except OSError as e:  # the environment (a read-only or full disk), never a bug: one line too
+        print(f"error: {printable(e)}", file=sys.stderr)
+        sys.exit(1)
+    except MemoryError:
+        print("error: out of memory", file=sys.stderr)
         sys.exit(1)
     except (KeyboardInterrupt, Abort):
         sys.exit(130)

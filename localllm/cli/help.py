@@ -14,6 +14,8 @@ from typing import Any
 
 from typer import core
 
+from localllm.printable import printable
+
 
 class UsageProblem(Exception):
     """A command line that cannot work, in words that say what to type instead (exit status 2)."""
@@ -71,7 +73,7 @@ def is_click_error(error: BaseException) -> bool:
 def report(error: BaseException) -> int:
     """Print a usage problem or click error in one line on stderr; the exit status."""
     if isinstance(error, UsageProblem):
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable(error)}", file=sys.stderr)
         return 2
-    print(usage_error_line(error), file=sys.stderr)
+    print(printable(usage_error_line(error)), file=sys.stderr)
     return int(getattr(error, "exit_code", 2))

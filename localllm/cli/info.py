@@ -68,6 +68,7 @@ def _facts(summary):
     from rich.text import Text
 
     from localllm.model_info import format_params, human_bytes
+    from localllm.printable import printable
 
     def n(value) -> str:
         return "?" if value is None else f"{value:,}"
@@ -77,7 +78,7 @@ def _facts(summary):
     facts.add_column()
     rows = [
         ("name", summary.name),
-        ("file", summary.path),
+        ("file", printable(summary.path)),
         ("architecture", summary.architecture),
         ("parameters", f"{format_params(summary.parameters)} ({summary.parameters:,})"),
         ("file size", f"{human_bytes(summary.file_size)} ({summary.file_size:,} bytes)"),

@@ -18,6 +18,7 @@ import typer
 from localllm.cli.app import app
 from localllm.download import fetch_lock, human_size, part_path, remove_leftovers, report_leftovers
 from localllm.errors import LocalLLMError, ModelNotFoundError
+from localllm.printable import printable
 from localllm.registry import (
     Registry,
     cached_file,
@@ -33,6 +34,7 @@ from localllm.registry import (
 
 if TYPE_CHECKING:
     from rich.table import Table
+    from rich.text import Text
 
 Describe = Callable[[Path], Mapping[str, str]]
 # A llama.cpp quant tag in a file name, e.g. "Q4_1", "q4_k_m", "IQ2_XS", "F16".
@@ -187,20 +189,35 @@ def model_table(rows: list[ModelRow], describe: Describe | None = None) -> Table
         table.add_column(column, overflow="fold", justify="right" if column == "SIZE" else "left")
     for row, info in zip(rows, extra, strict=True):
         name = f"{row.name} *" if row.default else row.name
-        cells = [info.get(c, "") for c in extra_columns]
-        table.add_row(name, row.file, human_size(row.size), row.status, *cells)
+        cells = [_text(info.get(c, "")) for c in extra_columns]
+        table.add_row(_text(name), _text(row.file), human_size(row.size), row.status, *cells)
     return table
+
+
+def _text(value: str) -> Text:
+    """A cell from a file's name or metadata: escapes shown, brackets not read as Rich markup."""
+    from rich.text import Text
+
+    return Text(printable(value))
 
 
 def remove_model(name: str, registry: Registry, home: Path) -> list[tuple[Path, int]]:
     """Delete a model's cached file, any leftover .part and the caches derived from the file; also
     what killed downloads left behind; all files of a split model. Returns (path, bytes) for each file
     or folder removed."""
-    from localllm.gguf_file import split_names
-
     path = _cached_path(name, registry, home)
     if not path.parent.is_dir():
         raise LocalLLMError(f"model {name} is not downloaded, so there is nothing to remove.")
+    try:
+        return _remove(name, path, home)
+    except OSError as e:  # a read-only or foreign-owned cache: say which file, no traceback
+        where = f": {e.filename}" if e.filename else ""
+        raise LocalLLMError(f"cannot remove model {name}{where}: {e.strerror or e}") from None
+
+
+def _remove(name: str, path: Path, home: Path) -> list[tuple[Path, int]]:
+    from localllm.gguf_file import split_names
+
     leftovers = remove_leftovers(path.parent)
     with fetch_lock(path, wait=False) as idle:
         if idle is False:  # its .part is being written: deleting it would only break that download

@@ -66,4 +66,9 @@ class _Progress:
         self.bar.stop()
 
     def __call__(self, done: int, total: int, name: str) -> None:
-        self.bar.update(self.task, completed=done, total=total, description=name)
+        from rich.markup import escape
+
+        from localllm.printable import printable
+
+        # a tensor name is the file's: escapes shown, brackets not read as Rich markup
+        self.bar.update(self.task, completed=done, total=total, description=escape(printable(name)))

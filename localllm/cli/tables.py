@@ -10,13 +10,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from localllm.printable import printable
+
 
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return str(value).replace("\t", " ").replace("\n", " ")
+    return printable(str(value).replace("\t", " ").replace("\n", " "))  # file names may hold escapes
 
 
 def print_records(records: Sequence[Mapping[str, Any]], fmt: str = "tsv") -> None:

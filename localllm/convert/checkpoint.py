@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from localllm.convert.check import check_config, quoted, read_json
 from localllm.errors import LocalLLMError
 
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -27,33 +28,41 @@ class TensorRef:
 
 
 def read_config(hf_dir: Path) -> dict[str, Any]:
+    """config.json, its hyper-parameters checked (localllm.convert.check)."""
     path = hf_dir / "config.json"
     if not hf_dir.is_dir():
         raise LocalLLMError(f"{hf_dir} is not a directory (a Hugging Face checkpoint directory is expected)")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LocalLLMError(f"{hf_dir} has no config.json: not a Hugging Face checkpoint directory") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LocalLLMError(f"cannot read {path}: {e}") from None
+    config = read_json(path)
+    if config is None:
+        raise LocalLLMError(f"{hf_dir} has no config.json: not a Hugging Face checkpoint directory")
+    return check_config(config, path)
 
 
 def tensor_files(hf_dir: Path) -> list[Path]:
     index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, KeyError, json.JSONDecodeError) as e:
-            raise LocalLLMError(f"cannot read {index}: {e}") from None
+    if _is_file(index):
+        content = read_json(index)
+        weight_map = content.get("weight_map") if isinstance(content, dict) else None
+        names = weight_map.values() if isinstance(weight_map, dict) else [None]
+        bad = [n for n in names if not isinstance(n, str) or Path(n).name != n or n in ("", ".", "..")]
+        if bad or not weight_map:
+            raise LocalLLMError(f"{index}: weight_map must map tensor names to shard files in {hf_dir}")
         files = [hf_dir / f for f in dict.fromkeys(weight_map.values())]
-        missing = [f.name for f in files if not f.is_file()]
+        missing = [quoted(f.name) for f in files if not _is_file(f)]
         if missing:
-            raise LocalLLMError(f"{index.name} names shards that are missing: {', '.join(missing)}")
+            raise LocalLLMError(f"{index.name} names shards that are missing: {', '.join(missing[:5])}")
         return files
-    files = sorted(hf_dir.glob("*.safetensors"))
+    files = sorted(f for f in hf_dir.glob("*.safetensors") if f.is_file())
     if not files:
         raise LocalLLMError(f"{hf_dir} holds no *.safetensors files (PyTorch .bin checkpoints are not read)")
     return files
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system or with a NUL: no such shard
+        return False
 
 
 def list_tensors(files: list[Path]) -> list[TensorRef]:
@@ -68,9 +77,13 @@ def list_tensors(files: list[Path]) -> list[TensorRef]:
                     refs.append(TensorRef(name, file, s.get_dtype(), tuple(s.get_shape())))
         except (SafetensorError, OSError) as e:
             raise LocalLLMError(f"{file.name} is not a readable safetensors file ({e})") from None
+    seen: dict[str, Path] = {}
     for r in refs:
         if r.dtype not in _FLOAT_DTYPES:
             raise LocalLLMError(f"tensor {r.name} in {r.file.name} is {r.dtype}; convert reads float ones")
+        if r.name in seen:
+            raise LocalLLMError(f"tensor {r.name} is in both {seen[r.name].name} and {r.file.name}")
+        seen[r.name] = r.file
     return refs
 
 

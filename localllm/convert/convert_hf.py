@@ -5,7 +5,7 @@ the llama family's q/k rows permuted from Hugging Face's rotate-half layout to G
 Gemma's norms stored as 1 + w, Gemma's embedding rows beyond the vocabulary dropped, the vocabulary and
 special tokens from the tokenizer files (vocab.py).  Tensors are stored as `--type` chooses, with the
 same per-tensor rules as `localllm quantize` (norms and 1-D tensors F32; mixes as llama.cpp picks).
-The file is written under a temporary name and renamed at the end.
+The file is written under a temporary name and renamed at the end (localllm.partial_file).
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from localllm.convert.check import check_tensors, quoted
 from localllm.convert.checkpoint import TensorRef, list_tensors, load_tensor, read_config, tensor_files
 from localllm.convert.hparams import gguf_hparams, llama3_rope_factors
 from localllm.convert.names import ARCHITECTURES, gguf_name, norm_shift, permute_qk
-from localllm.convert.vocab import Vocab, add_vocab, load_vocab
+from localllm.convert.vocab import Vocab, add_vocab, load_vocab, special_vocab
 from localllm.errors import LocalLLMError
+from localllm.partial_file import partial_output
 
 
 @dataclass(slots=True)
@@ -34,11 +36,12 @@ class Item:
 
 
 def architecture(config: dict[str, Any]) -> str:
-    names = config.get("architectures") or [config.get("model_type", "?")]
+    names = config.get("architectures") or [config.get("model_type") or "?"]
     arch = ARCHITECTURES.get(names[0])
     if arch is None:
         known = ", ".join(ARCHITECTURES)
-        raise LocalLLMError(f"architecture {names[0]} is not one localllm convert can map ({known})")
+        name = names[0] if len(names[0]) <= 80 else quoted(names[0])
+        raise LocalLLMError(f"architecture {name} is not one localllm convert can map ({known})")
     return arch
 
 
@@ -80,47 +83,78 @@ def prepare(arch: str, config: dict[str, Any], item: Item) -> np.ndarray:
     return data + np.float32(norm_shift(arch, item.name)) if norm_shift(arch, item.name) else data
 
 
+@dataclass(slots=True)
+class Checkpoint:
+    """A Hugging Face directory read and checked, ready to be written as a GGUF."""
+
+    hf_dir: Path
+    arch: str
+    config: dict[str, Any]
+    hparams: dict[str, Any]
+    vocab: Vocab
+    special: Any  # gguf's SpecialVocab
+    items: list[Item]
+    target: str
+
+
+def read_checkpoint(hf_dir: str | Path, target: str = "F16") -> Checkpoint:
+    """Everything convert reads from `hf_dir`, checked (localllm.convert.check) before anything is
+    written: a malformed directory is one LocalLLMError here, not a half-written file."""
+    from localllm.quant.quantize_gguf import check_target
+
+    hf_dir, target = Path(hf_dir), check_target(target)
+    config = read_config(hf_dir)
+    arch = architecture(config)
+    hp = gguf_hparams(arch, config)
+    refs = list_tensors(tensor_files(hf_dir))
+    rows = check_tensors(arch, config, refs)  # bounds vocab_size and every token id
+    vocab = load_vocab(hf_dir, config.get("vocab_size"), rows)
+    items = plan(arch, config, refs, len(vocab.tokens), target)
+    return Checkpoint(hf_dir, arch, config, hp, vocab, special_vocab(hf_dir, vocab), items, target)
+
+
 def convert_hf(
     hf_dir: str | Path, out: str | Path, target: str = "F16", force: bool = False
 ) -> tuple[str, list[Item]]:
     """Convert `hf_dir` to the GGUF `out`; returns the architecture and the tensors written."""
     from localllm.quant.quantize_gguf import check_target
 
-    hf_dir, out = Path(hf_dir), Path(out)
-    target = check_target(target)
+    out = Path(out)
     if out.exists() and not force:
+        check_target(target)  # a bad --type is named first
         raise LocalLLMError(f"{out} exists; pass --force to overwrite it")
-    config = read_config(hf_dir)
-    arch = architecture(config)
-    hp = gguf_hparams(arch, config)
-    refs = list_tensors(tensor_files(hf_dir))
-    vocab = load_vocab(hf_dir, config.get("vocab_size"))
-    items = plan(arch, config, refs, len(vocab.tokens), target)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
-    try:
-        _write(tmp, arch, config, hp, vocab, hf_dir, items, target)
+    checkpoint = read_checkpoint(hf_dir, target)
+    write_checkpoint(checkpoint, out)
+    return checkpoint.arch, checkpoint.items
+
+
+def write_checkpoint(ck: Checkpoint, out: Path) -> None:
+    """Write the GGUF under a temporary name (localllm.partial_file), then rename it to `out`."""
+    with partial_output(out) as tmp:
+        try:
+            _write(tmp, ck)
+        except UnicodeEncodeError as e:  # JSON can spell a lone surrogate ("\ud800"); UTF-8 cannot
+            bad = quoted(e.object[max(0, e.start - 20) : e.end + 20])
+            raise LocalLLMError(
+                f"{ck.hf_dir}'s text is not valid Unicode: a lone surrogate in {bad}"
+            ) from None
         os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return arch, items
 
 
-def _write(
-    path: Path, arch: str, config: dict, hp: dict, vocab: Vocab, hf_dir: Path, items: list[Item], target: str
-) -> None:
+def _write(path: Path, ck: Checkpoint) -> None:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from localllm.quant.quantize_gguf import FILE_TYPES, QUANTIZATION_VERSION, Plan, convert_tensor
     from localllm.quant.types import QUANT_BY_NAME
 
-    writer = GGUFWriter(path, arch)
-    writer.add_name(str(config.get("_name_or_path") or hf_dir.resolve().name))
-    writer.add_file_type(FILE_TYPES[target])
+    writer = GGUFWriter(path, ck.arch)
+    writer.add_name(str(ck.config.get("_name_or_path") or ck.hf_dir.resolve().name))
+    writer.add_file_type(FILE_TYPES[ck.target])
     writer.add_quantization_version(QUANTIZATION_VERSION)
-    for key, value in hp.items():
-        _add(writer, f"{arch}.{key}", value)
-    add_vocab(writer, vocab, hf_dir)
-    for it in items:
+    for key, value in ck.hparams.items():
+        _add(writer, f"{ck.arch}.{key}", value)
+    add_vocab(writer, ck.vocab, ck.special)
+    for it in ck.items:
         rows = int(np.prod(it.shape[:-1], dtype=np.int64))
         nbytes = rows * QUANT_BY_NAME[it.target].row_bytes(it.shape[-1])
         raw = GGMLQuantizationType[it.target]
@@ -128,9 +162,11 @@ def _write(
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for it in items:
+    for it in ck.items:
         plan = Plan(it.name, it.shape, "F32", it.target)
-        writer.write_tensor_data(convert_tensor(prepare(arch, config, it), GGMLQuantizationType.F32, plan))
+        writer.write_tensor_data(
+            convert_tensor(prepare(ck.arch, ck.config, it), GGMLQuantizationType.F32, plan)
+        )
     writer.close()
 
 

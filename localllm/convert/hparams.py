@@ -25,8 +25,8 @@ _FLOATS = {"rope.freq_base", "attention.layer_norm_rms_epsilon"}
 
 
 def gguf_hparams(arch: str, config: dict[str, Any]) -> dict[str, int | float]:
-    """The `{arch}.*` values for a config.json; refuses what the GGUF could not say (rope scaling kinds
-    llama.cpp handles with extra tensors)."""
+    """The `{arch}.*` values for a config.json (checked by localllm.convert.check); refuses what the
+    GGUF could not say (rope scaling kinds llama.cpp handles with extra tensors)."""
     out: dict[str, int | float] = {}
     for key, hf in _KEYS.items():
         if config.get(hf) is not None:
@@ -34,7 +34,8 @@ def gguf_hparams(arch: str, config: dict[str, Any]) -> dict[str, int | float]:
     out.setdefault("attention.head_count_kv", out["attention.head_count"])
     head_dim = int(config.get("head_dim") or out["embedding_length"] // out["attention.head_count"])
     if arch == "llama":
-        out["vocab_size"] = int(config["vocab_size"])
+        if config.get("vocab_size"):
+            out["vocab_size"] = int(config["vocab_size"])
         out["rope.dimension_count"] = head_dim
     if arch == "gemma3":
         out["attention.key_length"] = out["attention.value_length"] = head_dim
@@ -55,7 +56,7 @@ def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any]:
     if kind == "llama3":
         return {}  # a rope_freqs.weight tensor instead (llama3_rope_factors)
     raise LocalLLMError(
-        f"rope_scaling of type {kind!r} is not supported by localllm convert (linear, llama3)"
+        f"rope_scaling of type {kind!r:.80} is not supported by localllm convert (linear, llama3)"
     )
 
 

@@ -59,13 +59,19 @@ def prepare_model(model: str, home: Path, quantize: str | None = None, group_siz
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"converting {source.name} to {target} (once; cached as {out})", file=sys.stderr, flush=True)
     if is_hf_dir(source):
-        from localllm.convert.convert_hf import convert_hf
+        from localllm.convert.convert_hf import read_checkpoint, write_checkpoint
 
-        convert_hf(source, out, target)
+        checkpoint = read_checkpoint(source, target)  # a malformed one is refused before a word is said
+        _announce(source, target, out)
+        write_checkpoint(checkpoint, out)
     else:
+        _announce(source, target, out)
         from localllm.quant.quantize_gguf import quantize_file
 
         quantize_file(source, out, target)
     return out
+
+
+def _announce(source: Path, target: str, out: Path) -> None:
+    print(f"converting {source.name} to {target} (once; cached as {out})", file=sys.stderr, flush=True)

@@ -23,61 +23,78 @@ class SpmModel:
     add_dummy_prefix: bool = False
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(data):
+MAX_VARINT_BYTES = 10  # a 64-bit value; longer runs of continuation bytes are damage
+PIECE_TYPES = range(1, 7)
+
+
+def _varint(data: memoryview, i: int) -> tuple[int, int]:
+    value = 0
+    for k in range(MAX_VARINT_BYTES):  # bounded: a long run of 0xff bytes must not cost O(n^2)
+        if i + k >= len(data):
             raise LocalLLMError("tokenizer.model is truncated")
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        i += 1
+        byte = data[i + k]
+        value |= (byte & 0x7F) << (7 * k)
         if byte < 0x80:
-            return value, i
-        shift += 7
+            return value, i + k + 1
+    raise LocalLLMError(f"tokenizer.model is damaged: a number at byte {i:,} runs past 64 bits")
 
 
-def _fields(data: bytes):  # noqa: ANN202 (yields (field number, wire type, value))
+_WIDTHS = {1: 8, 5: 4}  # fixed64, fixed32
+
+
+def _fields(data: memoryview):  # noqa: ANN202 (yields (field number, wire type, value))
     i = 0
     while i < len(data):
         key, i = _varint(data, i)
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, i = _varint(data, i)
-        elif wire == 1:
-            value, i = data[i : i + 8], i + 8
-        elif wire == 2:
+            yield number, wire, value
+            continue
+        if wire == 2:
             n, i = _varint(data, i)
-            value, i = data[i : i + n], i + n
-        elif wire == 5:
-            value, i = data[i : i + 4], i + 4
+        elif wire in _WIDTHS:
+            n = _WIDTHS[wire]
         else:
             raise LocalLLMError(f"tokenizer.model is not a SentencePiece model (wire type {wire})")
-        if i > len(data):
+        if n > len(data) - i:
             raise LocalLLMError("tokenizer.model is truncated")
-        yield number, wire, value
+        yield number, wire, data[i : i + n]  # a view: nested messages are not copied
+        i += n
 
 
 def read_spm(data: bytes) -> SpmModel:
+    """The pieces of a tokenizer.model; a damaged one is one LocalLLMError, in time linear in its size."""
     model = SpmModel([], [], [])
-    for number, wire, value in _fields(data):
+    view = memoryview(data)
+    for number, wire, value in _fields(view):
         if number == 1 and wire == 2:
-            piece, score, kind = "", 0.0, 1
-            for n, w, v in _fields(value):
-                if n == 1 and w == 2:
-                    piece = v.decode("utf-8")
-                elif n == 2 and w == 5:
-                    score = struct.unpack("<f", v)[0]
-                elif n == 3 and w == 0:
-                    kind = v
-            model.pieces.append(piece)
-            model.scores.append(score)
-            model.types.append(kind)
+            _read_piece(value, model)
         elif number == 3 and wire == 2:
             spec = {n: v for n, w, v in _fields(value) if w == 0}
             model.add_dummy_prefix = bool(spec.get(3, 1))
     if not model.pieces:
         raise LocalLLMError("tokenizer.model holds no pieces (not a SentencePiece model?)")
     return model
+
+
+def _read_piece(message: memoryview, model: SpmModel) -> None:
+    piece, score, kind = "", 0.0, 1
+    for n, w, v in _fields(message):
+        if n == 1 and w == 2:
+            try:
+                piece = str(v, "utf-8")
+            except UnicodeDecodeError:
+                raise LocalLLMError(f"tokenizer.model: piece {len(model.pieces)} is not UTF-8") from None
+        elif n == 2 and w == 5:
+            score = struct.unpack("<f", v)[0]
+        elif n == 3 and w == 0:
+            kind = v
+    if kind not in PIECE_TYPES:
+        raise LocalLLMError(f"tokenizer.model: piece {len(model.pieces)} has type {kind} (1 to 6 expected)")
+    model.pieces.append(piece)
+    model.scores.append(score)
+    model.types.append(kind)
 
 
 def _key(number: int, wire: int) -> bytes:

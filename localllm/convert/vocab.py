@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localllm.convert.check import MAX_BYTES, MAX_VOCAB, MIB, quoted, read_json
 from localllm.convert.spm_proto import SpmModel, read_spm, write_spm
 from localllm.errors import LocalLLMError
 
@@ -51,12 +52,17 @@ PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
 
 def _signature(pre: dict[str, Any] | None) -> tuple:
     """What decides the splitting: each step's kind and pattern (offsets/prefix flags aside)."""
-    steps = (pre or {}).get("pretokenizers", [pre] if pre else [])
-    out = []
-    for s in steps:
+    steps = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else [pre] if pre else []
+    out: list[tuple] = []
+    for s in steps if isinstance(steps, list) else [steps]:
+        if not isinstance(s, dict):
+            out.append((repr(s),))  # matches no known one: refused below
+            continue
         kind = s.get("type")
         if kind == "Split":
-            out.append(("Split", s.get("pattern", {}).get("Regex"), s.get("behavior")))
+            pattern = s.get("pattern")
+            regex = pattern.get("Regex") if isinstance(pattern, dict) else None
+            out.append(("Split", regex, s.get("behavior")))
         elif kind == "Digits":
             out.append(("Digits", s.get("individual_digits")))
         elif kind == "ByteLevel":
@@ -97,22 +103,27 @@ def looks_special(token: str) -> bool:
     )
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LocalLLMError(f"cannot read {path}: {e}") from None
-
-
-def load_vocab(hf_dir: Path, n_vocab: int | None) -> Vocab:
-    if (hf_dir / "tokenizer.model").is_file():
-        return _spm_vocab(read_spm((hf_dir / "tokenizer.model").read_bytes()), n_vocab)
-    if not (hf_dir / "tokenizer.json").is_file():
+def load_vocab(hf_dir: Path, n_vocab: int | None, max_tokens: int = MAX_VOCAB) -> Vocab:
+    """The vocabulary of `hf_dir`'s tokenizer files; every token id below `max_tokens` (the embedding's
+    rows), checked before the list of tokens is made."""
+    spm = hf_dir / "tokenizer.model"
+    if spm.is_file():
+        if spm.stat().st_size > MAX_BYTES["tokenizer.model"]:
+            raise LocalLLMError(f"{spm} is {spm.stat().st_size / MIB:,.0f} MiB; not a SentencePiece model")
+        return _spm_vocab(read_spm(spm.read_bytes()), n_vocab, max_tokens)
+    tok = read_json(hf_dir / "tokenizer.json")
+    if tok is None:
         raise LocalLLMError(f"{hf_dir} has no tokenizer.json or tokenizer.model")
-    return _bpe_vocab(_read_json(hf_dir / "tokenizer.json"), n_vocab)
+    return _bpe_vocab(tok, n_vocab, max_tokens)
 
 
-def _spm_vocab(spm: SpmModel, n_vocab: int | None) -> Vocab:
+def _check_count(n: int, max_tokens: int, what: str) -> None:
+    if n > max_tokens:
+        raise LocalLLMError(f"{what} has {n:,} tokens, more than the embedding's {max_tokens:,} rows")
+
+
+def _spm_vocab(spm: SpmModel, n_vocab: int | None, max_tokens: int = MAX_VOCAB) -> Vocab:
+    _check_count(len(spm.pieces), max_tokens, "tokenizer.model")
     n = max(n_vocab or 0, len(spm.pieces))
     pad = range(len(spm.pieces), n)
     return Vocab(
@@ -125,15 +136,13 @@ def _spm_vocab(spm: SpmModel, n_vocab: int | None) -> Vocab:
     )
 
 
-def _bpe_vocab(tok: dict[str, Any], n_vocab: int | None) -> Vocab:
-    model = tok.get("model") or {}
-    if model.get("type") != "BPE":
-        raise LocalLLMError(f"tokenizer.json's model is {model.get('type')!r}; localllm convert reads BPE")
-    by_id: dict[int, tuple[str, int]] = {int(i): (t, NORMAL) for t, i in model.get("vocab", {}).items()}
-    for added in tok.get("added_tokens", []):
-        content = added["content"]
-        special = added.get("special") or looks_special(content)
-        by_id[int(added["id"])] = (content, CONTROL) if special else (content.replace("▁", " "), USER_DEFINED)
+def _bpe_vocab(tok: Any, n_vocab: int | None, max_tokens: int = MAX_VOCAB) -> Vocab:
+    model = tok.get("model") if isinstance(tok, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise LocalLLMError(f"tokenizer.json's model is {quoted(kind)}; localllm convert reads BPE")
+    by_id = _token_ids(model.get("vocab"), tok.get("added_tokens", []), max_tokens)
+    _check_merges(model.get("merges"))
     n = max(n_vocab or 0, max(by_id) + 1)
     tokens, types = [], []
     for i in range(n):
@@ -143,9 +152,71 @@ def _bpe_vocab(tok: dict[str, Any], n_vocab: int | None) -> Vocab:
     return Vocab("gpt2", pre_name(tok.get("pre_tokenizer")), tokens, types)
 
 
-def add_vocab(writer: Any, vocab: Vocab, hf_dir: Path) -> None:
+def _token_ids(vocab: Any, added: Any, max_tokens: int) -> dict[int, tuple[str, int]]:
+    """id -> (text, type) from tokenizer.json's vocab and added_tokens, every id range-checked."""
+    if not isinstance(vocab, dict) or not isinstance(added, list):
+        raise LocalLLMError("tokenizer.json's model.vocab must be an object and added_tokens a list")
+    by_id = {_token_id(i, t, max_tokens): (t, NORMAL) for t, i in vocab.items()}
+    for entry in added:
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if not isinstance(content, str):
+            raise LocalLLMError(f"tokenizer.json: added token {quoted(entry)} has no content string")
+        i = _token_id(entry.get("id"), content, max_tokens)
+        special = entry.get("special") or looks_special(content)
+        by_id[i] = (content, CONTROL) if special else (content.replace("▁", " "), USER_DEFINED)
+    if not by_id:
+        raise LocalLLMError("tokenizer.json holds no tokens")
+    return by_id
+
+
+def _token_id(i: Any, token: str, max_tokens: int) -> int:
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < max_tokens:
+        raise LocalLLMError(
+            f"tokenizer.json: token {quoted(token)} has id {quoted(i)}; ids go from 0 to "
+            f"{max_tokens - 1:,} (the embedding's rows)"
+        )
+    return i
+
+
+def _check_merges(merges: Any) -> None:
+    """Merges as gguf's SpecialVocab reads them: all "a b" strings, or all [a, b] pairs."""
+    if merges is None:
+        return
+    ok = isinstance(merges, list) and (
+        all(isinstance(m, str) for m in merges)
+        or all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges)
+    )
+    if not ok:
+        raise LocalLLMError('tokenizer.json\'s merges must be all "a b" strings or all [a, b] pairs')
+
+
+def special_vocab(hf_dir: Path, vocab: Vocab) -> Any:
+    """gguf's SpecialVocab (special token ids, add_bos/add_eos, merges, chat template) of `hf_dir`;
+    its reader trusts the files' structure, so what it trips on becomes one LocalLLMError."""
     from gguf import SpecialVocab
 
+    config = read_json(hf_dir / "tokenizer_config.json")
+    if not isinstance(config if config is not None else {}, dict):
+        raise LocalLLMError(f"{hf_dir / 'tokenizer_config.json'} is not a JSON object")
+    try:
+        special = SpecialVocab(hf_dir, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens))
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as e:
+        raise LocalLLMError(f"the tokenizer files in {hf_dir} are malformed ({quoted(e)})") from None
+    except OSError as e:
+        raise LocalLLMError(f"cannot read the tokenizer files in {hf_dir}: {e}") from None
+    if vocab.model == "gpt2" and not special.merges:
+        raise LocalLLMError(f"{hf_dir}/tokenizer.json has no BPE merges")
+    template = special.chat_template
+    named = isinstance(template, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+        for t in template
+    )
+    if template is not None and not isinstance(template, str) and not named:
+        raise LocalLLMError(f"{hf_dir}: chat_template must be a string or a list of named templates")
+    return special
+
+
+def add_vocab(writer: Any, vocab: Vocab, special: Any) -> None:
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
@@ -154,9 +225,6 @@ def add_vocab(writer: Any, vocab: Vocab, hf_dir: Path) -> None:
         writer.add_token_scores(vocab.scores)
     if vocab.add_space_prefix is not None:
         writer.add_add_space_prefix(vocab.add_space_prefix)
-    special = SpecialVocab(hf_dir, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens))
-    if vocab.model == "gpt2" and not special.merges:
-        raise LocalLLMError(f"{hf_dir}/tokenizer.json has no BPE merges")
     special.add_to_gguf(writer, quiet=True)
 
 

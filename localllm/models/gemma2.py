@@ -29,7 +29,7 @@ def windowed_layers(gf: GGUFFile, n_layers: int, default_pattern: int) -> list[b
     `pattern` (llama.cpp's set_swa_pattern; 0 means all)."""
     pattern = gf.arch_get("attention.sliding_window_pattern", default_pattern)
     if isinstance(pattern, (list, tuple)) or hasattr(pattern, "__len__"):
-        return [bool(v) for v in list(pattern)[:n_layers]] + [False] * max(0, n_layers - len(pattern))
+        return [bool(v) for v in pattern[:n_layers]] + [False] * max(0, n_layers - len(pattern))
     n = int(pattern)
     return [n == 0 or il % n < n - 1 for il in range(n_layers)]
 
