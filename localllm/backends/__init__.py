@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from localllm.errors import ConfigError
 
+if TYPE_CHECKING:
+    from localllm.backends.base import Backend
 
-def make_backend(name: str, threads: int, device: str = "auto") -> Any:
+
+def make_backend(name: str, threads: int, device: str = "auto") -> Backend:
     """The backend `name`; `device` (auto, cuda, mps or cpu) is the torch backend's."""
     if name == "numpy":
         from localllm.backends.numpy_ref import NumpyBackend

@@ -20,8 +20,10 @@ import numpy as np
 if TYPE_CHECKING:
     from localllm.backends.threads import ThreadGovernor
     from localllm.gguf_file import GGUFFile
-    from localllm.models.base import ForwardBatch
-    from localllm.models.spec import RopeSpec
+    from localllm.models.base import ForwardBatch, PagedKV
+    from localllm.models.layers import LayerWeights
+    from localllm.models.spec import LayerSpec, RopeSpec
+    from localllm.models.transformer import Transformer
 
 
 class Backend:
@@ -98,7 +100,7 @@ class Backend:
 
     runs_moe = False
 
-    def moe_ffn(self, h: Any, lw: Any, spec: Any) -> Any:
+    def moe_ffn(self, h: Any, lw: LayerWeights, spec: LayerSpec) -> Any:
         """The routed experts' weighted sum for h (T, dim): lw's router, gate_exps, up_exps and
         down_exps, as the LayerSpec's experts_used / expert_renorm say (kernels/moe_reference.py)."""
         raise NotImplementedError
@@ -109,22 +111,22 @@ class Backend:
 
     # ---- optional capabilities (defaults: not had) ----------------------------------------------
 
-    def begin_step(self, batch: ForwardBatch, model: Any) -> ForwardBatch:
+    def begin_step(self, batch: ForwardBatch, model: Transformer) -> ForwardBatch:
         """Called once per forward pass of `model` before any layer: where a device backend uploads the
         batch, and a backend with a thread governor sets the step's thread count."""
         return batch
 
-    def thread_governor(self, model: Any) -> ThreadGovernor | None:
+    def thread_governor(self, model: Transformer) -> ThreadGovernor | None:
         """The governor picking the thread count of `model`'s steps from their timings (threads.py), one
         per model: a draft model's steps (a 1-token one ~2x faster than its target's) would mislead its
         target's choice. None: this backend's thread count is fixed."""
         return None
 
-    def run_layers(self, model: Any, x: Any, batch: ForwardBatch, kv: Any) -> Any | None:
+    def run_layers(self, model: Transformer, x: Any, batch: ForwardBatch, kv: PagedKV) -> Any | None:
         """All of model's layers on x in one fused call, or None to have the model run them op by op."""
         return None
 
-    def warmup(self, model: Any, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
+    def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load) what a step of `model` with such a KV cache runs, so no request pays."""
 
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Any | None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
@@ -29,7 +29,10 @@ from localllm.quant import dequantize
 if TYPE_CHECKING:
     from localllm.backends.weight_cache import WeightCache
     from localllm.gguf_file import GGUFFile
-    from localllm.models.spec import RopeSpec
+    from localllm.models.base import ForwardBatch, PagedKV
+    from localllm.models.layers import LayerWeights
+    from localllm.models.spec import LayerSpec, RopeSpec
+    from localllm.models.transformer import Transformer
 
 _KV_STORAGE = {"f32": np.float32, "f16": np.uint16}
 
@@ -72,7 +75,9 @@ class NumbaBackend(Backend):
         self._prepared: dict[tuple, PackedWeight] = {}
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
-        self._plans: dict[int, tuple[object, object]] = {}  # id(model) -> (model, DecoderPlan or None)
+        self._plans: dict[
+            int, tuple[object, DecoderPlan | None]
+        ] = {}  # id(model) -> (model, DecoderPlan or None)
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
         self.moe_stats = np.zeros(2, np.int64)  # op path's expert bytes launched, rows (kernels/moe.py)
 
@@ -111,7 +116,9 @@ class NumbaBackend(Backend):
 
     as_i64 = staticmethod(_i64)
 
-    def run_layers(self, model: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray | None:
+    def run_layers(
+        self, model: Transformer, x: np.ndarray, batch: ForwardBatch, kv: PagedKV
+    ) -> np.ndarray | None:
         """All of `model`'s layers on x in one kernel call (see kernels/decoder.py); None when fusion is
         off (tests compare both paths) or the stack cannot execute the model's specs (logged once)."""
         plan = self._plan(model) if self.fuse_layers else None
@@ -123,21 +130,21 @@ class NumbaBackend(Backend):
         self.thread_governor(model).record(x.shape[0], self.threads, time.perf_counter() - start)
         return out
 
-    def _plan(self, model: Any) -> DecoderPlan | None:
+    def _plan(self, model: Transformer) -> DecoderPlan | None:
         """The model's fused-stack plan, built once (None: the stack cannot run its specs)."""
         entry = self._plans.get(id(model))
         if entry is None:
             entry = self._plans[id(model)] = (model, plan_for(model))  # keeps the id's model alive
         return entry[1]
 
-    def fused(self, model: Any) -> bool:
+    def fused(self, model: Transformer) -> bool:
         """Whether steps of `model` run as one fused call."""
         return self.fuse_layers and self._plan(model) is not None
 
-    def thread_governor(self, model: Any) -> ThreadGovernor:
+    def thread_governor(self, model: Transformer) -> ThreadGovernor:
         return self._governors.of(model)
 
-    def begin_step(self, batch: Any, model: Any) -> Any:
+    def begin_step(self, batch: ForwardBatch, model: Transformer) -> ForwardBatch:
         """Pick this step's thread count (see threads.py)."""
         n = self.thread_governor(model).choose(int(batch.input_ids.shape[0]))
         if n != self.threads:
@@ -269,7 +276,7 @@ class NumbaBackend(Backend):
 
     runs_moe = True
 
-    def moe_ffn(self, h: np.ndarray, lw: Any, spec: Any) -> np.ndarray:
+    def moe_ffn(self, h: np.ndarray, lw: LayerWeights, spec: LayerSpec) -> np.ndarray:
         """Only the routed experts' matrices are read (kernels/moe.py); tokens grouped by expert."""
         h2 = _rows(h, lw.router.k)
         everything = (lw.router, *lw.gate_exps, *lw.up_exps, *lw.down_exps)
@@ -290,7 +297,7 @@ class NumbaBackend(Backend):
 
     # ---- compilation -------------------------------------------------------------------------
 
-    def warmup(self, model: object | None = None, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
+    def warmup(self, model: Transformer | None = None, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load from Numba's cache) every kernel specialisation a model step uses, on
         tiny inputs, so no compilation ever happens inside a decode loop.  The per-type matmul
         kernels were already compiled by `prepare_weight`; this covers the launchers and layers
@@ -299,10 +306,10 @@ class NumbaBackend(Backend):
 
         fused = model is not None and self.fused(model)
         warm_kernels(list(self._prepared.values()), self.threads, not fused, _KV_STORAGE[cache_types[0]])
-        if fused:
+        if fused and model is not None:
             self._warm_stack(model, cache_types)
 
-    def _warm_stack(self, model: Any, cache_types: tuple[str, str]) -> None:
+    def _warm_stack(self, model: Transformer, cache_types: tuple[str, str]) -> None:
         """One token through the fused stack, on a private one-block KV cache: loads it from
         Numba's cache (needed by the first step anyway), or on a machine's first run compiles it
         here instead of inside the first request (~40 s there)."""

@@ -11,13 +11,18 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from localllm.kernels import decoder as dk
 from localllm.kernels import matmul
 from localllm.models.spec import LayerSpec, RopeSpec, spec_fields
+
+if TYPE_CHECKING:
+    from localllm.backends.numba_cpu import NumbaBackend
+    from localllm.models.base import ForwardBatch, PagedKV
+    from localllm.models.transformer import Transformer
 
 log = logging.getLogger("localllm")
 
@@ -109,7 +114,7 @@ class DecoderPlan:
     rope_mscale: np.ndarray  # (R,) float64
 
     @classmethod
-    def build(cls, model: Any) -> DecoderPlan:
+    def build(cls, model: Transformer) -> DecoderPlan:
         a, L = model.args, model.layers
         ropes = list(dict.fromkeys(s.rope for s in a.layers))
         flags = _flags(a.layers, L, ropes)
@@ -161,7 +166,7 @@ class DecoderPlan:
         return self.weights._replace(qkv=f[0], o=f[1], gate_up=f[2], down=f[3], router=f[4], gate_exps=f[5],
                                      up_exps=f[6], down_exps=f[7], gemm=gemm, quantize=False)  # fmt: skip
 
-    def run(self, backend: Any, x: np.ndarray, batch: Any, kv: Any) -> np.ndarray:
+    def run(self, backend: NumbaBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV) -> np.ndarray:
         """All layers on x (T, dim), in place; returns x."""
         use_int = self.any_int and x.shape[0] <= matmul.INT_PATH_MAX_T
         i64 = backend.as_i64
@@ -174,7 +179,7 @@ class DecoderPlan:
         return x
 
 
-def plan_for(model: Any) -> DecoderPlan | None:
+def plan_for(model: Transformer) -> DecoderPlan | None:
     """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs."""
     reason = refusal(model.args.layers)
     if reason is not None:

@@ -8,7 +8,7 @@ about 4x the file once every layer has run: fine for an oracle, which is all thi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from localllm.backends.memory import lazy_zeros
 from localllm.kernels import moe_reference
 from localllm.kernels import reference as ref
 from localllm.quant import dequantize
+
+if TYPE_CHECKING:
+    from localllm.models.layers import LayerWeights
+    from localllm.models.spec import LayerSpec
 
 
 @dataclass(slots=True)
@@ -73,7 +77,7 @@ class NumpyBackend(Backend):
 
     runs_moe = True
 
-    def moe_ffn(self, h: np.ndarray, lw: Any, spec: Any) -> np.ndarray:
+    def moe_ffn(self, h: np.ndarray, lw: LayerWeights, spec: LayerSpec) -> np.ndarray:
         def expert(e: int) -> tuple[np.ndarray, ...]:
             return tuple(w[e].dequantized() for w in (lw.gate_exps, lw.up_exps, lw.down_exps))
 

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,8 +30,13 @@ from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.errors import ConfigError
 from localllm.models.base import ForwardBatch
 from localllm.models.layers import decoder_layer
-from localllm.models.spec import RopeSpec
+from localllm.models.spec import LayerSpec, RopeSpec
 from localllm.quant import dequantize
+
+if TYPE_CHECKING:
+    from localllm.models.base import PagedKV
+    from localllm.models.layers import LayerWeights
+    from localllm.models.transformer import Transformer
 
 log = logging.getLogger("localllm")
 
@@ -150,7 +155,7 @@ class TorchBackend(Backend):
         k, v = (torch.zeros(shape, dtype=CACHE_DTYPES[t], device=self.device) for t in cache_types)
         return k, v
 
-    def warmup(self, model: Any, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
+    def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Nothing to compile; say where the weights went and what they take."""
         log.info(
             "torch backend: %.0f MiB of %s weights on %s",
@@ -159,7 +164,7 @@ class TorchBackend(Backend):
 
     # ---- the step's batch -----------------------------------------------------------------------
 
-    def begin_step(self, batch: ForwardBatch, model: Any) -> ForwardBatch:
+    def begin_step(self, batch: ForwardBatch, model: Transformer) -> ForwardBatch:
         """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
         self._masks.clear()
         self._host = batch
@@ -170,7 +175,7 @@ class TorchBackend(Backend):
             [] if static else self._plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
         )
 
-        def up(a: np.ndarray) -> torch.Tensor:
+        def up(a: np.ndarray) -> Any:  # a device tensor where ForwardBatch's types name host arrays
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
 
         return replace(
@@ -202,7 +207,7 @@ class TorchBackend(Backend):
             ctx=dev(lens), tables=dev(tables[seqs]), n_keys=int(lens.max()),
         )  # fmt: skip
 
-    def run_layers(self, model: Any, x: Any, batch: ForwardBatch, kv: Any) -> Any | None:
+    def run_layers(self, model: Transformer, x: Any, batch: ForwardBatch, kv: PagedKV) -> Any | None:
         """Decode-only steps through a fixed-shape stack (a CUDA graph on CUDA) when static_decode is on;
         else None, and the model runs its layers op by op over the paged path."""
         if not self.static_decode:
@@ -240,7 +245,7 @@ class TorchBackend(Backend):
 
     runs_moe = True
 
-    def moe_ffn(self, h: torch.Tensor, lw: Any, spec: Any) -> torch.Tensor:
+    def moe_ffn(self, h: torch.Tensor, lw: LayerWeights, spec: LayerSpec) -> torch.Tensor:
         """Each routed expert on its tokens only; the routing waits for the device (the static
         decode stack is not used for mixture-of-experts models, see run_layers)."""
         probs = torch.softmax(self.linear(h, lw.router).float(), dim=-1)
@@ -266,7 +271,7 @@ class TorchBackend(Backend):
         self._step = None
         return out
 
-    def thread_governor(self, model: Any) -> ThreadGovernor | None:
+    def thread_governor(self, model: Transformer) -> ThreadGovernor | None:
         """On the CPU, as the Numba backend's; a device's thread count is not the host's to tune."""
         return self._governors.of(model) if self.device.type == "cpu" else None
 
@@ -338,10 +343,11 @@ class TorchBackend(Backend):
 
     def _static_group(self, batch: ForwardBatch, block_size: int) -> _Group:
         """The static batch as one decode group over all W blocks of every table (device values only)."""
-        b, w = batch.block_tables.shape
+        dev: Any = batch  # device tensors under ForwardBatch's host-array types (see begin_step)
+        b, w = dev.block_tables.shape
         tokens = torch.arange(b, device=self.device)
-        q_pos = (batch.context_lens - 1)[:, None]
-        return _Group(tokens, q_pos, batch.context_lens, batch.block_tables, w * block_size)
+        q_pos = (dev.context_lens - 1)[:, None]
+        return _Group(tokens, q_pos, dev.context_lens, dev.block_tables, w * block_size)
 
     def _mask(self, i: int, g: _Group, window: int) -> torch.Tensor:
         """(S, 1, 1, Q, L) keys each query sees: its own and earlier positions, within `window`."""
@@ -409,7 +415,9 @@ def _sdpa(
 # ---- decode over fixed shapes (CUDA graphs) ---------------------------------------------------------
 
 
-def _static_run_layers(b: TorchBackend, model: Any, x: torch.Tensor, kv: Any) -> torch.Tensor | None:
+def _static_run_layers(
+    b: TorchBackend, model: Transformer, x: torch.Tensor, kv: PagedKV
+) -> torch.Tensor | None:
     """A decode-only step (one query per sequence, at most MAX_STATIC_BATCH) through the static stack of
     its (batch, key blocks) bucket, built on first use; None for any other step (the paged path)."""
     host = b._host
@@ -428,7 +436,7 @@ def _static_eligible(host: ForwardBatch) -> bool:
     return len(host.input_ids) == len(host.context_lens) <= MAX_STATIC_BATCH
 
 
-def _build_static(b: TorchBackend, model: Any, kv: Any, key: tuple[int, int]) -> _StaticDecode:
+def _build_static(b: TorchBackend, model: Transformer, kv: PagedKV, key: tuple[int, int]) -> _StaticDecode:
     n, width = key
     dev, bs = b.device, kv.block_size
     scratch = kv.num_blocks * bs  # the extra block allocate_kv added
@@ -455,12 +463,13 @@ def _build_static(b: TorchBackend, model: Any, kv: Any, key: tuple[int, int]) ->
     return entry
 
 
-def _static_layers(b: TorchBackend, model: Any, kv: Any, entry: _StaticDecode) -> torch.Tensor:
+def _static_layers(b: TorchBackend, model: Transformer, kv: PagedKV, entry: _StaticDecode) -> torch.Tensor:
     """Every layer on entry.x, reading only entry's buffers (so a captured graph replays correctly)."""
+    e: Any = entry  # its device tensors stand where ForwardBatch's types name host arrays
     batch = ForwardBatch(
-        input_ids=entry.positions, positions=entry.positions, slot_mapping=entry.slots,
-        query_start_loc=entry.positions, context_lens=entry.ctx, block_tables=entry.tables,
-        logits_indices=entry.positions,
+        input_ids=e.positions, positions=e.positions, slot_mapping=e.slots,
+        query_start_loc=e.positions, context_lens=e.ctx, block_tables=e.tables,
+        logits_indices=e.positions,
     )  # fmt: skip
     saved, b._masks, b._static_batch = b._masks, {}, batch  # masks built here belong to this run
     try:

@@ -134,7 +134,7 @@ def _write(path: Path, key: str, weights: dict[Entry, PackedWeight]) -> None:
             f.write(_HEADER.pack(MAGIC, len(text), zlib.crc32(text)) + text)
             for row, w in zip(rows, weights.values(), strict=True):
                 f.seek(base + row[6])
-                f.write(memoryview(np.ascontiguousarray(w.buf)))
+                f.write(np.ascontiguousarray(w.buf).data)
         os.replace(tmp, path)
     except OSError:  # a full disk or a read-only cache only costs speed
         with contextlib.suppress(OSError):

@@ -123,8 +123,8 @@ def _step(engine: LLMEngine, active: list[_Pooled], out: np.ndarray, pooling: st
     hidden = engine.runner.hidden_states(scheduled, np.asarray(rows or [0], dtype=np.int64))
     for row, item in enumerate(owners):
         out[item.index] += hidden[row]
-    for item in scheduled:
-        item.seq.num_computed_tokens += item.num_tokens
+    for step in scheduled:
+        step.seq.num_computed_tokens += step.num_tokens
     if pooling == "mean":
         for item in {id(o): o for o in owners}.values():
             if item.seq.num_computed_tokens == item.seq.num_tokens:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from localllm.backends.base import Backend
+    from localllm.models.spec import ModelArgs
 
 # KV cache element types by llama.cpp's names (--cache-type-k/-v) -> bytes per element. f16 is the
 # default, as in llama.cpp: half the memory of f32, and attention reads half the bytes.
@@ -22,7 +26,7 @@ class KVLayout:
 
     @classmethod
     def of(
-        cls, args: Any, cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
+        cls, args: ModelArgs, cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
     ) -> KVLayout:
         """The layout of a model's (ModelArgs') cache in the given element types."""
         return cls(args.n_layers, args.n_kv_heads, args.head_dim, cache_types)
@@ -35,7 +39,7 @@ class KVLayout:
 
 
 class KVCache:
-    def __init__(self, backend: Any, layout: KVLayout, num_blocks: int, block_size: int):
+    def __init__(self, backend: Backend, layout: KVLayout, num_blocks: int, block_size: int):
         self.layout = layout
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,14 +23,21 @@ from localllm.engine.kv_cache import KVCache, KVLayout
 from localllm.engine.model_runner import ModelRunner
 from localllm.errors import ConfigError
 
+if TYPE_CHECKING:
+    from localllm.backends.base import Backend
+    from localllm.gguf_file import GGUFFile
+    from localllm.models.spec import ModelArgs
+    from localllm.models.transformer import Transformer
+    from localllm.tokenizer.base import Tokenizer
+
 log = logging.getLogger("localllm")
 
 
 @dataclass(slots=True)
 class LoadedModel:
-    gguf: Any  # the GGUFFile, kept open: embeddings and a draft's head read it after the load
-    model: Any
-    tokenizer: Any
+    gguf: GGUFFile  # the GGUFFile, kept open: embeddings and a draft's head read it after the load
+    model: Transformer
+    tokenizer: Tokenizer
     max_model_len: int
     kv_cache: KVCache
     block_manager: BlockManager
@@ -38,16 +45,16 @@ class LoadedModel:
     head_ids: np.ndarray | None = None  # the ids a restricted output layer scores, in its row order
 
     @property
-    def args(self) -> Any:
+    def args(self) -> ModelArgs:
         return self.model.args
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> Backend:
         return self.model.backend
 
     @classmethod
     def open(
-        cls, path: str | Path, backend: Any, config: EngineConfig, target: LoadedModel | None = None
+        cls, path: str | Path, backend: Backend, config: EngineConfig, target: LoadedModel | None = None
     ) -> LoadedModel:
         """The model at `path` on `backend`, as `config` says; with `target`, as that model's draft."""
         from localllm.gguf_file import GGUFFile
@@ -76,7 +83,7 @@ class LoadedModel:
         return cls(gguf, model, tokenizer, max_model_len, kv_cache, blocks, ModelRunner(model, kv_cache), ids)
 
 
-def context_length(gguf: Any, config: EngineConfig) -> int:
+def context_length(gguf: GGUFFile, config: EngineConfig) -> int:
     """The context the engine runs: config.ctx_size, else the trained one capped at max_default_ctx.
     Known before the model is read: Phi-3's LongRoPE factors depend on it."""
     from localllm.models.base import trained_context
@@ -98,13 +105,13 @@ def pool_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) 
     return max(int(tokens) // bs, one_context)
 
 
-def _tokenizer(gguf: Any) -> Any:
+def _tokenizer(gguf: GGUFFile) -> Tokenizer:
     from localllm.tokenizer import load_tokenizer
 
     return load_tokenizer(gguf.metadata)
 
 
-def _read_model(gguf: Any, backend: Any, cache_dir: Path | None, n_ctx: int | None) -> Any:
+def _read_model(gguf: GGUFFile, backend: Backend, cache_dir: Path | None, n_ctx: int | None) -> Transformer:
     """The model, its prepared weights from the backend's disk cache in cache_dir when it keeps one;
     the cache is saved only after a load that finished, never with a half-loaded model's."""
     from localllm.models import load_model
@@ -116,7 +123,7 @@ def _read_model(gguf: Any, backend: Any, cache_dir: Path | None, n_ctx: int | No
     return model
 
 
-def _restrict_head(gguf: Any, model: Any, target: LoadedModel, limit: int) -> np.ndarray | None:
+def _restrict_head(gguf: GGUFFile, model: Transformer, target: LoadedModel, limit: int) -> np.ndarray | None:
     """Restrict a draft's output layer to head_ids (packed anew each load: a copy of some rows has no
     place in the file or its cache); the ids, or None when it keeps every row."""
     rows = min(target.args.vocab_size, model.args.vocab_size)
@@ -126,7 +133,7 @@ def _restrict_head(gguf: Any, model: Any, target: LoadedModel, limit: int) -> np
     return ids
 
 
-def check_same_vocabulary(target: Any, draft: Any) -> None:
+def check_same_vocabulary(target: GGUFFile, draft: GGUFFile) -> None:
     """Refuse a draft model whose token list differs from the target's: its ids would mean other text."""
     ours = list(target.metadata.get("tokenizer.ggml.tokens") or [])
     theirs = list(draft.metadata.get("tokenizer.ggml.tokens") or [])
@@ -144,7 +151,7 @@ def check_same_vocabulary(target: Any, draft: Any) -> None:
     )
 
 
-def head_ids(tokenizer: Any, vocab_size: int, limit: int) -> np.ndarray | None:
+def head_ids(tokenizer: Tokenizer, vocab_size: int, limit: int) -> np.ndarray | None:
     """The token ids the draft's output layer scores (None: all of them): the first `limit` ids and every
     special one. Byte-level BPE vocabularies list tokens in merge order, which follows their frequency
     in the tokenizer's corpus: Qwen2.5's first 32,768 ids hold 93% of the tokens of localllm's own code
@@ -157,7 +164,7 @@ def head_ids(tokenizer: Any, vocab_size: int, limit: int) -> np.ndarray | None:
     return np.concatenate([np.arange(limit, dtype=np.int64), np.asarray(special, dtype=np.int64)])
 
 
-def restricted_head(gguf: Any, model: Any, ids: np.ndarray) -> Any:
+def restricted_head(gguf: GGUFFile, model: Transformer, ids: np.ndarray) -> Any:
     """model's output layer restricted to the rows of `ids` (a packed copy of those rows)."""
     name = "token_embd.weight" if model.args.tied_output else "output.weight"
     raw = gguf.raw(name)

@@ -4,7 +4,7 @@ or after drafts (speculative decoding) the acceptance rule's kept drafts and one
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,9 +16,12 @@ from localllm.engine.spec_verify import verify_draft
 from localllm.models.base import ForwardBatch
 from localllm.sampler import apply_penalties, log_softmax, sample, token_generator, top_logprobs
 
+if TYPE_CHECKING:
+    from localllm.models.transformer import Transformer
+
 
 class ModelRunner:
-    def __init__(self, model: Any, kv_cache: KVCache):
+    def __init__(self, model: Transformer, kv_cache: KVCache):
         self.model = model
         self.backend = model.backend
         self.kv_cache = kv_cache
@@ -26,7 +29,8 @@ class ModelRunner:
         self._masks = MaskPrefetcher()
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
-        input_ids, positions, slots, query_start, context_lens, logits_indices = [], [], [], [0], [], []
+        input_ids, positions, slots, query_start, context_lens = [], [], [], [0], []
+        logits_indices: list[int] = []
         for item in scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens + len(item.draft)

@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm.architectures import ARCHITECTURES
 from localllm.errors import ModelFormatError
 
+if TYPE_CHECKING:
+    from localllm.backends.base import Backend
+    from localllm.gguf_file import GGUFFile
+    from localllm.models.transformer import Transformer
 
-def load_model(gf: Any, backend: Any, n_ctx: int | None = None, weight_cache: Any = None) -> Any:
+
+def load_model(
+    gf: GGUFFile, backend: Backend, n_ctx: int | None = None, weight_cache: Any = None
+) -> Transformer:
     """Build the model for the GGUF's architecture, or say which architecture is unsupported. `n_ctx`
     is the context it will run (None: the trained one), for architectures whose weights depend on it
     (a module with READS_CONTEXT: Phi-3's LongRoPE). `weight_cache`: the backend's disk cache of gf's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from localllm.errors import ModelFormatError
 from localllm.models.spec import Hyper, LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
+    from localllm.backends.base import Backend
     from localllm.gguf_file import GGUFFile
 
 
@@ -149,11 +150,23 @@ class ForwardBatch:
     logits_indices: np.ndarray  # (L,) int64: rows whose logits are needed
 
 
+class PagedKV(Protocol):
+    """The paged KV pool a forward pass writes and attends over (engine/kv_cache.py's KVCache): the
+    layers see only this, so models need not import the engine."""
+
+    k: Any  # (n_layers, num_blocks, block_size, kv_heads, head_dim), the backend's array type
+    v: Any
+    num_blocks: int
+    block_size: int
+
+    def layer(self, il: int) -> tuple[Any, Any]: ...
+
+
 class WeightLoader:
     """Reads named tensors from a GGUF through a backend, checking that their types are supported;
     matrices through `cache`, the backend's disk cache of prepared weights, when there is one."""
 
-    def __init__(self, gf: GGUFFile, backend: Any, cache: Any = None):
+    def __init__(self, gf: GGUFFile, backend: Backend, cache: Any = None):
         self.gf = gf
         self.backend = backend
         self.cache = cache

@@ -7,10 +7,13 @@ call; this is the reference it is tested against and the path every other backen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localllm.models.base import ForwardBatch, WeightLoader
+from localllm.models.base import ForwardBatch, PagedKV, WeightLoader
 from localllm.models.spec import LayerSpec, ModelArgs
+
+if TYPE_CHECKING:
+    from localllm.backends.base import Backend
 
 MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router"})
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
@@ -93,7 +96,14 @@ def _add_bias(y: Any, bias: Any) -> Any:
 
 
 def self_attention(
-    b: Any, args: ModelArgs, spec: LayerSpec, lw: LayerWeights, h: Any, batch: ForwardBatch, kv: Any, il: int
+    b: Backend,
+    args: ModelArgs,
+    spec: LayerSpec,
+    lw: LayerWeights,
+    h: Any,
+    batch: ForwardBatch,
+    kv: PagedKV,
+    il: int,
 ) -> Any:
     """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out."""
     n_tokens = h.shape[0]
@@ -113,7 +123,7 @@ def self_attention(
     return b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
 
 
-def feed_forward(b: Any, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
+def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
     """The dense FFN, or the routed experts' weighted sum (plus the gated shared expert)."""
     if not spec.experts:
         return dense_ffn(b, spec, lw, h)
@@ -123,14 +133,14 @@ def feed_forward(b: Any, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
     return out
 
 
-def dense_ffn(b: Any, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
+def dense_ffn(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
     gate, up = b.linear_many(h, [lw.gate, lw.up])
     act = b.swiglu(gate, up) if spec.activation == "silu" else b.geglu(gate, up)
     return (b.linear_precise if spec.precise_down else b.linear)(act, lw.down)
 
 
 def decoder_layer(
-    b: Any, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: Any
+    b: Backend, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: PagedKV
 ) -> Any:
     """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised."""
     spec, eps = args.layers[il], args.norm_eps

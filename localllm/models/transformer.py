@@ -12,17 +12,18 @@ import numpy as np
 
 from localllm.architectures import TENSOR_NAMES
 from localllm.errors import ModelFormatError
-from localllm.models.base import ForwardBatch, WeightLoader
+from localllm.models.base import ForwardBatch, PagedKV, WeightLoader
 from localllm.models.layers import decoder_layer, fused_rows, load_layer
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
+    from localllm.backends.base import Backend
     from localllm.gguf_file import GGUFFile
 
 
 class Transformer:
     def __init__(
-        self, gf: GGUFFile, backend: Any, args: ModelArgs, names: dict[str, str] | None = None,
+        self, gf: GGUFFile, backend: Backend, args: ModelArgs, names: dict[str, str] | None = None,
         weight_cache: Any = None,
     ):  # fmt: skip
         from localllm.gguf_check import check_model
@@ -48,7 +49,7 @@ class Transformer:
         x = self.backend.embedding(self.tok_embd, input_ids)
         return x if self.args.embedding_scale == 1.0 else x * np.float32(self.args.embedding_scale)
 
-    def forward_layers(self, x: Any, batch: ForwardBatch, kv: Any) -> Any:
+    def forward_layers(self, x: Any, batch: ForwardBatch, kv: PagedKV) -> Any:
         """Every layer on x: in one fused call where the backend can run this spec, else op by op."""
         fused = self.backend.run_layers(self, x, batch, kv)
         if fused is not None:
@@ -57,7 +58,7 @@ class Transformer:
             x = decoder_layer(self.backend, self.args, il, lw, x, batch, kv)
         return x
 
-    def hidden_states(self, batch: ForwardBatch, kv: Any) -> Any:
+    def hidden_states(self, batch: ForwardBatch, kv: PagedKV) -> Any:
         """The final normed hidden states (len(batch.logits_indices), dim) of the rows that need them:
         what the output projection reads, and what embeddings pool."""
         b = self.backend
@@ -65,7 +66,7 @@ class Transformer:
         x = self.forward_layers(self.embed(batch.input_ids), batch, kv)
         return b.rms_norm(x[batch.logits_indices], self.output_norm, self.args.norm_eps)
 
-    def forward(self, batch: ForwardBatch, kv: Any) -> Any:
+    def forward(self, batch: ForwardBatch, kv: PagedKV) -> Any:
         """Logits (len(batch.logits_indices), vocab) for the rows that need them."""
         b = self.backend
         logits = b.linear_precise(self.hidden_states(batch, kv), self.output)
