@@ -19,7 +19,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from localllm.backends.threads import ThreadGovernor
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models.base import ForwardBatch
     from localllm.models.spec import RopeSpec
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from localllm.convert.names import gguf_name
 from localllm.errors import LocalLLMError
-from localllm.gguf_check import INT_HYPERPARAMETERS, TENSOR_SHAPES
+from localllm.loading.checks import INT_HYPERPARAMETERS
+from localllm.models.checks import TENSOR_SHAPES
 
 MIB = 1 << 20
 # The largest published files are far below these (Gemma 3's tokenizer.json: 33 MiB, tokenizer.model:

@@ -50,7 +50,7 @@ class LoadedModel:
         cls, path: str | Path, backend: Any, config: EngineConfig, target: LoadedModel | None = None
     ) -> LoadedModel:
         """The model at `path` on `backend`, as `config` says; with `target`, as that model's draft."""
-        from localllm.gguf_file import GGUFFile
+        from localllm.loading.file import GGUFFile
 
         gguf = GGUFFile.open(path, config.index_dir)
         if target is None:

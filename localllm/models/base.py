@@ -12,7 +12,7 @@ from localllm.errors import ModelFormatError
 from localllm.models.spec import Hyper, LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 def read_hyper(gf: GGUFFile) -> Hyper:

@@ -17,7 +17,7 @@ from localllm.models.layers import decoder_layer, fused_rows, load_layer
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 class Transformer:
@@ -25,7 +25,7 @@ class Transformer:
         self, gf: GGUFFile, backend: Any, args: ModelArgs, names: dict[str, str] | None = None,
         weight_cache: Any = None,
     ):  # fmt: skip
-        from localllm.gguf_check import check_model
+        from localllm.models.checks import check_model
 
         self.backend = backend
         self.args = args
