@@ -19,9 +19,9 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from localllm.gguf_file import GGUFFile
 from localllm.kernels import matmul
 from localllm.kernels.packing import PackedWeight
+from localllm.loading.file import GGUFFile
 
 MATRICES = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
 

@@ -636,11 +636,6 @@ class KernelAddresses:
         return 2
 
 
-def kernel_addresses(kind: int, lane: bool) -> tuple[int, int]:
-    """(int, float) range-kernel addresses for a kind (int is 0 for row kinds); compiles them."""
-    return tuple(KernelAddresses(kind, lane))
-
-
 def prepare_weight(
     raw: np.ndarray, ggml_type: int, pack: Callable[[np.ndarray, int], PackedWeight] = pack_weight
 ) -> PackedWeight:

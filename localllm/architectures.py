@@ -1,6 +1,6 @@
 """The supported architectures and the GGUF names of a layer's tensors: plain data that the loader's
-checks (gguf_check.py) and the model code (models/) both read, with no imports, so neither imports
-the other."""
+checks (loading/checks.py, models/checks.py) and the model code (models/) both read, with no imports,
+so neither imports the other."""
 
 from __future__ import annotations
 

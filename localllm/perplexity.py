@@ -134,10 +134,6 @@ def chunk_logits(engine: Any, chunk: Sequence[int]) -> np.ndarray:
     return score_tokens(engine, list(chunk), np.arange(len(chunk) // 2, len(chunk) - 1))
 
 
-def score_chunk(engine: Any, chunk: Sequence[int]) -> np.ndarray:
-    return chunk_nlls(chunk_logits(engine, chunk), chunk)
-
-
 ChunkCallback = Callable[[int, int, Any], None]  # (chunks done, chunks in all, stats so far: .ppl ...)
 
 

@@ -126,7 +126,7 @@ class KernelPrewarm:
 
     def _compile(self) -> None:
         from localllm.backends import make_backend
-        from localllm.gguf_file import GGUFFile
+        from localllm.loading.file import GGUFFile
         from localllm.models import load_model
 
         with tempfile.TemporaryDirectory(prefix="localllm-prewarm-") as tmp:

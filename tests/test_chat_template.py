@@ -166,7 +166,7 @@ def test_apply_chat_template_adds_bos_when_template_does_not() -> None:
 
 @pytest.mark.slow
 def test_smollm2_chat_prompt_matches_llama_cpp(smollm2_path: Path, index_dir: Path) -> None:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     metadata = GGUFFile.open(smollm2_path, index_dir).metadata
     tok = load_tokenizer(metadata)

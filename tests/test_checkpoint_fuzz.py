@@ -291,7 +291,7 @@ def run_case(folder: Path, out: Path, target: str) -> str:
     """'converted', 'loaded' or 'refused'; raises whatever the code under test raised otherwise."""
     from localllm.convert.convert_hf import read_checkpoint, write_checkpoint
     from localllm.errors import LocalLLMError
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.tokenizer import load_tokenizer
 
     try:

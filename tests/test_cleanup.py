@@ -232,7 +232,7 @@ def test_write_errors_are_one_line_with_what_to_do():
 
 def test_rm_deletes_the_index_and_packed_weights_of_that_model_only(tmp_path, tiny_model_path):
     from localllm.backends.weight_cache import WeightCache
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     home = tmp_path / "home"
     cache, index = home / "models", home / "index"

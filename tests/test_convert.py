@@ -24,7 +24,7 @@ from localllm.convert.spm_proto import read_spm, write_spm
 from localllm.convert.vocab import load_vocab, pre_name, write_tokenizer_files
 from localllm.engine.engine import LLMEngine, score_tokens
 from localllm.errors import LocalLLMError
-from localllm.gguf_file import GGUFFile
+from localllm.loading.file import GGUFFile
 from localllm.tokenizer import load_tokenizer
 
 TEXT = "The wheel had not turned in years; then 1234 hens ran <|im_start|>past the mill.\n\n  Héllo!"

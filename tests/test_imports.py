@@ -142,6 +142,62 @@ def test_no_import_cycles():
     assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
+def test_no_import_cycles_even_through_type_only_imports():
+    found = cycles(import_graph(typing=True))
+    assert found == [], "import cycles (type-only included): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# ---- the loading package ----------------------------------------------------------------------------
+
+LOADING = "localllm.loading"
+# localllm.loading's modules, lowest floor first; each imports only from floors below its own.
+LOADING_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("index",),  # TensorInfo, GGUFIndex
+    ("checks",),  # tensor bytes, metadata
+    ("parser",),  # the bounded header parser
+    ("cache",),  # the on-disk index cache
+    ("splits",),  # gguf-split sets
+    ("file",),  # the GGUFFile facade
+)
+# What the loading package may reach, directly or not, outside itself: formats and helpers, never
+# the models, backends, engine, server, CLI or model_info above it.
+BELOW_LOADING = ("localllm.errors", "localllm.text_table", "localllm.printable", "localllm.architectures")
+
+
+def _reached_from(graph: dict[str, set[str]], roots: list[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return seen
+
+
+def test_loading_reaches_nothing_above_it():
+    graph = import_graph(typing=True)
+    roots = [m for m in graph if m == LOADING or m.startswith(LOADING + ".")]
+    assert len(roots) == 1 + sum(len(floor) for floor in LOADING_FLOORS)
+    outside = {
+        m
+        for m in _reached_from(graph, roots)
+        if not m.startswith((LOADING, "localllm.quant")) and m not in BELOW_LOADING
+    }
+    assert outside == set(), "localllm.loading reaches upward: " + ", ".join(sorted(outside))
+
+
+def test_loading_imports_go_down_its_floors():
+    prefix = LOADING + "."
+    graph = {
+        m.removeprefix(prefix): {t.removeprefix(prefix) for t in targets if t.startswith(prefix)}
+        for m, targets in import_graph(typing=True).items()
+        if m.startswith(prefix)
+    }
+    found = layering_violations(graph, LOADING_FLOORS, ())
+    assert found == [], "loading imports against its floors: " + "; ".join(found)
+
+
 # ---- the server's floors ----------------------------------------------------------------------------
 
 SERVER = "localllm.server"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from localllm.cli import info as _info  # noqa: F401  (registers the command)
 from localllm.cli import manage
 from localllm.cli.app import app
-from localllm.gguf_file import GGUFFile
+from localllm.loading.file import GGUFFile
 from localllm.model_info import format_params, human_bytes, kv_bytes_per_token, short_template, summarize
 from localllm.registry import load_registry
 

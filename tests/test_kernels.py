@@ -703,7 +703,7 @@ def _batch(ids: list[int], start: int, blocks: list[int], block_size: int):
 def _run_model(backend, path, index_dir, prompt: list[int], steps: int) -> np.ndarray:
     """Logits of the prompt's last token, then of `steps` greedy decode steps."""
     from localllm.engine.kv_cache import KVCache, KVLayout
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models import load_model
 
     model = load_model(GGUFFile.open(path, index_dir), backend)

@@ -12,7 +12,7 @@ from tiny_model import write_tiny_model
 
 from localllm.backends.numpy_ref import NumpyBackend
 from localllm.errors import ModelFormatError
-from localllm.gguf_file import GGUFFile
+from localllm.loading.file import GGUFFile
 from localllm.models import load_model
 
 

@@ -269,7 +269,7 @@ def run_case(path: Path, backend: str, mode: str, meter: Meter) -> tuple[str, in
 
 
 def _open(path: Path) -> Any:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     return GGUFFile.open(path)
 

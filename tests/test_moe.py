@@ -209,7 +209,7 @@ def test_a_decode_token_reads_only_its_routed_experts(files, fuse: bool) -> None
 
 
 def test_info_shows_experts_and_active_parameters(files, tmp_path) -> None:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.model_info import summarize
 
     gf = GGUFFile.open(files["qwen3moe"], tmp_path)
@@ -224,7 +224,7 @@ def test_refusals_are_one_line(files, tmp_path) -> None:
     """More experts used than there are, and a backend without the MoE layer, are refused by name."""
     from localllm.backends.numpy_ref import NumpyBackend
     from localllm.errors import ModelFormatError
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models import load_model
 
     gf = GGUFFile.open(files["qwen3moe"], tmp_path)

@@ -45,7 +45,7 @@ def test_bad_tensor_types_are_refused_in_one_line(value: str) -> None:
 
 def test_the_synthetic_model_holds_every_type_in_its_role(tmp_path) -> None:
     from localllm import quant
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     types = TensorTypes("Q5_0", ("Q5_0", "Q8_0", "Q4_K", "Q6_K"), "Q8_0")
     gf = GGUFFile.open(write_synthetic_model(tmp_path / "m.gguf", types))
@@ -81,7 +81,7 @@ def test_no_prewarm_when_the_model_is_already_there(tmp_path, monkeypatch) -> No
 )  # the registry's tensor_types say what the files really hold
 def test_registry_tensor_types_match_the_files(fixture: str, request) -> None:
     from localllm import quant
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     path = request.getfixturevalue(fixture)
     entry = next(e for e in load_registry(None).entries.values() if e.file_name == path.name)

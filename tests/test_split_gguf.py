@@ -15,7 +15,8 @@ import pytest
 from tiny_model import write_tiny_model
 
 from localllm.errors import ModelFormatError
-from localllm.gguf_file import GGUFFile, split_names
+from localllm.loading.file import GGUFFile
+from localllm.loading.splits import split_names
 
 PROMPT = [5, 80, 81, 200, 17, 3, 99, 42, 7, 150]
 

@@ -14,7 +14,7 @@ from localllm.backends import weight_cache
 from localllm.backends.numba_cpu import NumbaBackend
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
-from localllm.gguf_file import GGUFFile
+from localllm.loading.file import GGUFFile
 from localllm.models import load_model
 from localllm.sampling_params import SamplingParams
 

@@ -11,7 +11,8 @@ import gguf
 import pytest
 
 from localllm.errors import ModelFormatError
-from localllm.gguf_file import TEXT_TABLE_MIN, GGUFFile
+from localllm.loading.file import GGUFFile
+from localllm.loading.parser import TEXT_TABLE_MIN
 from localllm.text_table import TextTable
 from localllm.tokenizer.token_index import TokenIndex
 

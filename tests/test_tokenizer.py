@@ -299,7 +299,7 @@ MODES = [(a, p) for a in (0, 1) for p in (0, 1)]
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path: Path, index_dir: Path) -> Tokenizer:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     return load_tokenizer(GGUFFile.open(smollm2_path, index_dir).metadata)
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localllm.errors import ModelFormatError
-from localllm.gguf_file import GGUFFile
+from localllm.loading.file import GGUFFile
 from localllm.tokenizer import Tokenizer, load_tokenizer
 from localllm.tokenizer.spm import SPACE, SPMTokenizer, _merge_heap, _merge_short
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localllm.gguf_file import GGUFFile
+from localllm.loading.file import GGUFFile
 from localllm.tokenizer import Tokenizer, load_tokenizer
 from localllm.tokenizer.spm import SPACE, SPMTokenizer, _merge_heap
 

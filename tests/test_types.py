@@ -42,7 +42,7 @@ def test_engine_models_and_backends_type_check(cache_dir: Path):
 # Each line marked `# wrong` is a wrong call across the seam that mypy must report.
 WRONG_CALLS = """
     from localllm.backends import make_backend
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models import load_model
     from localllm.models.layers import dense_ffn
 

@@ -153,7 +153,7 @@ def test_a_bool_array_costs_a_byte_an_element(tmp_path: Path) -> None:
     bools, plus the list's growth); now a numpy bool array, 1 byte an element."""
     import psutil
 
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     n = 10_000_000
     path = _bool_array_gguf(tmp_path / "flags.gguf", n)
@@ -172,7 +172,7 @@ def test_a_bool_array_costs_a_byte_an_element(tmp_path: Path) -> None:
 
 
 def test_short_bool_arrays_stay_lists(tmp_path: Path) -> None:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
     gf = GGUFFile.open(_bool_array_gguf(tmp_path / "flags.gguf", 6))
     assert gf.metadata["llama.flags"] == [True, False, False, True, False, False]

@@ -19,11 +19,14 @@ import numpy as np
 
 if TYPE_CHECKING:
     from localllm.backends.threads import ThreadGovernor
-    from localllm.gguf_file import GGUFFile
-    from localllm.models.base import ForwardBatch, PagedKV
-    from localllm.models.layers import LayerWeights
+    from localllm.loading.file import GGUFFile
+    from localllm.models.batch import ForwardBatch, PagedKV
     from localllm.models.spec import LayerSpec, RopeSpec
-    from localllm.models.transformer import Transformer
+
+# The model and a layer's weights, as the backend sees them. Not imported from models.transformer and
+# models.layers: those name the Backend, and type-only imports count as import cycles here.
+Transformer = Any
+LayerWeights = Any
 
 
 class Backend:

@@ -28,7 +28,7 @@ from localllm.quant import dequantize
 
 if TYPE_CHECKING:
     from localllm.backends.weight_cache import WeightCache
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models.base import ForwardBatch, PagedKV
     from localllm.models.layers import LayerWeights
     from localllm.models.spec import LayerSpec, RopeSpec

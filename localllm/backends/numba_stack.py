@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -20,7 +20,6 @@ from localllm.kernels import matmul
 from localllm.models.spec import LayerSpec, RopeSpec, spec_fields
 
 if TYPE_CHECKING:
-    from localllm.backends.numba_cpu import NumbaBackend
     from localllm.models.base import ForwardBatch, PagedKV
     from localllm.models.transformer import Transformer
 
@@ -166,7 +165,7 @@ class DecoderPlan:
         return self.weights._replace(qkv=f[0], o=f[1], gate_up=f[2], down=f[3], router=f[4], gate_exps=f[5],
                                      up_exps=f[6], down_exps=f[7], gemm=gemm, quantize=False)  # fmt: skip
 
-    def run(self, backend: NumbaBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV) -> np.ndarray:
+    def run(self, backend: StackBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV) -> np.ndarray:
         """All layers on x (T, dim), in place; returns x."""
         use_int = self.any_int and x.shape[0] <= matmul.INT_PATH_MAX_T
         i64 = backend.as_i64
@@ -177,6 +176,14 @@ class DecoderPlan:
         )  # fmt: skip
         dk.decoder_stack(x, self._path(use_int), self.dims, step, (kv.k, kv.v), backend.threads)
         return x
+
+
+class StackBackend(Protocol):
+    """What the stack uses of the Numba backend (typed here: importing it would be an import cycle)."""
+
+    threads: int
+
+    def as_i64(self, a: np.ndarray) -> np.ndarray: ...
 
 
 def plan_for(model: Transformer) -> DecoderPlan | None:

@@ -86,7 +86,7 @@ def chat(
 def _chat_command(o: SimpleNamespace) -> None:
     from localllm.chat.session import ChatSession
     from localllm.engine.async_engine import AsyncEngine
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.sampling_params import CHAT_DEFAULTS
     from localllm.tokenizer.chat_template import require_chat_template
 

@@ -40,7 +40,7 @@ def info(
       localllm info model.gguf --json --full
     """
     from localllm.errors import LocalLLMError
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.model_info import summarize
 
     if ctx_size < 0:

@@ -57,7 +57,7 @@ def describe(path: Path) -> dict[str, str]:
     Reads the GGUF's metadata and tensor table through the cached index (a full parse happens only
     the first time a file is seen). A file that cannot be read still gets the quant tag in its name.
     """
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.model_info import format_params, summarize
 
     match = _QUANT.search(path.name)
@@ -139,7 +139,7 @@ def rm(name: Annotated[str, typer.Argument(help="Registry name, or a file name i
 def model_rows(registry: Registry, home: Path) -> list[ModelRow]:
     """One row per registry entry, then one per .gguf in the cache that no entry accounts for (one for
     all the files of a split model, under its first)."""
-    from localllm.gguf_file import split_names
+    from localllm.loading.splits import split_names
 
     rows = [_entry_row(registry, name, home) for name in registry.entries]
     known = {row.file for row in rows}
@@ -216,7 +216,7 @@ def remove_model(name: str, registry: Registry, home: Path) -> list[tuple[Path, 
 
 
 def _remove(name: str, path: Path, home: Path) -> list[tuple[Path, int]]:
-    from localllm.gguf_file import split_names
+    from localllm.loading.splits import split_names
 
     leftovers = remove_leftovers(path.parent)
     with fetch_lock(path, wait=False) as idle:
@@ -250,7 +250,8 @@ def derived_caches(path: Path, home: Path) -> list[Path]:
     """The cache files made from the model file `path`: its parsed GGUF index and its packed weights
     (for a split model, each file's index and the weights packed from all of them)."""
     from localllm.backends.weight_cache import cache_files  # imports numba: only when removing
-    from localllm.gguf_file import index_cache_path, split_names
+    from localllm.loading.cache import index_cache_path
+    from localllm.loading.splits import split_names
 
     shards = split_names(path)
     found = cache_files(shards[0], index_dir(home))

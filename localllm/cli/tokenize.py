@@ -29,7 +29,7 @@ def tokenize(
 
       localllm tokenize model.gguf "<|im_start|>user" --json
     """
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.tokenizer import load_tokenizer
 
     path, _ = c.resolve(model)

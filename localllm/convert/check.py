@@ -4,7 +4,7 @@ before anything is allocated from it, and every problem is one LocalLLMError nam
 * JSON files: a size cap per file (a 1 GB config.json is not parsed), then types: the top level must
   be an object; NaN, infinities, 5,000-digit numbers and deep nesting are refused as malformed.
 * config.json (`check_config`): every hyper-parameter convert reads has the right type and a range
-  (the same bounds as a GGUF's, localllm.gguf_check), and the relations the conversion divides by hold.
+  (the same bounds as a GGUF's, localllm.loading.checks), and the relations the conversion divides by hold.
 * tensors (`check_tensors`): unique names, layers below num_hidden_layers, and every tensor with a
   role the shape config.json implies; the embedding has at least vocab_size rows. Its row count then
   bounds every token id (vocab.py), so an id of 4e9 is refused before a list of 4e9 tokens is made.
@@ -20,7 +20,8 @@ from typing import Any
 
 from localllm.convert.names import gguf_name
 from localllm.errors import LocalLLMError
-from localllm.gguf_check import INT_HYPERPARAMETERS, TENSOR_SHAPES
+from localllm.loading.checks import INT_HYPERPARAMETERS
+from localllm.models.checks import TENSOR_SHAPES
 
 MIB = 1 << 20
 # The largest published files are far below these (Gemma 3's tokenizer.json: 33 MiB, tokenizer.model:

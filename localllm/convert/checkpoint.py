@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,8 +102,3 @@ def _load_bf16(ref: TensorRef) -> np.ndarray:
         start, end = json.loads(f.read(n))[ref.name]["data_offsets"]
     words = np.memmap(ref.file, dtype="<u2", mode="r", offset=8 + n + start, shape=((end - start) // 2,))
     return (words.astype(np.uint32) << 16).view(np.float32).reshape(ref.shape)
-
-
-def iter_tensors(refs: list[TensorRef]) -> Iterator[tuple[TensorRef, np.ndarray]]:
-    for ref in refs:
-        yield ref, load_tensor(ref)

@@ -25,7 +25,7 @@ from localllm.errors import ConfigError
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models.spec import ModelArgs
     from localllm.models.transformer import Transformer
     from localllm.tokenizer.base import Tokenizer
@@ -57,7 +57,7 @@ class LoadedModel:
         cls, path: str | Path, backend: Backend, config: EngineConfig, target: LoadedModel | None = None
     ) -> LoadedModel:
         """The model at `path` on `backend`, as `config` says; with `target`, as that model's draft."""
-        from localllm.gguf_file import GGUFFile
+        from localllm.loading.file import GGUFFile
 
         gguf = GGUFFile.open(path, config.index_dir)
         if target is None:

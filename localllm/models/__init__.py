@@ -11,7 +11,7 @@ from localllm.errors import ModelFormatError
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
     from localllm.models.transformer import Transformer
 
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from localllm.errors import ModelFormatError
+from localllm.models.batch import ForwardBatch, PagedKV  # noqa: F401 (re-exported)
 from localllm.models.spec import Hyper, LayerSpec, ModelArgs, RopeSpec  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 def read_hyper(gf: GGUFFile) -> Hyper:
@@ -135,31 +135,6 @@ def _need(gf: GGUFFile, key: str) -> Any:
     if value is None:
         raise ModelFormatError(f"{gf.path.name} lacks the metadata key '{gf.architecture}.{key}'")
     return value
-
-
-@dataclass(slots=True)
-class ForwardBatch:
-    """One scheduled step as arrays: T tokens from S sequences (prefill chunks and decodes mixed)."""
-
-    input_ids: np.ndarray  # (T,) int64
-    positions: np.ndarray  # (T,) int64
-    slot_mapping: np.ndarray  # (T,) int64: where each token's K/V goes in the paged cache
-    query_start_loc: np.ndarray  # (S + 1,) int64
-    context_lens: np.ndarray  # (S,) int64: cached positions after this step
-    block_tables: np.ndarray  # (S, max_blocks) int64, padded with 0
-    logits_indices: np.ndarray  # (L,) int64: rows whose logits are needed
-
-
-class PagedKV(Protocol):
-    """The paged KV pool a forward pass writes and attends over (engine/kv_cache.py's KVCache): the
-    layers see only this, so models need not import the engine."""
-
-    k: Any  # (n_layers, num_blocks, block_size, kv_heads, head_dim), the backend's array type
-    v: Any
-    num_blocks: int
-    block_size: int
-
-    def layer(self, il: int) -> tuple[Any, Any]: ...
 
 
 class WeightLoader:

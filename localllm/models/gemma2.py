@@ -17,7 +17,7 @@ from localllm.models.base import make_args, read_hyper, read_rope
 from localllm.models.spec import LayerSpec, ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 DEFAULT_WINDOW, DEFAULT_PATTERN = 4096, 2
 DEFAULT_ATTN_CAP, DEFAULT_FINAL_CAP = 50.0, 30.0

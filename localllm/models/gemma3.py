@@ -16,7 +16,7 @@ from localllm.models.base import make_args, read_hyper, read_rope
 from localllm.models.spec import LayerSpec, ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 LOCAL_ROPE_BASE = 10_000.0  # llama.cpp's hard-coded base for gemma3's sliding-window layers
 SLIDING_PATTERN = 6  # every sixth layer is global

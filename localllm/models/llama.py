@@ -15,7 +15,7 @@ from localllm.models.base import has_layer_tensor, make_args, read_hyper, read_m
 from localllm.models.spec import LayerSpec, ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 def read_args(gf: GGUFFile, neox: bool = False, moe: dict | None = None) -> ModelArgs:

@@ -18,7 +18,7 @@ from localllm.models.base import has_layer_tensor, make_args, read_hyper, read_r
 from localllm.models.spec import LayerSpec, ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 log = logging.getLogger("localllm")
 

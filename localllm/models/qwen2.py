@@ -8,7 +8,7 @@ from localllm.models import llama
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 def read_args(gf: GGUFFile) -> ModelArgs:

@@ -13,7 +13,7 @@ from localllm.models.base import read_hyper, read_moe
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 # The shared expert is the layer's dense FFN, stored under its own names.
 TENSOR_NAMES = {"gate": "ffn_gate_shexp.weight", "up": "ffn_up_shexp.weight", "down": "ffn_down_shexp.weight"}

@@ -12,7 +12,7 @@ from localllm.models.base import read_hyper, read_moe
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 def read_args(gf: GGUFFile) -> ModelArgs:

@@ -18,7 +18,7 @@ from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
-    from localllm.gguf_file import GGUFFile
+    from localllm.loading.file import GGUFFile
 
 
 class Transformer:
@@ -26,7 +26,7 @@ class Transformer:
         self, gf: GGUFFile, backend: Backend, args: ModelArgs, names: dict[str, str] | None = None,
         weight_cache: Any = None,
     ):  # fmt: skip
-        from localllm.gguf_check import check_model
+        from localllm.models.checks import check_model
 
         self.backend = backend
         self.args = args

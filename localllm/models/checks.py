@@ -1,0 +1,212 @@
+"""What a model's hyperparameters and tensors must satisfy once it has read its `ModelArgs`.
+
+`check_model` checks relations between hyperparameters (heads divide the embedding, KV heads divide
+heads, rope dims fit a head) and that every tensor with a known role has the shape they imply; the
+file-level checks it builds on (ranges, tensor bytes) are `localllm.loading.checks`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from localllm.errors import ModelFormatError
+from localllm.loading.checks import (
+    FLOAT_HYPERPARAMETERS,
+    INT_HYPERPARAMETERS,
+    check_tensor_ranges,
+    is_int,
+    is_number,
+    one_line,
+    show,
+)
+from localllm.loading.file import GGUFFile
+from localllm.loading.index import TensorInfo
+from localllm.models.spec import LayerSpec, ModelArgs
+
+# Tensor role -> its shape in numpy order (rows, n_per_row), in sizes named as `_sizes` names them.
+# "blk.N." roles repeat per layer. Tensors with other names are not read by any model, so not checked.
+TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
+    "token_embd.weight": ("vocab_size", "dim"),
+    "output.weight": ("vocab_size", "dim"),
+    "output_norm.weight": ("dim",),
+    "rope_freqs.weight": ("rope_dim/2",),
+    "blk.N.attn_norm.weight": ("dim",),
+    "blk.N.attn_q.weight": ("n_heads*head_dim", "dim"),
+    "blk.N.attn_k.weight": ("n_kv_heads*head_dim", "dim"),
+    "blk.N.attn_v.weight": ("n_kv_heads*head_dim", "dim"),
+    "blk.N.attn_output.weight": ("dim", "n_heads*head_dim"),
+    "blk.N.attn_q.bias": ("n_heads*head_dim",),
+    "blk.N.attn_k.bias": ("n_kv_heads*head_dim",),
+    "blk.N.attn_v.bias": ("n_kv_heads*head_dim",),
+    "blk.N.attn_output.bias": ("dim",),
+    "blk.N.attn_q_norm.weight": ("head_dim",),
+    "blk.N.attn_k_norm.weight": ("head_dim",),
+    "blk.N.post_attention_norm.weight": ("dim",),
+    "blk.N.ffn_norm.weight": ("dim",),
+    "blk.N.ffn_gate.weight": ("ffn_dim", "dim"),
+    "blk.N.ffn_up.weight": ("ffn_up_rows", "dim"),  # 2 * ffn_dim where gate and up are fused (phi3)
+    "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3)
+    "blk.N.ffn_down.weight": ("dim", "ffn_dim"),
+    "blk.N.post_ffw_norm.weight": ("dim",),
+    "blk.N.ffn_gate_inp.weight": ("experts", "dim"),
+    "blk.N.ffn_gate_exps.weight": ("experts", "expert_ffn_dim", "dim"),
+    "blk.N.ffn_up_exps.weight": ("experts", "expert_ffn_dim", "dim"),
+    "blk.N.ffn_down_exps.weight": ("experts", "dim", "expert_ffn_dim"),
+    "blk.N.ffn_gate_inp_shexp.weight": ("dim",),
+}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None = None) -> None:
+    """The hyperparameters a model read are consistent, and every tensor with a known role has the
+    shape they imply, a type localllm runs, and bytes inside the file. Call it after reading `args`
+    and before loading any weight. `names` is an architecture's layer-role renames (models.layers'
+    TENSOR_NAMES keys -> file names), so renamed tensors are checked under their new names."""
+    try:
+        _check_model(gf, args, names)
+    except ModelFormatError as e:
+        raise ModelFormatError(one_line(f"{gf.path.name}: {e}")) from None
+
+
+def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None) -> None:
+    check_hyperparameters(args, gf.metadata)
+    sizes, shapes = _sizes(args), _shape_table(names)
+    for info in gf.tensors.values():
+        role = _role(info.name, args.n_layers, shapes)
+        if role is not None:
+            _check_role(info, shapes[role], sizes)
+    for i, shard in enumerate(gf.shards):  # one file, or each of a split model's
+        tensors = [t for t in gf.tensors.values() if t.shard == i]
+        check_tensor_ranges(tensors, shard.data_offset, shard.alignment, shard.size)
+
+
+def check_hyperparameters(args: ModelArgs, metadata: Mapping[str, Any]) -> None:
+    """Ranges of each hyperparameter and the relations the kernels rely on. The range tables name
+    metadata keys too (per-layer ones among them), so a field ModelArgs lacks is skipped."""
+    arch = args.architecture
+    for field, (key, lo, hi) in INT_HYPERPARAMETERS.items():
+        value = getattr(args, field, None)
+        if value is not None and not (is_int(value) and lo <= value <= hi):
+            raise ModelFormatError(f"{field} ('{arch}.{key}') is {show(value)}; expected {lo:,} to {hi:,}")
+    for field, (fkey, flo, fhi) in FLOAT_HYPERPARAMETERS.items():  # own names: other types than above
+        value = getattr(args, field, None)
+        if value is not None and not (is_number(value) and flo < value <= fhi):
+            where = f" ('{arch}.{fkey}')" if fkey else ""
+            raise ModelFormatError(
+                f"{field}{where} is {show(value)}; expected above {flo:g}, at most {fhi:g}"
+            )
+    for problem in _relation_problems(args, metadata, arch):
+        raise ModelFormatError(problem)
+    for il, spec in enumerate(args.layers):
+        for problem in _layer_problems(args, spec):
+            raise ModelFormatError(f"layer {il}: {problem}")
+
+
+def _relation_problems(args: ModelArgs, metadata: Mapping[str, Any], arch: str) -> Iterable[str]:
+    heads, kv_heads, head_dim, dim = args.n_heads, args.n_kv_heads, args.head_dim, args.dim
+    if heads % kv_heads:
+        yield f"the KV head count ({kv_heads}) does not divide the head count ({heads})"
+    if f"{arch}.attention.key_length" not in metadata and dim % heads:
+        yield f"the head count ({heads}) does not divide the embedding length ({dim})"
+    value_length = metadata.get(f"{arch}.attention.value_length", head_dim)
+    if value_length != head_dim:
+        yield f"'{arch}.attention.value_length' is {value_length}; expected the head dim, {head_dim}"
+    if len(args.layers) != args.n_layers:
+        yield f"{len(args.layers)} layer specs for {args.n_layers} layers"
+    cap = args.final_logit_softcap
+    if not (is_number(cap) and cap >= 0):
+        yield f"the final logit softcap is {show(cap)}; expected a number >= 0"
+    n_tokens = len(metadata.get("tokenizer.ggml.tokens") or ())
+    if n_tokens > args.vocab_size:
+        yield f"the tokenizer has {n_tokens:,} tokens but the model's vocabulary has {args.vocab_size:,}"
+
+
+def _layer_problems(args: ModelArgs, spec: LayerSpec) -> Iterable[str]:
+    rope = spec.rope
+    yield from _rope_problems(rope.dim, rope.base, rope.freq_scale, args.head_dim)
+    window = spec.window
+    if not (is_int(window) and 0 <= window <= INT_HYPERPARAMETERS["sliding_window"][2]):
+        yield f"the sliding window is {show(window)}; expected 0 (none) to {1 << 27:,}"
+    cap = spec.attn_softcap
+    if not (is_number(cap) and cap >= 0):
+        yield f"the attention softcap is {show(cap)}; expected a number >= 0"
+
+
+def _rope_problems(dim: Any, base: Any, freq_scale: Any, head_dim: int) -> Iterable[str]:
+    if not (is_int(dim) and 2 <= dim <= head_dim and dim % 2 == 0):
+        yield f"the rope dimension count is {show(dim)}; expected an even number, 2 to head dim {head_dim}"
+    if not (is_number(base) and 0 < base <= 1e12):
+        yield f"the rope base is {show(base)}; expected above 0, at most 1e12"
+    if not (is_number(freq_scale) and 0 < freq_scale <= 1e6):
+        yield f"the rope frequency scale is {show(freq_scale)}; expected above 0, at most 1e6"
+
+
+def _sizes(args: ModelArgs) -> dict[str, int]:
+    return {
+        "vocab_size": args.vocab_size,
+        "dim": args.dim,
+        "head_dim": args.head_dim,
+        "ffn_dim": args.ffn_dim,
+        "n_heads*head_dim": args.n_heads * args.head_dim,
+        "n_kv_heads*head_dim": args.n_kv_heads * args.head_dim,
+        "rope_dim/2": _rope_dim(args) // 2,
+        "ffn_up_rows": args.ffn_dim * (2 if args.fused_gate_up else 1),
+        "qkv_rows": (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
+        **_expert_sizes(args),
+    }
+
+
+def _expert_sizes(args: ModelArgs) -> dict[str, int]:
+    """The first mixture-of-experts layer's sizes (0 where no layer has experts)."""
+    moe = [s for s in args.layers if s.experts]
+    return {
+        "experts": moe[0].experts if moe else 0,
+        "expert_ffn_dim": moe[0].expert_ffn_dim if moe else 0,
+    }
+
+
+def _rope_dim(args: ModelArgs) -> int:
+    return args.layers[0].rope.dim if args.layers else args.head_dim
+
+
+def _shape_table(names: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:
+    """TENSOR_SHAPES plus the layer roles an architecture renamed, under their new names."""
+    if not names:
+        return TENSOR_SHAPES
+    from localllm.architectures import TENSOR_NAMES
+
+    table = dict(TENSOR_SHAPES)
+    for role, file_name in names.items():
+        default = TENSOR_NAMES.get(role)
+        if default is not None and f"blk.N.{default}" in TENSOR_SHAPES:
+            table[f"blk.N.{file_name}"] = TENSOR_SHAPES[f"blk.N.{default}"]
+    return table
+
+
+def _role(name: str, n_layers: int, shapes: Mapping[str, tuple[str, ...]]) -> str | None:
+    """The shape-table role of a tensor name (None: not one a model reads)."""
+    if name in shapes:
+        return name
+    match = _LAYER_NAME.fullmatch(name)
+    if match is None or f"blk.N.{match[2]}" not in shapes:
+        return None
+    if int(match[1]) >= n_layers:  # a layer the model would never run: block_count was changed
+        raise ModelFormatError(
+            f"tensor '{name}' belongs to layer {int(match[1])}, but block_count says {n_layers} layers"
+        )
+    return f"blk.N.{match[2]}"
+
+
+def _check_role(info: TensorInfo, names: tuple[str, ...], sizes: dict[str, int]) -> None:
+    from localllm.quant import is_supported, unsupported_message
+
+    expected = tuple(sizes[n] for n in names)
+    if tuple(info.shape) != expected:
+        implied = ", ".join(f"{n}={sizes[n]}" for n in names)
+        raise ModelFormatError(
+            f"tensor '{info.name}' has shape {list(info.shape)}; the metadata implies [{implied}]"
+        )
+    if not is_supported(info.ggml_type):
+        raise ModelFormatError(f"tensor '{info.name}': {unsupported_message(info.ggml_type)}")
