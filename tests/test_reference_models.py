@@ -80,16 +80,33 @@ def engines(request, model_index_dir):
     return get
 
 
-def cases(kind: str) -> list:
+def _avx2_only() -> bool:
+    from localllm.kernels.simd_x512 import HAVE_AVX2, HAVE_AVX512
+
+    return HAVE_AVX2 and not HAVE_AVX512
+
+
+# A known gap, measured on an AVX2-only machine at 954aa0f and since: at step 20 of raw_code llama.cpp's
+# margin is 0.96 and the AVX2 integer path puts another token 0.56 above it (the NumPy oracle agrees with
+# llama.cpp). Strict: the day the AVX2 path is fixed this fails and the mark must go (issue 33).
+KNOWN_GAPS = {
+    ("teacher", "smollm2-numba-ops-raw_code"): "AVX2 integer path: 45/46 confident tokens (issue 33)"
+}
+
+
+def cases(kind: str, test: str = "") -> list:
     out = []
     for model, backend in RUNS:
         greedy, top10 = load_cases(DATA / model)
         for case in greedy if kind == "greedy" else top10["prompts"]:
-            out.append(pytest.param(model, backend, case, id=f"{model}-{backend}-{case['name']}"))
+            name = f"{model}-{backend}-{case['name']}"
+            gap = KNOWN_GAPS.get((test, name))
+            marks = [pytest.mark.xfail(_avx2_only(), reason=gap, strict=True)] if gap else []
+            out.append(pytest.param(model, backend, case, id=name, marks=marks))
     return out
 
 
-@pytest.mark.parametrize("model,backend,case", cases("greedy"))
+@pytest.mark.parametrize("model,backend,case", cases("greedy", "teacher"))
 def test_teacher_forced_agreement(engines, model, backend, case):
     engine, bounds = engines(model, backend), MODELS[model][1]
     ref = case[VARIANT]
