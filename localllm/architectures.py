@@ -14,6 +14,9 @@ ARCHITECTURES = {
     "phi3": "localllm.models.phi3",
     "qwen3moe": "localllm.models.qwen3moe",
     "qwen2moe": "localllm.models.qwen2moe",
+    "qwen35": "localllm.models.qwen35",
+    "qwen35moe": "localllm.models.qwen35moe",
+    "qwen3next": "localllm.models.qwen35moe",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
@@ -40,4 +43,14 @@ TENSOR_NAMES: dict[str, str] = {
     "up_exps": "ffn_up_exps.weight",
     "down_exps": "ffn_down_exps.weight",
     "shexp_gate": "ffn_gate_inp_shexp.weight",
+    # Gated DeltaNet (models/gated_delta.py)
+    "ssm_qkv": "attn_qkv.weight",
+    "ssm_z": "attn_gate.weight",
+    "ssm_beta": "ssm_beta.weight",
+    "ssm_alpha": "ssm_alpha.weight",
+    "ssm_conv": "ssm_conv1d.weight",
+    "ssm_dt": "ssm_dt.bias",
+    "ssm_a": "ssm_a",
+    "ssm_norm": "ssm_norm.weight",
+    "ssm_out": "ssm_out.weight",
 }

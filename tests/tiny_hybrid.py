@@ -25,6 +25,7 @@ HYBRID_VARIANTS = {
     "qwen3next": ("qwen3next", "Q8_0", "fused ssm_ba, key heads repeated interleaved, plain NEOX RoPE"),
 }
 OUT_SCALE = 16.0
+QKV_SCALE, BA_SCALE = 1.5, 2.0  # input projections of the Gated DeltaNet
 N_EXPERTS, N_USED = 8, 2
 
 
@@ -32,7 +33,7 @@ N_EXPERTS, N_USED = 8, 2
 class Shape:
     dim: int = 64
     ffn: int = 128
-    n_layers: int = 8
+    n_layers: int = 4
     heads: int = 4  # full attention
     kv_heads: int = 2
     head_dim: int = 32
@@ -90,7 +91,9 @@ def _metadata(w, arch: str, s: Shape) -> None:
     write_vocabulary(w, vocabulary())
 
 
-def write_hybrid(path: Path, variant: str, quant: str | None = None, seed: int = 5, shape: Shape = TINY) -> Path:
+def write_hybrid(
+    path: Path, variant: str, quant: str | None = None, seed: int = 5, shape: Shape = TINY
+) -> Path:
     """A random-weight file of one of HYBRID_VARIANTS (shape: bigger sizes for a benchmark)."""
     import gguf
 
@@ -141,13 +144,13 @@ def _attention(t: RandomTensors, p: str, s: Shape) -> None:
 def _delta_net(t: RandomTensors, arch: str, p: str, s: Shape) -> None:
     key, value = s.k_heads * s.ssm_head_dim, s.v_heads * s.ssm_head_dim
     conv_dim = 2 * key + value
-    t.matrix(f"{p}.attn_qkv.weight", conv_dim, s.dim, 1.5)
+    t.matrix(f"{p}.attn_qkv.weight", conv_dim, s.dim, QKV_SCALE)
     t.matrix(f"{p}.attn_gate.weight", value, s.dim, 1.5)
     if arch == "qwen3next":  # per key head: its value heads' beta, then their alpha
-        t.matrix(f"{p}.ssm_ba.weight", 2 * s.v_heads, s.dim, 2.0)
+        t.matrix(f"{p}.ssm_ba.weight", 2 * s.v_heads, s.dim, BA_SCALE)
     else:
-        t.matrix(f"{p}.ssm_beta.weight", s.v_heads, s.dim, 2.0)
-        t.matrix(f"{p}.ssm_alpha.weight", s.v_heads, s.dim, 2.0)
+        t.matrix(f"{p}.ssm_beta.weight", s.v_heads, s.dim, BA_SCALE)
+        t.matrix(f"{p}.ssm_alpha.weight", s.v_heads, s.dim, BA_SCALE)
     _f32(t, f"{p}.ssm_conv1d.weight", t.rng.standard_normal((conv_dim, s.conv)) * 0.5)
     _f32(t, f"{p}.ssm_dt.bias", t.rng.uniform(-1.0, 1.0, s.v_heads))
     _f32(t, f"{p}.ssm_a", -np.exp(t.rng.uniform(-1.5, 1.0, s.v_heads)))  # -exp(A_log): decay speeds
@@ -175,4 +178,6 @@ if __name__ == "__main__":
     import sys
 
     variant = sys.argv[3] if len(sys.argv) > 3 else "qwen35"
-    write_hybrid(Path(sys.argv[1]), variant, sys.argv[2], shape=BENCH_MOE_SHAPE if "moe" in variant else BENCH_SHAPE)
+    write_hybrid(
+        Path(sys.argv[1]), variant, sys.argv[2], shape=BENCH_MOE_SHAPE if "moe" in variant else BENCH_SHAPE
+    )

@@ -67,3 +67,19 @@ def check_step(args: Any, x: np.ndarray, batch: Any, k: np.ndarray, v: np.ndarra
     check_kv_write((kv_shape, kv_shape), (k.shape[1:], v.shape[1:]), batch.slot_mapping, batch.positions)
     q_shape = (t, args.n_heads, args.head_dim)
     check_attention(q_shape, k.shape[1:], batch.query_start_loc, batch.context_lens, batch.block_tables)
+
+
+def check_gated_delta(qkv_shape: tuple, spec: Any, batch: Any, conv_shape: tuple, ssm_shape: tuple) -> None:
+    """A Gated DeltaNet step: the conv input (T, channels), the batch's state slots and query starts
+    against a layer's state pool, conv (slots, taps-1, channels) and ssm (slots, Hv, Dv, Dk)."""
+    d, n_v = spec.ssm_head_dim, spec.ssm_v_heads
+    channels = (2 * spec.ssm_k_heads + n_v) * d
+    _require(qkv_shape[1:] == (channels,), "the conv input does not match the layer")
+    _require(tuple(conv_shape[1:]) == (spec.ssm_conv - 1, channels), "conv state does not match the layer")
+    _require(tuple(ssm_shape[1:]) == (n_v, d, d) and conv_shape[0] == ssm_shape[0], "ssm state shape")
+    slots, qsl = batch.state_slots, batch.query_start_loc
+    _require(slots is not None and qsl.shape == (slots.shape[0] + 1,), "one state slot per sequence")
+    _require(int(qsl[0]) == 0 and int(qsl[-1]) == qkv_shape[0] and bool((np.diff(qsl) >= 0).all()), "qsl")
+    _require(batch.positions.shape == (qkv_shape[0],), "one position per token")
+    counts = np.diff(qsl)
+    _in_range(slots[counts > 0], 0, ssm_shape[0], "state_slots")

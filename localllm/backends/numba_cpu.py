@@ -22,7 +22,7 @@ from localllm.backends.base import Backend
 from localllm.backends.memory import lazy_zeros
 from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ModelGovernors, ThreadGovernor
-from localllm.kernels import attention, layers, matmul, moe
+from localllm.kernels import attention, gated_delta, layers, matmul, moe
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.quant import dequantize
 
@@ -73,6 +73,7 @@ class NumbaBackend(Backend):
         numba.set_num_threads(self.threads)
         self._governors = ModelGovernors(self.threads, adaptive_threads)
         self._prepared: dict[tuple, PackedWeight] = {}
+        self._raws: list[np.ndarray] = []  # the arrays _prepared's keys name
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
         self._plans: dict[
@@ -80,6 +81,7 @@ class NumbaBackend(Backend):
         ] = {}  # id(model) -> (model, DecoderPlan or None)
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
         self.moe_stats = np.zeros(2, np.int64)  # op path's expert bytes launched, rows (kernels/moe.py)
+        self._conv_taps: dict[int, tuple[np.ndarray, object]] = {}  # id(conv weights) -> (taps, C), owner
 
     # ---- weights and cache -------------------------------------------------------------------
 
@@ -93,6 +95,8 @@ class NumbaBackend(Backend):
         if packed is None:
             pack = cache.pack if cache is not None else pack_weight
             packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type, pack)
+            # kept alive (a view of the file, or rows gathered from a tensor): no later array reuses its key
+            self._raws.append(raw)
         return packed
 
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> WeightCache:
@@ -293,6 +297,33 @@ class NumbaBackend(Backend):
         h2 = _rows(h, weight.shape[0])
         out = np.empty((h2.shape[0], 1), np.float32)
         moe.sigmoid_gate(h2, _f32(weight), out.reshape(-1))
+        return out
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        return _f32(x) / (np.float32(1.0) + np.exp(-_f32(gate)))
+
+    # ---- recurrent mixers ----------------------------------------------------------------------
+
+    runs_gated_delta = True
+
+    def gated_delta(self, qkv, z, beta, alpha, lw, spec, batch, conv_state, ssm_state, eps):
+        """kernels/gated_delta.mixer_core; the conv taps transposed to (taps, channels) once."""
+        qkv2, z2 = _f32(qkv), _f32(z)
+        bounds.check_gated_delta(qkv2.shape, spec, batch, conv_state.shape, ssm_state.shape)
+        taps = self._conv_taps.get(id(lw.ssm_conv))
+        if taps is None:
+            taps = self._conv_taps[id(lw.ssm_conv)] = (
+                np.ascontiguousarray(lw.ssm_conv.reshape(-1, spec.ssm_conv).T),
+                lw,
+            )
+        out = np.empty(z2.shape, np.float32)
+        gated_delta.mixer_core(
+            qkv2, z2, _f32(beta), _f32(alpha), taps[0], lw.ssm_dt, lw.ssm_a, lw.ssm_norm,
+            _i64(batch.query_start_loc), _i64(batch.positions), _i64(batch.state_slots), conv_state,
+            ssm_state,
+            spec.ssm_k_heads, spec.ssm_head_dim, spec.ssm_interleaved, float(eps), np.empty_like(qkv2), out,
+            self.threads,
+        )  # fmt: skip
         return out
 
     # ---- compilation -------------------------------------------------------------------------

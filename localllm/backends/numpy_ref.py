@@ -14,7 +14,7 @@ import numpy as np
 
 from localllm.backends.base import Backend
 from localllm.backends.memory import lazy_zeros
-from localllm.kernels import moe_reference
+from localllm.kernels import gated_delta_reference, moe_reference
 from localllm.kernels import reference as ref
 from localllm.quant import dequantize
 
@@ -86,3 +86,16 @@ class NumpyBackend(Backend):
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return moe_reference.sigmoid_gate(h.astype(np.float32), weight)
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        return (x / (np.float32(1.0) + np.exp(-gate))).astype(np.float32)
+
+    runs_gated_delta = True
+
+    def gated_delta(self, qkv, z, beta, alpha, lw, spec, batch, conv_state, ssm_state, eps):
+        """kernels/gated_delta_reference.mixer: a prefill chunk in the chunkwise form."""
+        return gated_delta_reference.mixer(
+            qkv, z, beta, alpha, lw.ssm_conv.reshape(-1, spec.ssm_conv), lw.ssm_dt, lw.ssm_a, lw.ssm_norm,
+            batch.query_start_loc, batch.positions, batch.state_slots, conv_state, ssm_state,
+            spec.ssm_k_heads, spec.ssm_interleaved, eps,
+        )  # fmt: skip

@@ -1,4 +1,6 @@
-"""BlockManager: the paged KV cache's bookkeeping. Blocks, reference counts and automatic prefix caching.
+"""BlockManager: the paged KV cache's bookkeeping. Blocks, reference counts and automatic prefix caching,
+and for a model with recurrent layers each sequence's slot in the state pool (state_cache.py), taken
+with its first blocks and given back with them.
 
 A full block is keyed by a chained hash of (parent block's hash, its token ids), so a hit on a block
 implies its whole prefix matches; tokens are compared on a hit to rule out hash collisions. Freed blocks
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from localllm.engine.sequence import Sequence
+from localllm.engine.state_cache import StateSlots
 
 
 class Block:
@@ -27,7 +30,11 @@ def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        state_slots: StateSlots | None = None,
+    ):  # fmt: skip
+        self.state_slots = state_slots
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -72,6 +79,10 @@ class BlockManager:
         reusable = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         if need > self.num_free_blocks - reusable:
             return False
+        if self.state_slots is not None and seq.state_slot < 0:
+            if not self.state_slots.num_free:
+                return False
+            seq.state_slot = self.state_slots.take()
         for block_id in cached_block_ids:
             self._take(block_id)
             seq.block_table.append(block_id)
@@ -105,6 +116,9 @@ class BlockManager:
                 if block.hash is None:
                     self.free_block_ids.move_to_end(block_id, last=False)
         seq.block_table = []
+        if self.state_slots is not None and seq.state_slot >= 0:
+            self.state_slots.give(seq.state_slot)
+        seq.state_slot = -1
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Give back seq's blocks past the first num_tokens tokens (a verify step's rejected drafts).

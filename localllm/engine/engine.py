@@ -21,7 +21,13 @@ from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.output import RequestOutput, SampledToken, StepOutput, TokenLogprob
 from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
-from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
+from localllm.errors import (
+    ConfigError,
+    ContextLengthExceededError,
+    InvalidRequestError,
+    KVCacheFullError,
+    LocalLLMError,
+)
 from localllm.sampler import make_generator
 from localllm.sampling_params import (
     BUILTIN_DEFAULTS,
@@ -72,6 +78,11 @@ class LLMEngine:
         self.cache_types = self.kv_cache.cache_types
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
         self.spec = None
+        if config.speculative and self.args.recurrent:
+            raise ConfigError(
+                f"speculative decoding is not supported on {self.args.architecture}: its recurrent state "
+                "cannot be rolled back over rejected drafts"
+            )
         if config.speculative:
             from localllm.engine.spec_decode import open_spec_decoder
 

@@ -39,7 +39,11 @@ class KVLayout:
 
 
 class KVCache:
-    def __init__(self, backend: Backend, layout: KVLayout, num_blocks: int, block_size: int):
+    def __init__(
+        self, backend: Backend, layout: KVLayout, num_blocks: int, block_size: int, states: Any = None
+    ):  # fmt: skip
+        """states: the recurrent layers' StateCache (state_cache.py), None for a model without."""
+        self.states = states
         self.layout = layout
         self.num_blocks = num_blocks
         self.block_size = block_size

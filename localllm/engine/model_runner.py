@@ -52,6 +52,7 @@ class ModelRunner:
             context_lens=np.asarray(context_lens, dtype=np.int64),
             block_tables=self._block_tables(scheduled),
             logits_indices=np.asarray(logits_indices, dtype=np.int64),
+            state_slots=np.asarray([item.seq.state_slot for item in scheduled], dtype=np.int64),
         )
 
     @staticmethod

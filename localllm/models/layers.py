@@ -9,13 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from localllm.models.base import ForwardBatch, PagedKV, WeightLoader
 from localllm.models.spec import LayerSpec, ModelArgs
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
 
-MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router"})
+MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "wg", "ssm_qkv", "ssm_z",
+                      "ssm_beta", "ssm_alpha", "ssm_out"})  # fmt: skip
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
 
 
@@ -25,11 +28,11 @@ class LayerWeights:
     asks for them."""
 
     attn_norm: Any
-    wq: Any
-    wk: Any
-    wv: Any
-    wo: Any
     ffn_norm: Any
+    wq: Any = None  # attention (None in a recurrent layer)
+    wk: Any = None
+    wv: Any = None
+    wo: Any = None
     gate: Any = None  # the dense FFN (a mixture-of-experts layer's shared expert), None where none
     up: Any = None
     down: Any = None
@@ -45,11 +48,38 @@ class LayerWeights:
     up_exps: tuple = ()
     down_exps: tuple = ()
     shexp_gate: Any = None  # (dim,): the shared expert's sigmoid gate
+    wg: Any = None  # (n_heads * head_dim, dim): the attention output gate (attn_gate)
+    # Gated DeltaNet (models/gated_delta.py): input projections, conv taps (channels * taps floats),
+    # dt bias, decay speeds a = -exp(A_log), the per-head output norm and the output projection
+    ssm_qkv: Any = None
+    ssm_z: Any = None
+    ssm_beta: Any = None
+    ssm_alpha: Any = None
+    ssm_conv: Any = None
+    ssm_dt: Any = None
+    ssm_a: Any = None
+    ssm_norm: Any = None
+    ssm_out: Any = None
+
+
+SSM_FIELDS = [
+    "ssm_qkv",
+    "ssm_z",
+    "ssm_beta",
+    "ssm_alpha",
+    "ssm_conv",
+    "ssm_dt",
+    "ssm_a",
+    "ssm_norm",
+    "ssm_out",
+]
 
 
 def wanted(spec: LayerSpec) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
-    names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm"]
+    names = ["attn_norm", "ffn_norm"]
+    names += SSM_FIELDS if spec.mixer == "gated_delta_net" else ["wq", "wk", "wv", "wo"]
+    names += ["wg"] if spec.attn_gate else []
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
     names += ["shexp_gate"] if spec.shared_expert else []
@@ -74,14 +104,33 @@ def fused_rows(args: ModelArgs) -> dict[str, tuple[str, int, int]]:
     return out
 
 
+def gathered_rows(args: ModelArgs) -> dict[str, tuple[str, np.ndarray]]:
+    """Matrices whose rows a file interleaves with another's: field -> (tensor, row ids). A gated q
+    projection holds per head head_dim rows of q, then head_dim of its gate (qwen35); a fused ssm_ba
+    per key head its value heads' beta rows, then their alpha rows (qwen3next)."""
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    if any(s.attn_gate for s in args.layers):
+        hd = args.head_dim
+        rows = np.arange(2 * args.n_heads * hd).reshape(args.n_heads, 2, hd)
+        out.update(wq=("attn_q.weight", rows[:, 0].ravel()), wg=("attn_q.weight", rows[:, 1].ravel()))
+    spec = next((s for s in args.layers if s.mixer == "gated_delta_net"), None)
+    if args.fused_ba and spec is not None:
+        r = spec.ssm_v_heads // spec.ssm_k_heads
+        rows = np.arange(2 * spec.ssm_v_heads).reshape(spec.ssm_k_heads, 2, r)
+        out.update(
+            ssm_beta=("ssm_ba.weight", rows[:, 0].ravel()), ssm_alpha=("ssm_ba.weight", rows[:, 1].ravel())
+        )
+    return out
+
+
 def load_layer(
-    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[str, int, int]]
+    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[Any, ...]]
 ) -> LayerWeights:
     values = {}
     for field in wanted(spec):
         if field in fused:
-            name, lo, hi = fused[field]
-            values[field] = w.matrix(f"blk.{il}.{name}", (lo, hi))
+            name, *rows = fused[field]
+            values[field] = w.matrix(f"blk.{il}.{name}", rows[0] if len(rows) == 1 else tuple(rows))
             continue
         name = f"blk.{il}.{names[field]}"
         if field in EXPERTS:
@@ -105,9 +154,10 @@ def self_attention(
     kv: PagedKV,
     il: int,
 ) -> Any:
-    """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out."""
+    """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out
+    (the attention times sigmoid of its gate first, where the spec has one)."""
     n_tokens = h.shape[0]
-    q, k, v = b.linear_many(h, [lw.wq, lw.wk, lw.wv])
+    q, k, v, *gate = b.linear_many(h, [lw.wq, lw.wk, lw.wv] + ([lw.wg] if spec.attn_gate else []))
     q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
     k = _add_bias(k, lw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
     v = _add_bias(v, lw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
@@ -120,7 +170,8 @@ def self_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
         args.attn_scale, spec.window, spec.attn_softcap,
     )  # fmt: skip
-    return b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
+    out = out.reshape(n_tokens, args.n_heads * args.head_dim)
+    return b.linear(b.sigmoid_mul(out, gate[0]) if gate else out, lw.wo)
 
 
 def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
@@ -143,8 +194,11 @@ def decoder_layer(
     b: Backend, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: PagedKV
 ) -> Any:
     """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised."""
+    from localllm.models.gated_delta import gated_delta_net
+
     spec, eps = args.layers[il], args.norm_eps
-    h = self_attention(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
+    mixer = gated_delta_net if spec.mixer == "gated_delta_net" else self_attention
+    h = mixer(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
     h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
     return x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)

@@ -13,6 +13,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (llama, qwen) and GeGLU with tanh-GELU (gemma)
+# What mixes tokens in a layer: softmax attention over the paged KV cache, or a recurrent mixer whose
+# per-sequence state lives in the engine's state pool (engine/state_cache.py)
+MIXERS = ("attention", "gated_delta_net")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +81,46 @@ class LayerSpec:
     expert_ffn_dim: int = 0  # each expert's hidden width
     expert_renorm: bool = False
     shared_expert: bool = False  # plus the dense FFN (ffn_*_shexp) under a sigmoid gate (qwen2moe)
+    mixer: str = "attention"  # one of MIXERS
+    attn_gate: bool = False  # q's projection also gives a per-head gate: out *= sigmoid(gate) (qwen35)
+    # Gated DeltaNet (mixer "gated_delta_net", kernels/gated_delta.py): a causal conv of ssm_conv taps
+    # over q/k/v, then the gated delta rule with ssm_k_heads key and ssm_v_heads value heads, each
+    # ssm_head_dim wide; value head h reads key head h // (v/k) where ssm_interleaved, else h % k
+    ssm_conv: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer '{self.mixer}' is not one of {', '.join(MIXERS)}")
+        if self.mixer == "gated_delta_net" and not (
+            self.ssm_conv > 0 and self.ssm_head_dim > 0 and 0 < self.ssm_k_heads <= self.ssm_v_heads
+            and self.ssm_v_heads % self.ssm_k_heads == 0
+        ):  # fmt: skip
+            raise ValueError(
+                f"a gated_delta_net layer needs conv taps, a head dim and value heads a multiple of key "
+                f"heads (conv {self.ssm_conv}, {self.ssm_k_heads} key / {self.ssm_v_heads} value heads)"
+            )
         if self.experts and not 0 < self.experts_used <= self.experts:
             raise ValueError(f"{self.experts_used} experts used per token of {self.experts}")
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the layer keeps a per-sequence state (rather than, or besides, KV)."""
+        return self.mixer != "attention"
+
+    def state_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The per-sequence state tensors of this layer as (name, shape), float32; () for attention.
+        The engine's state pool holds one of each per sequence (engine/state_cache.py)."""
+        if self.mixer != "gated_delta_net":
+            return ()
+        channels = (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim
+        d = self.ssm_head_dim
+        return (("conv", (self.ssm_conv - 1, channels)), ("ssm", (self.ssm_v_heads, d, d)))
 
     @property
     def dense_ffn(self) -> bool:
@@ -119,6 +156,12 @@ class ModelArgs(Hyper):
     spec_tensors: tuple[str, ...] = ()  # tensors read into the specs (RoPE factors), not loaded as weights
     fused_qkv: bool = False  # q, k, v stored as one attn_qkv tensor (phi3), split by rows at load
     fused_gate_up: bool = False  # gate and up stored as one ffn_up of 2 * ffn_dim rows (phi3)
+    fused_ba: bool = False  # Gated DeltaNet beta and alpha stored as one ssm_ba, grouped by key head
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a per-sequence recurrent state (a hybrid model)."""
+        return any(s.recurrent for s in self.layers)
 
     def context_warning(self, n_ctx: int) -> str | None:
         """One line when a context of n_ctx tokens exceeds the trained one and no layer's RoPE is scaled
