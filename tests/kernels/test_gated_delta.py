@@ -64,8 +64,8 @@ def test_a_prefill_in_chunks_equals_one_prefill() -> None:
     """Chunked prefill: the state carried between chunks gives the one-pass outputs, to rounding."""
     rng = np.random.default_rng(2)
     layer, inputs = _layer(rng), _inputs(rng, 23)
-    whole = _run_numba(layer, inputs, np.array([0, 23]), np.arange(23), np.array([0]),
-                       np.zeros((1, TAPS - 1, C), np.float32), np.zeros((1, N_V, D, D), np.float32), False, 1)  # fmt: skip
+    zeros = np.zeros((1, TAPS - 1, C), np.float32), np.zeros((1, N_V, D, D), np.float32)
+    whole = _run_numba(layer, inputs, np.array([0, 23]), np.arange(23), np.array([0]), *zeros, False, 1)
     conv, ssm = np.full((1, TAPS - 1, C), 9.0, np.float32), np.full((1, N_V, D, D), 9.0, np.float32)
     parts = []
     for lo, hi in ((0, 10), (10, 11), (11, 23)):  # garbage in the slot: position 0 starts from zeros
