@@ -20,6 +20,7 @@ import numpy as np
 from localllm.backends import bounds
 from localllm.backends.base import Backend
 from localllm.backends.memory import lazy_zeros
+from localllm.backends.numba_hybrid import HybridPlan, is_hybrid
 from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.kernels import attention, gated_delta, layers, matmul, moe
@@ -138,7 +139,8 @@ class NumbaBackend(Backend):
         """The model's fused-stack plan, built once (None: the stack cannot run its specs)."""
         entry = self._plans.get(id(model))
         if entry is None:
-            entry = self._plans[id(model)] = (model, plan_for(model))  # keeps the id's model alive
+            build = HybridPlan.build if is_hybrid(model) else None
+            entry = self._plans[id(model)] = (model, plan_for(model, build))  # keeps the id's model alive
         return entry[1]
 
     def fused(self, model: Transformer) -> bool:
@@ -349,6 +351,19 @@ class NumbaBackend(Backend):
         a = model.args
         k, v = self.allocate_kv(a.n_layers, 1, 16, a.n_kv_heads, a.head_dim, cache_types)
         one = np.zeros(1, np.int64)
-        batch = ForwardBatch(one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one)
+        batch = ForwardBatch(
+            one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one, one
+        )
         x = np.zeros((1, a.dim), np.float32)
-        self.run_layers(model, x, batch, SimpleNamespace(k=k, v=v))
+        self.run_layers(model, x, batch, SimpleNamespace(k=k, v=v, states=_one_state(a)))
+
+
+def _one_state(args: object) -> SimpleNamespace | None:
+    """A one-slot recurrent state pool (the engine's StateCache's arrays) for a warm-up step."""
+    recurrent = [s for s in args.layers if s.recurrent]  # type: ignore[attr-defined]
+    if not recurrent:
+        return None
+    shapes = recurrent[0].state_shapes()
+    return SimpleNamespace(
+        arrays=tuple(np.zeros((len(recurrent), 1, *shape), np.float32) for _, shape in shapes)
+    )

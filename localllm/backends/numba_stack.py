@@ -31,7 +31,9 @@ EXECUTED = frozenset(
     {"rope.dim", "rope.base", "rope.freq_scale", "rope.neox", "rope.factors", "rope.attn_factor",
      "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
-     "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert"}
+     "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert",
+     # run by numba_hybrid.HybridPlan (kernels/hybrid_decoder.py), which plan_for picks for them
+     "mixer", "attn_gate", "ssm_conv", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "ssm_interleaved"}
 )  # fmt: skip
 
 
@@ -186,10 +188,11 @@ class StackBackend(Protocol):
     def as_i64(self, a: np.ndarray) -> np.ndarray: ...
 
 
-def plan_for(model: Transformer) -> DecoderPlan | None:
-    """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs."""
+def plan_for(model: Transformer, build: Any = None) -> Any:
+    """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs;
+    `build` makes it (DecoderPlan.build by default; numba_hybrid.HybridPlan.build for hybrids)."""
     reason = refusal(model.args.layers)
     if reason is not None:
         log.warning("running %s layer by layer: %s", model.args.architecture, reason)
         return None
-    return DecoderPlan.build(model)
+    return (build or DecoderPlan.build)(model)

@@ -46,6 +46,7 @@ def test_conforms_to_llama_cpp(files, variant: str, fuse: bool) -> None:
     activations to 8 bits as llama.cpp does), free-running greedy equal up to the first near-tie."""
     ref = load_fixture(variant)
     e = engine(files[variant], fuse=fuse)
+    assert e.backend.fused(e.model) == fuse
     figures = compare(teacher_forced(e, ref), ref, near=0.5)["figures"]
     assert figures["agree_all"] >= 0.95, figures
     assert figures["top8_shared"] >= 6, figures
@@ -61,6 +62,16 @@ def test_float_paths_agree_with_the_numpy_oracle(files) -> None:
     for fuse in (False, True):
         ours = teacher_forced(engine(files["qwen35_f32"], fuse=fuse), ids)
         assert np.abs(ours - oracle).max() / np.abs(oracle).max() < 1e-3
+
+
+@pytest.mark.parametrize("variant", FIXED)
+def test_fused_stack_equals_the_op_path(files, variant: str) -> None:
+    ref = load_fixture(variant)
+    e = engine(files[variant])
+    fused = teacher_forced(e, ref)
+    e.backend.fuse_layers = False
+    ops = teacher_forced(e, ref)
+    assert np.abs(fused - ops).max() / np.abs(ops).max() < 1e-4
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
