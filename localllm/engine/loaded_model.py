@@ -102,9 +102,7 @@ def _state_pool(
     if layout is None:
         return None, None
     if target is not None:
-        raise ConfigError(
-            f"a draft model with recurrent layers ({model.args.architecture}) is not supported"
-        )
+        raise ConfigError(f"a draft model with recurrent layers ({model.args.architecture}) is not supported")
     n = state_slots(config)
     if config.enable_prefix_caching:
         log.info("%s keeps a recurrent state: prefix caching is off", model.args.architecture)
