@@ -6,7 +6,10 @@ works for architectures the engine does not run, and `localllm list` can afford 
 Memory, as this engine uses it:
   * weights: the file itself, memory-mapped (pages are read in as they are first touched);
   * KV cache: keys and values for every layer, stored as f16 by default (--cache-type-k/-v) -
-    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context.
+    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context; in a hybrid model (qwen35,
+    qwen3next) only its attention layers write any (the others' pages are never touched);
+  * recurrent state (hybrid models): per sequence, each Gated DeltaNet layer's conv window and
+    delta-rule state in float32, for every sequence the engine may run plus one (engine/state_cache.py).
 """
 
 from __future__ import annotations
@@ -48,24 +51,33 @@ class ModelInfo:
     tokenizer: str | None
     chat_template: str | None
     extra: dict[str, Any] = field(default_factory=dict)  # a few more general.* facts when present
+    recurrent_layers: int = 0  # layers keeping a per-sequence state instead of keys and values
+    state_bytes_per_sequence: int = 0  # their state, float32
 
     @property
     def kv_bytes_per_token(self) -> int | None:
         if None in (self.n_layers, self.n_kv_heads, self.head_dim):
             return None
-        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)  # type: ignore[arg-type]
+        layers = self.n_layers - self.recurrent_layers  # type: ignore[operator]
+        return kv_bytes_per_token(layers, self.n_kv_heads, self.head_dim)  # type: ignore[arg-type]
 
-    def memory(self, ctx_size: int | None = None) -> dict[str, Any]:
-        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context)."""
+    def memory(self, ctx_size: int | None = None, max_num_seqs: int = 16) -> dict[str, Any]:
+        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context), with
+        the recurrent state pool of a hybrid model sized for `max_num_seqs` sequences (plus one)."""
         ctx = ctx_size or self.context_length or 0
         per_token = self.kv_bytes_per_token
         kv = per_token * ctx if per_token is not None else None
+        slots = max_num_seqs + 1 if self.state_bytes_per_sequence else 0
+        pool = self.state_bytes_per_sequence * slots
+        state = {"state_bytes_per_sequence": self.state_bytes_per_sequence, "state_slots": slots,
+                 "state_pool_bytes": pool} if pool else {}  # fmt: skip
         return {
             "weights_bytes": self.file_size,
             "kv_bytes_per_token": per_token,
             "context": ctx,
             "kv_cache_bytes": kv,
-            "total_bytes": self.file_size + (kv or 0),
+            **state,
+            "total_bytes": self.file_size + (kv or 0) + pool,
         }
 
     def as_dict(self, ctx_size: int | None = None) -> dict[str, Any]:
@@ -131,7 +143,24 @@ def summarize(gf: Any) -> ModelInfo:
         tokenizer=printable(md["tokenizer.ggml.model"]) if md.get("tokenizer.ggml.model") else None,
         chat_template=printable(template, multiline=True) if template else None,
         extra=extra,
+        **recurrent_state(md, arch, arch_int("block_count") or 0),
     )
+
+
+def recurrent_state(md: Mapping[str, Any], arch: str, n_layers: int) -> dict[str, int]:
+    """ModelInfo's recurrent_layers and state_bytes_per_sequence from a Gated DeltaNet hybrid's ssm.*
+    keys (as models/qwen35.py reads them); {} for other models."""
+    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank")
+    conv, d, n_k, n_v = (_as_int(md.get(f"{arch}.ssm.{k}")) or 0 for k in keys)
+    if not (conv and d and n_k and n_v and n_layers) or f"{arch}.full_attention_interval" not in md:
+        return {}
+    n_layers -= _as_int(md.get(f"{arch}.nextn_predict_layers")) or 0
+    interval = _as_int(md.get(f"{arch}.full_attention_interval")) or 4
+    flags = md.get(f"{arch}.attention.recurrent_layers")
+    n_rec = sum(bool(f) for f in list(flags)[:n_layers]) if flags is not None else \
+        sum((il + 1) % interval != 0 for il in range(n_layers))  # fmt: skip
+    per_layer = (conv - 1) * (2 * n_k + n_v) * d + n_v * d * d
+    return {"recurrent_layers": n_rec, "state_bytes_per_sequence": 4 * n_rec * per_layer}
 
 
 # <arch>.KEY -> the name `info` shows it under: what sets the newer families apart (issue 15).

@@ -126,10 +126,18 @@ def _memory(summary, ctx_size: int | None):
     if per_token is None:
         mem.add_row("KV cache", "?", "the metadata lacks layer or head counts")
         return mem
-    shape = f"2 x {summary.n_layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} x 2 B (f16)"
+    layers = summary.n_layers - summary.recurrent_layers  # a hybrid's recurrent layers keep no KV
+    shape = f"2 x {layers} layers x {summary.n_kv_heads} KV heads x {summary.head_dim} x 2 B (f16)"
     mem.add_row("KV cache / token", human_bytes(per_token), shape)
     at_ctx = f"KV cache @ {memory['context']:,}"
     mem.add_row(at_ctx, human_bytes(memory["kv_cache_bytes"]), "tokens of context")
+    if memory.get("state_pool_bytes"):
+        layers = f"{summary.recurrent_layers} recurrent layers' conv window and delta-rule state (f32)"
+        mem.add_row("state / sequence", human_bytes(memory["state_bytes_per_sequence"]), layers)
+        slots = f"state pool x {memory['state_slots']}"
+        mem.add_row(
+            slots, human_bytes(memory["state_pool_bytes"]), "sequences (--parallel 16, + 1 for scoring)"
+        )
     mem.add_row("total", human_bytes(memory["total_bytes"]), "")
     return mem
 

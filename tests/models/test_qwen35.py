@@ -108,6 +108,11 @@ def test_state_pool_is_sized_at_start_up(files) -> None:
     assert states.layout.bytes_per_sequence == per_seq
     assert states.nbytes == 5 * per_seq == sum(a.nbytes for a in states.arrays)
     assert not e.block_manager.enable_prefix_caching
+    from localllm.model_info import summarize
+
+    info = summarize(e.gguf)  # what `info` shows, from the metadata alone
+    assert info.recurrent_layers == 3 and info.memory(max_num_seqs=4)["state_pool_bytes"] == states.nbytes
+    assert info.kv_bytes_per_token == 2 * 1 * 2 * 32 * 2  # the one attention layer's f16 keys and values
 
 
 def test_speculative_decoding_and_torch_are_refused(files) -> None:
