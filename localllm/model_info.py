@@ -9,7 +9,8 @@ Memory, as this engine uses it:
     2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context; in a hybrid model (qwen35,
     qwen3next) only its attention layers write any (the others' pages are never touched);
   * recurrent state (hybrid models): per sequence, each Gated DeltaNet layer's conv window and
-    delta-rule state in float32, for every sequence the engine may run plus one (engine/state_cache.py).
+    delta-rule state in float32, for every sequence the engine may run plus one, and the prefix cache's
+    snapshots (engine/state_cache.py).
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ class ModelInfo:
         ctx = ctx_size or self.context_length or 0
         per_token = self.kv_bytes_per_token
         kv = per_token * ctx if per_token is not None else None
-        slots = max_num_seqs + 1 if self.state_bytes_per_sequence else 0
+        from localllm.engine.state_cache import pool_slots, snapshot_slots
+
+        slots = (
+            pool_slots(max_num_seqs) + snapshot_slots(max_num_seqs) if self.state_bytes_per_sequence else 0
+        )
         pool = self.state_bytes_per_sequence * slots
         state = {"state_bytes_per_sequence": self.state_bytes_per_sequence, "state_slots": slots,
                  "state_pool_bytes": pool} if pool else {}  # fmt: skip

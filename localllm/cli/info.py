@@ -136,7 +136,9 @@ def _memory(summary, ctx_size: int | None):
         mem.add_row("state / sequence", human_bytes(memory["state_bytes_per_sequence"]), layers)
         slots = f"state pool x {memory['state_slots']}"
         mem.add_row(
-            slots, human_bytes(memory["state_pool_bytes"]), "sequences (--parallel 16, + 1 for scoring)"
+            slots,
+            human_bytes(memory["state_pool_bytes"]),
+            "16 sequences (--parallel), 1 for scoring, 8 prefix snapshots",
         )
     mem.add_row("total", human_bytes(memory["total_bytes"]), "")
     return mem

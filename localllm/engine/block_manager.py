@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from localllm.engine.sequence import Sequence
-from localllm.engine.state_cache import StateSlots
+from localllm.engine.state_cache import StateSlots, StateSnapshots
 
 
 class Block:
@@ -32,9 +32,10 @@ def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-        state_slots: StateSlots | None = None,
+        state_slots: StateSlots | None = None, snapshots: StateSnapshots | None = None,
     ):  # fmt: skip
         self.state_slots = state_slots
+        self.snapshots = snapshots  # states at cached block boundaries (a model with recurrent layers)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -69,6 +70,9 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             found.append(block_id)
+        if self.snapshots is not None:  # a recurrent state resumes only where a snapshot was kept
+            keep = [i + 1 for i, b in enumerate(found) if self.snapshots.has(self.blocks[b].hash)]
+            found = found[: max(keep, default=0)]
         return found
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] | None = None) -> bool:
@@ -83,6 +87,8 @@ class BlockManager:
             if not self.state_slots.num_free:
                 return False
             seq.state_slot = self.state_slots.take()
+            if cached_block_ids and self.snapshots is not None:
+                self.snapshots.restore(self.blocks[cached_block_ids[-1]].hash, seq.state_slot)  # type: ignore[arg-type]
         for block_id in cached_block_ids:
             self._take(block_id)
             seq.block_table.append(block_id)
@@ -102,6 +108,16 @@ class BlockManager:
                 block.hash, block.token_ids = block_hash(parent, tokens), tokens
                 self.hash_to_block_id.setdefault(block.hash, block.block_id)
             parent = block.hash
+
+    def snapshot(self, seq: Sequence) -> None:
+        """Keep seq's recurrent state when its computed tokens end on a cached block's boundary."""
+        n, bs = seq.num_computed_tokens, self.block_size
+        if self.snapshots is None or seq.state_slot < 0 or n == 0 or n % bs or len(seq.block_table) < n // bs:
+            return
+        key = self.blocks[seq.block_table[n // bs - 1]].hash
+        if key is not None:
+            self.snapshots.save(key, seq.state_slot, seq.snapshot_key)
+            seq.snapshot_key = key
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first, so a shared prefix is the last to be evicted. A block that

@@ -215,6 +215,7 @@ class LLMEngine:
         for item, tokens in zip(plan.scheduled, sampled, strict=True):
             item.seq.num_computed_tokens += item.num_tokens
             self.block_manager.cache_full_blocks(item.seq)
+            self.block_manager.snapshot(item.seq)
             outputs += self._on_tokens(self.requests[item.seq.request_id], item, tokens, now)
         if self.spec is not None:
             self.spec.record_step(plan, now - start)

@@ -21,7 +21,14 @@ from localllm.config import EngineConfig
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.kv_cache import KVCache, KVLayout
 from localllm.engine.model_runner import ModelRunner
-from localllm.engine.state_cache import StateCache, StateLayout, StateSlots
+from localllm.engine.state_cache import (
+    StateCache,
+    StateLayout,
+    StateSlots,
+    StateSnapshots,
+    pool_slots,
+    snapshot_slots,
+)
 from localllm.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -78,36 +85,33 @@ class LoadedModel:
             num_blocks = pool_blocks(config, max_model_len, layout.bytes_per_token)
         else:  # as large as the target's: every target sequence may have a shadow here
             num_blocks = target.block_manager.num_blocks
-        states, slots = _state_pool(model, config, target)
+        states, slots, snapshots = _state_pool(model, config, target)
         kv_cache = KVCache(backend, layout, num_blocks, config.block_size, states)
-        prefix_caching = config.enable_prefix_caching and states is None
-        blocks = BlockManager(num_blocks, config.block_size, prefix_caching, slots)
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, slots, snapshots)
         backend.warmup(model, layout.cache_types)
         return cls(gguf, model, tokenizer, max_model_len, kv_cache, blocks, ModelRunner(model, kv_cache), ids)
 
 
-def state_slots(config: EngineConfig) -> int:
-    """Sequences the recurrent state pool holds: every one the scheduler may run, and one more for
-    scoring and prompt log-probabilities beside them."""
-    return config.max_num_seqs + 1
-
-
 def _state_pool(
     model: Transformer, config: EngineConfig, target: LoadedModel | None
-) -> tuple[StateCache | None, StateSlots | None]:
-    """The recurrent state pool and its bookkeeping for a model with recurrent layers, else Nones.
-    Prefix caching is off for such a model: a cached block holds keys and values, not the state after
-    it (logged once)."""
+) -> tuple[StateCache | None, StateSlots | None, StateSnapshots | None]:
+    """The recurrent state pool, its bookkeeping and (with prefix caching) its snapshots, for a model
+    with recurrent layers; Nones for others."""
     layout = StateLayout.of(model.args)
     if layout is None:
-        return None, None
+        return None, None, None
     if target is not None:
         raise ConfigError(f"a draft model with recurrent layers ({model.args.architecture}) is not supported")
-    n = state_slots(config)
-    if config.enable_prefix_caching:
-        log.info("%s keeps a recurrent state: prefix caching is off", model.args.architecture)
-    log.info("recurrent state pool: %d slots of %.1f MiB", n, layout.bytes_per_sequence / 2**20)
-    return StateCache(layout, n), StateSlots(n)
+    n = pool_slots(config.max_num_seqs)
+    cache = StateCache(layout, n)
+    snaps = (
+        StateSnapshots(cache, snapshot_slots(config.max_num_seqs)) if config.enable_prefix_caching else None
+    )
+    log.info(
+        "recurrent state pool: %d slots and %d snapshots of %.1f MiB", n, snaps.num_snapshots if snaps else 0,
+        layout.bytes_per_sequence / 2**20,
+    )  # fmt: skip
+    return cache, StateSlots(n), snaps
 
 
 def context_length(gguf: GGUFFile, config: EngineConfig) -> int:

@@ -9,11 +9,20 @@ manager when a sequence first gets blocks and given back when its blocks are fre
 and preemption, after which the sequence is recomputed from its first token (the rule: a state is
 never saved, a preempted sequence's prompt and output so far are prefilled again). Kernels start a
 sequence whose first token in a step is at position 0 from zeros, so a slot is never cleared.
+
+Prefix caching: a cached block holds keys and values, not the state after it, so the block manager
+reuses a cached prefix only up to a block boundary where a snapshot of the state was kept
+(`StateSnapshots`). The rule: whenever a step leaves a sequence's computed tokens on a block boundary
+(a decode step every block_size tokens, a prefill chunk that ends on one), the state there is copied
+into a snapshot keyed by that block's chained hash, replacing the sequence's previous snapshot; the
+least recently used snapshot is recycled. A second chat turn, whose prompt repeats the first turn's
+prompt and reply, resumes from the last boundary of that reply.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,3 +92,54 @@ class StateCache:
         """Layer il's state tensors, each (slots, *shape)."""
         j = self._index[il]
         return tuple(a[j] for a in self.arrays)
+
+
+def pool_slots(max_num_seqs: int) -> int:
+    """Sequences the pool holds: every one the scheduler may run, and one for scoring beside them."""
+    return max_num_seqs + 1
+
+
+def snapshot_slots(max_num_seqs: int) -> int:
+    """Snapshots kept for prefix caching: half a sequence each on average, at least two."""
+    return max(2, max_num_seqs // 2)
+
+
+class StateSnapshots:
+    """States at block boundaries, keyed by the block's chained hash (see the module docstring)."""
+
+    def __init__(self, cache: StateCache, num_snapshots: int):
+        self.cache = cache
+        self.num_snapshots = num_snapshots
+        n = len(cache.layout.layers)
+        self.arrays = tuple(np.zeros((n, num_snapshots, *a.shape[2:]), np.float32) for a in cache.arrays)
+        self._where: OrderedDict[int, int] = OrderedDict()  # key -> snapshot index, least recent first
+        self._free = list(range(num_snapshots - 1, -1, -1))
+        self.saved = self.restored = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def has(self, key: int | None) -> bool:
+        return key is not None and key in self._where
+
+    def save(self, key: int, slot: int, replaces: int | None = None) -> None:
+        """Keep slot's state under key; `replaces`: the key this sequence saved before, now dropped."""
+        if replaces is not None and replaces != key and replaces in self._where:
+            self._free.append(self._where.pop(replaces))
+        if key in self._where:
+            self._where.move_to_end(key)
+            return
+        index = self._free.pop() if self._free else self._where.pop(next(iter(self._where)))
+        for snap, live in zip(self.arrays, self.cache.arrays, strict=True):
+            snap[:, index] = live[:, slot]
+        self._where[key] = index
+        self.saved += 1
+
+    def restore(self, key: int, slot: int) -> None:
+        """Copy the state kept under key into slot."""
+        index = self._where[key]
+        self._where.move_to_end(key)
+        for snap, live in zip(self.arrays, self.cache.arrays, strict=True):
+            live[:, slot] = snap[:, index]
+        self.restored += 1

@@ -107,11 +107,13 @@ def test_state_pool_is_sized_at_start_up(files) -> None:
     per_seq = 3 * 4 * (3 * (2 * 2 + 4) * 32 + 4 * 32 * 32)
     assert states.layout.bytes_per_sequence == per_seq
     assert states.nbytes == 5 * per_seq == sum(a.nbytes for a in states.arrays)
-    assert not e.block_manager.enable_prefix_caching
+    snapshots = e.block_manager.snapshots
+    assert snapshots.nbytes == 2 * per_seq
     from localllm.model_info import summarize
 
     info = summarize(e.gguf)  # what `info` shows, from the metadata alone
-    assert info.recurrent_layers == 3 and info.memory(max_num_seqs=4)["state_pool_bytes"] == states.nbytes
+    assert info.recurrent_layers == 3
+    assert info.memory(max_num_seqs=4)["state_pool_bytes"] == states.nbytes + snapshots.nbytes
     assert info.kv_bytes_per_token == 2 * 1 * 2 * 32 * 2  # the one attention layer's f16 keys and values
 
 
@@ -121,3 +123,18 @@ def test_speculative_decoding_and_torch_are_refused(files) -> None:
     pytest.importorskip("torch")
     with pytest.raises(ModelFormatError, match="does not run gated_delta_net layers"):
         make(files["qwen35"], backend="torch")
+
+
+def test_second_turn_resumes_from_a_state_snapshot(files) -> None:
+    """A second turn repeating the first turn's prompt and reply restarts from the state kept at the
+    reply's last block boundary: the same tokens as a cold engine, most of the prompt cached."""
+    e = make(files["qwen35"], ctx_size=512)
+    cold = make(files["qwen35"], ctx_size=512, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    first = prompts(1, seed=4)[0] * 3
+    reply = e.generate([first], params)[0].token_ids
+    second = first + reply + [5, 6, 7, 8, 9]
+    out = e.generate([second], params)[0]
+    boundary = (len(first) + len(reply) - 1) // 16 * 16  # the last one the first turn computed past
+    assert out.cached_tokens == boundary and e.block_manager.snapshots.restored == 1
+    assert out.token_ids == cold.generate([second], params)[0].token_ids
