@@ -15,14 +15,14 @@ from localllm.models.spec import LayerSpec, ModelArgs
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
-    from localllm.models.layers import LayerWeights
 
 
 def gated_delta_net(
-    b: Backend, args: ModelArgs, spec: LayerSpec, lw: LayerWeights, h: Any, batch: ForwardBatch, kv: PagedKV,
+    b: Backend, args: ModelArgs, spec: LayerSpec, lw: Any, h: Any, batch: ForwardBatch, kv: PagedKV,
     il: int,
 ) -> Any:  # fmt: skip
-    """The layer's mixer output (T, dim) for the normed input h, its state slots advanced."""
+    """The layer's mixer output (T, dim) for the normed input h, its state slots advanced; lw is the
+    layer's layers.LayerWeights (typed Any: layers imports this module)."""
     qkv, z, beta, alpha = b.linear_many(h, [lw.ssm_qkv, lw.ssm_z, lw.ssm_beta, lw.ssm_alpha])
     conv_state, ssm_state = kv.states.layer(il)
     out = b.gated_delta(qkv, z, beta, alpha, lw, spec, batch, conv_state, ssm_state, args.norm_eps)
