@@ -33,7 +33,7 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "output_norm.weight": ("dim",),
     "rope_freqs.weight": ("rope_dim/2",),
     "blk.N.attn_norm.weight": ("dim",),
-    "blk.N.attn_q.weight": ("q_rows", "dim"),  # 2 * n_heads * head_dim with a per-head gate (qwen35)
+    "blk.N.attn_q.weight": ("n_heads*head_dim", "dim"),  # 2*n_heads*head_dim with per-head gates (qwen35)
     "blk.N.attn_k.weight": ("n_kv_heads*head_dim", "dim"),
     "blk.N.attn_v.weight": ("n_kv_heads*head_dim", "dim"),
     "blk.N.attn_output.weight": ("dim", "n_heads*head_dim"),
@@ -83,6 +83,8 @@ def check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None =
 def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None) -> None:
     check_hyperparameters(args, gf.metadata)
     sizes, shapes = _sizes(args), _shape_table(names)
+    if any(s.attn_gate for s in args.layers):  # q's projection also holds each head's gate
+        shapes = {**shapes, "blk.N.attn_q.weight": ("2*n_heads*head_dim", "dim")}
     for info in gf.tensors.values():
         if info.name in args.spec_tensors and info.name.startswith("blk."):
             continue  # a layer the model does not run (multi-token prediction), not loaded
@@ -166,7 +168,7 @@ def _sizes(args: ModelArgs) -> dict[str, int]:
         "rope_dim/2": _rope_dim(args) // 2,
         "ffn_up_rows": args.ffn_dim * (2 if args.fused_gate_up else 1),
         "qkv_rows": (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
-        "q_rows": args.n_heads * args.head_dim * (2 if any(s.attn_gate for s in args.layers) else 1),
+        "2*n_heads*head_dim": 2 * args.n_heads * args.head_dim,
         **_expert_sizes(args),
         **_ssm_sizes(args),
     }
