@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 import localllm.cli.manage as manage
 from localllm import download
 from localllm.cli.app import app
-from localllm.download import pip_parts
+from localllm.download import pip_parts, writes
 from localllm.errors import ChecksumError, ConfigError, DownloadError, LocalLLMError, ModelNotFoundError
 from localllm.registry import (
     ModelDefaults,
@@ -590,8 +590,8 @@ def test_download_bar_stays_on_one_line(width: int, monkeypatch: pytest.MonkeyPa
     from rich.console import Console
 
     out = io.StringIO()
-    monkeypatch.setattr(download, "_console", lambda: Console(file=out, width=width))
-    with download._progress_bar(True) as bar:
+    monkeypatch.setattr(writes, "_console", lambda: Console(file=out, width=width))
+    with writes._progress_bar(True) as bar:
         task = bar.add_task("extracting SmolLM2-135M-Instruct.Q4_1.gguf", total=98_400_000)
         bar.update(task, completed=98_400_000)
     lines = [line for line in out.getvalue().splitlines() if line.strip()]
