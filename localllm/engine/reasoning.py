@@ -300,8 +300,9 @@ class ReasoningState:
     def split(self, text: str, count: bool, final: bool) -> tuple[str, str]:
         """(reasoning, content) of a token's text; `count`: it is a generated token (reasoning ones are
         counted against the budget); `final`: the reply ends here."""
+        inside = self.parser.in_reasoning
         reasoning, content = self.parser.feed(text)
-        if count and self.parser.in_reasoning:
+        if count and inside and self.parser.in_reasoning:  # the markers themselves are not counted
             self.tokens += 1
         if final:
             more = self.parser.finish()
