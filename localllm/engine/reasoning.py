@@ -75,6 +75,20 @@ def detect_reasoning(template_source: str | None, special_tokens: Any = ()) -> R
     return None
 
 
+def with_reasoning(params: Any, template: Any, tokenizer: Any, budget: int | None = None) -> Any:
+    """SamplingParams `params` reading a thinking model's reply apart (its reasoning out of the text),
+    with `budget` reasoning tokens, when the chat `template` teaches a reasoning format: what `run`,
+    `chat` and `LLM.chat` apply (the server: pipeline.reasoning_params). A constrained reply (a schema
+    or grammar from its first token) is all answer."""
+    import dataclasses
+
+    source = template.source if template is not None else None
+    spec = detect_reasoning(source, tokenizer.special_tokens)
+    if spec is None or params.structured is not None:
+        return params
+    return dataclasses.replace(params, reasoning=spec.with_budget(budget))
+
+
 class ReasoningParser(Protocol):
     in_reasoning: bool
 
