@@ -257,3 +257,21 @@ def test_harmony_budget_forces_the_final_channel(harmony_engine: LLMEngine) -> N
     [out] = harmony_engine.generate([chat_ids(harmony_engine)], params(HARMONY_SPEC.with_budget(5)))
     assert out.reasoning_tokens == 5 and ("hmm " * 80).startswith(out.reasoning) and out.reasoning
     assert (out.text, out.finish_reason) == ("Fine.", "stop")
+
+
+def test_harmony_replies_cut_anywhere_keep_markup_out(harmony_engine: LLMEngine) -> None:
+    """A harmony reply cut after each of its tokens: no marker in the reasoning or the answer, and the
+    answer is a beginning of the final channel's text."""
+    text = (
+        "<|channel|>analysis<|message|>Think a bit.<|end|>"
+        f"{H}<|channel|>final<|message|>The final answer."
+    )
+    ids = reply_ids(harmony_engine, text)
+    script_replies(harmony_engine, lambda seq: ids)
+    cuts = list(range(1, len(ids) + 1))
+    prompts = [chat_ids(harmony_engine) for _ in cuts]
+    outs = harmony_engine.generate(prompts, [params(HARMONY_SPEC, max_tokens=n) for n in cuts])
+    for out in outs:
+        assert "<|" not in out.text and "<|" not in out.reasoning
+        assert "The final answer.".startswith(out.text) and "Think a bit.".startswith(out.reasoning)
+    assert (outs[-1].reasoning, outs[-1].text) == ("Think a bit.", "The final answer.")
