@@ -262,10 +262,7 @@ def test_harmony_budget_forces_the_final_channel(harmony_engine: LLMEngine) -> N
 def test_harmony_replies_cut_anywhere_keep_markup_out(harmony_engine: LLMEngine) -> None:
     """A harmony reply cut after each of its tokens: no marker in the reasoning or the answer, and the
     answer is a beginning of the final channel's text."""
-    text = (
-        "<|channel|>analysis<|message|>Think a bit.<|end|>"
-        f"{H}<|channel|>final<|message|>The final answer."
-    )
+    text = f"<|channel|>analysis<|message|>Think a bit.<|end|>{H}<|channel|>final<|message|>The final answer."
     ids = reply_ids(harmony_engine, text)
     script_replies(harmony_engine, lambda seq: ids)
     cuts = list(range(1, len(ids) + 1))
