@@ -129,7 +129,8 @@ class ThinkParser:
 
     def feed(self, text: str) -> tuple[str, str]:
         self.buf += text
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         while self.buf:
             if self.trim:
                 self.buf = self.buf.lstrip()
