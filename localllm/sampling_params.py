@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from localllm.engine.reasoning import ReasoningSpec
 from localllm.errors import LocalLLMError
 from localllm.structured.spec import StructuredSpec
 
@@ -71,6 +72,9 @@ class SamplingParams:
     # Constrained decoding: only tokens that keep the output valid for this JSON schema / grammar /
     # regex may be sampled, and the request ends when the output is complete (localllm.structured).
     structured: StructuredSpec | None = None
+    # Thinking kept out of the answer: the reply's reasoning goes to `reasoning` of each output, its
+    # answer to `text`; a budget forces the model's end-of-thinking marker (localllm.engine.reasoning).
+    reasoning: ReasoningSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

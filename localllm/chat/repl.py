@@ -47,6 +47,7 @@ COMMANDS = [
     ("/save FILE", "save the conversation as JSON"),
     ("/load FILE", "replace the conversation with one saved by /save"),
     ("/regen", "answer the last message again (replaces the last reply)"),
+    ("/think [on|off]", "a thinking model: let it think (shown dimmed) or answer at once"),
     ("//TEXT", "send a message that starts with a slash"),
 ]
 KEYS = [
@@ -158,22 +159,56 @@ def read_message(read: Reader) -> str:
 # ---------------------------------------------------------------------------------------- output
 
 
-class PlainReply:
-    """The reply written as it comes (a pipe, a file, or a terminal we do not draw on)."""
+class ThinkingWriter:
+    """A reply's reasoning written as it streams to `out` (`run`: stderr), dimmed on a terminal and set
+    apart from the answer that follows by a blank line."""
 
-    def __init__(self, out: TextIO):
+    def __init__(self, out: Any):
+        self.out = out
+        self.dim = bool(getattr(out, "isatty", lambda: False)())
+        self.open = False
+
+    def write(self, reasoning: str, answer_follows: bool = False) -> None:
+        if reasoning:
+            if not self.open and self.dim:
+                self.out.write("\x1b[2m")
+            self.open = True
+            self.out.write(reasoning)
+            self.out.flush()
+        if answer_follows:
+            self.close("\n\n")
+
+    def close(self, end: str = "\n") -> None:
+        """End the reasoning shown (a reply cut inside it has no answer to follow)."""
+        if self.open:
+            self.out.write(("\x1b[0m" if self.dim else "") + end)
+            self.out.flush()
+            self.open = False
+
+
+class PlainReply:
+    """The reply written as it comes (a pipe, a file, or a terminal we do not draw on); its thinking
+    goes to `thinking_out` (the same stream unless told otherwise), dimmed on a terminal."""
+
+    def __init__(self, out: TextIO, thinking_out: TextIO | None = None):
         self.out = out
         self.text = ""
+        self.thinking = ThinkingWriter(thinking_out or out)
 
     def __enter__(self) -> PlainReply:
         return self
 
+    def add_thinking(self, text: str) -> None:
+        self.thinking.write(text)
+
     def add(self, text: str) -> None:
+        self.thinking.close("\n\n")
         self.text += text
         self.out.write(text)
         self.out.flush()
 
     def __exit__(self, *exc: Any) -> None:
+        self.thinking.close()
         self.out.write("\n")
         self.out.flush()
 
@@ -181,14 +216,16 @@ class PlainReply:
 class _Tail:
     """The last lines of a text that fit on the screen (what a streaming reply shows)."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, style: str = ""):
         self.text = text
+        self.style = style
 
     def __rich_console__(self, console: Any, options: Any) -> Iterable[Any]:
         from rich.segment import Segment
         from rich.text import Text
 
-        lines = console.render_lines(Text(self.text), options.update(height=None), pad=False)
+        text = Text(self.text, style=self.style)
+        lines = console.render_lines(text, options.update(height=None), pad=False)
         for line in lines[-max(1, console.height - 2) :]:
             yield from line
             yield Segment.line()
@@ -202,6 +239,7 @@ class LiveReply:
         self.markdown = markdown
         self.min_interval = min_interval
         self.text = ""
+        self.thinking = ""  # shown dimmed above the answer
         self._last = 0.0
         self.live: Any = None
 
@@ -218,19 +256,30 @@ class LiveReply:
         self.live.start()
         return self
 
+    def add_thinking(self, text: str) -> None:
+        self.thinking += text
+        self._draw(self.thinking, "dim")
+
     def add(self, text: str) -> None:
         self.text += text
+        self._draw(self.text)
+
+    def _draw(self, text: str, style: str = "") -> None:
         now = time.monotonic()
         if now - self._last >= self.min_interval:
             self._last = now
-            self.live.update(_Tail(printable(self.text, multiline=True)), refresh=True)
+            self.live.update(_Tail(printable(text, multiline=True), style), refresh=True)
 
     def __exit__(self, *exc: Any) -> None:
+        from rich.console import Group
         from rich.markdown import Markdown
         from rich.text import Text
 
         shown = printable(self.text, multiline=True)
-        final = Markdown(shown) if self.markdown and looks_like_markdown(shown) else Text(shown)
+        final: Any = Markdown(shown) if self.markdown and looks_like_markdown(shown) else Text(shown)
+        if self.thinking.strip():
+            thought = Text(printable(self.thinking.strip(), multiline=True) + "\n", style="dim")
+            final = Group(thought, final)
         self.live.update(final)
         self.live.stop()
 
@@ -287,6 +336,8 @@ class ChatRepl:
         self.read = read
         self.about = about or {}
         self.live = console.is_terminal if live is None else live
+        self.show_thinking = True
+        self._budget = params.reasoning.budget if params.reasoning is not None else None
 
     # -- output helpers
     def say(self, text: str, style: str = "dim") -> None:
@@ -334,6 +385,8 @@ class ChatRepl:
         try:
             with renderer:
                 for out in reply:
+                    if out.reasoning and self.show_thinking:
+                        renderer.add_thinking(out.reasoning)
                     if out.text:
                         renderer.add(out.text)
         except KeyboardInterrupt:
@@ -365,6 +418,7 @@ class ChatRepl:
             "/save": self.cmd_save,
             "/load": self.cmd_load,
             "/regen": self.cmd_regen,
+            "/think": self.cmd_think,
         }.get(name.lower())
         if handler is None:
             raise LocalLLMError(f"unknown command {name}; /help lists the commands.")
@@ -458,6 +512,24 @@ class ChatRepl:
     def cmd_regen(self, arg: str) -> None:
         self.turn(self.session.prepare_regen(self.params.max_tokens))
 
+    def cmd_think(self, arg: str) -> None:
+        """/think off: the template's thinking switch off (Qwen3's enable_thinking) and a budget of 0,
+        which closes any block the model opens at once; /think on: back to the model's own way."""
+        spec = self.params.reasoning
+        if spec is None:
+            raise LocalLLMError("this model does not think apart (its chat template has no thinking format).")
+        if not arg:
+            self.say(f"thinking is {'on' if self.show_thinking else 'off'}.")
+            return
+        try:
+            on = _on_off(arg)
+        except ValueError:
+            raise LocalLLMError("/think takes on or off.") from None
+        self.show_thinking = on
+        self.params = dataclasses.replace(self.params, reasoning=spec.with_budget(self._budget if on else 0))
+        self.session.template_kwargs = {} if on else {"enable_thinking": False}
+        self.say(f"thinking {'on' if on else 'off'}; it applies from the next reply.")
+
 
 def answer_once(
     session: ChatSession, stream: StreamFn, params: SamplingParams, text: str, out: TextIO, err: TextIO
@@ -468,8 +540,10 @@ def answer_once(
     prompt = session.prepare(text, params.max_tokens)
     if prompt.dropped_turns:
         print(dropped_notice(prompt, session.system is not None), file=err)
-    with PlainReply(out) as renderer:
+    with PlainReply(out, err) as renderer:  # the thinking to stderr, the answer to stdout
         for output in session.respond(stream, prompt, params):
+            if output.reasoning:
+                renderer.add_thinking(output.reasoning)
             if output.text:
                 renderer.add(output.text)
     stats = session.history[-1]

@@ -107,6 +107,15 @@ GrammarFile = Annotated[
         "--grammar", help="Constrain the output to this GBNF or Lark grammar (a file).", metavar="FILE"
     ),
 ]
+ReasoningBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--reasoning-budget",
+        help="Tokens a thinking model may reason before its thinking is closed with its own end tag "
+        "(0: none; -1 or unset: no limit).",
+        min=-1,
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(

@@ -19,6 +19,7 @@ from localllm.engine.detokenizer import Detokenizer
 from localllm.engine.loaded_model import LoadedModel
 from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.output import RequestOutput, SampledToken, StepOutput, TokenLogprob
+from localllm.engine.reasoning import ReasoningState, marker_ids
 from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
 from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
@@ -43,6 +44,7 @@ class _Request:
     detokenizer: Detokenizer
     stop_ids: frozenset[int]
     guard: LoopGuard | None = None
+    reasoning: ReasoningState | None = None  # splits thinking from the answer (params.reasoning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +127,23 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )
-        detok = Detokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        reasoning, keep = None, frozenset[int]()
+        if params.reasoning is not None:
+            keep = marker_ids(params.reasoning, self.tokenizer)
+            reasoning = ReasoningState.start(params.reasoning, self.tokenizer, ids)
+            self._force_close(seq, reasoning)  # a budget of 0: closed before the first token
+        detok = Detokenizer(self.tokenizer, params.stop, params.skip_special_tokens, keep)
         guard = LoopGuard() if params.loop_guard and not params.ignore_eos else None
-        self.requests[request_id] = _Request(seq, detok, stop_ids, guard)
+        self.requests[request_id] = _Request(seq, detok, stop_ids, guard, reasoning)
         self.scheduler.add(seq)
         return request_id
+
+    @staticmethod
+    def _force_close(seq: Sequence, reasoning: ReasoningState) -> None:
+        """Once the reasoning budget is spent inside the reasoning, the next tokens are its closing
+        marker (not with a grammar, whose mask would refuse them)."""
+        if seq.constraint is None and reasoning.due():
+            seq.forced = list(reasoning.close_ids)
 
     @property
     def grammars(self) -> Any:
@@ -230,6 +244,8 @@ class LLMEngine:
     def _on_token(self, request: _Request, token: SampledToken, now: float) -> StepOutput:
         seq = request.seq
         seq.append_token(token.token_id)
+        if seq.forced and seq.forced[0] == token.token_id:
+            seq.forced.pop(0)
         seq.first_token_time = seq.first_token_time or now
         logprob = None
         if token.logprob is not None:
@@ -249,7 +265,10 @@ class LLMEngine:
             seq.num_tokens >= self.max_model_len
         ):
             return self._finish(request, text + request.detokenizer.finish(), "length", None, logprob, now)
-        return self._output(request, text, token.token_id, logprob, now)
+        out = self._output(request, text, token.token_id, logprob, now)
+        if request.reasoning is not None:
+            self._force_close(seq, request.reasoning)
+        return out
 
     def _finish(
         self, request: _Request, text: str, reason: str, stop: Any, logprob: TokenLogprob | None, now: float
@@ -265,7 +284,11 @@ class LLMEngine:
     def _output(
         self, request: _Request, text: str, token_id: int | None, logprob: TokenLogprob | None, now: float
     ) -> StepOutput:
-        seq = request.seq
+        seq, reasoning, count = request.seq, "", 0
+        if request.reasoning is not None:
+            generated = token_id is not None and token_id not in request.stop_ids
+            reasoning, text = request.reasoning.split(text, generated, seq.is_finished)
+            count = request.reasoning.tokens
         return StepOutput(
             request_id=seq.request_id,
             text=text,
@@ -278,6 +301,8 @@ class LLMEngine:
             generated_tokens=seq.num_output_tokens,
             ttft=(seq.first_token_time - seq.arrival_time) if seq.first_token_time else None,
             elapsed=now - seq.arrival_time,
+            reasoning=reasoning,
+            reasoning_tokens=count,
         )
 
     def stream(self, prompt: str | list[int], params: Params = None) -> Iterator[StepOutput]:
@@ -369,6 +394,8 @@ def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[St
         ttft=last.ttft,
         elapsed=last.elapsed,
         logprobs=[o.logprob for o in outs if o.logprob is not None],
+        reasoning="".join(o.reasoning for o in outs),
+        reasoning_tokens=last.reasoning_tokens,
     )
 
 

@@ -93,10 +93,14 @@ class ModelRunner:
     @staticmethod
     def _sample(item: ScheduledSeq, logits: np.ndarray) -> SampledToken:
         seq, params = item.seq, item.seq.params
-        processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
-        if seq.constraint is not None:
-            processed = seq.constraint.mask_logits(processed)
-        token_id = sample(processed, params, token_generator(params.seed, seq.rng, seq.num_output_tokens))
+        if seq.forced:  # the engine closes a spent reasoning budget with the model's own end marker
+            token_id = seq.forced[0]
+        else:
+            processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+            if seq.constraint is not None:
+                processed = seq.constraint.mask_logits(processed)
+            generator = token_generator(params.seed, seq.rng, seq.num_output_tokens)
+            token_id = sample(processed, params, generator)
         if params.logprobs is None:
             return SampledToken(token_id)
         lp = log_softmax(logits)  # the model's own distribution, before penalties and any grammar

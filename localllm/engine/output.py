@@ -37,6 +37,10 @@ class StepOutput:
     ttft: float | None  # seconds from arrival to the first generated token
     elapsed: float  # seconds from arrival to this output
     stop_reason: str | int | None = None  # the stop string or token that ended it
+    # With a reasoning format (SamplingParams.reasoning): `text` is the answer's new text and this the
+    # thinking's (engine/reasoning.py); reasoning_tokens counts the reasoning tokens so far.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -52,6 +56,8 @@ class RequestOutput:
     ttft: float | None
     elapsed: float
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning: str = ""  # the thinking, kept out of `text` (SamplingParams.reasoning)
+    reasoning_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:

@@ -40,6 +40,7 @@ class Sequence:
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.constraint: Any = None  # structured.matcher.Constraint when params.structured is set
+        self.forced: list[int] = []  # tokens the next steps emit instead of sampling (a reasoning budget)
 
     @property
     def num_tokens(self) -> int:

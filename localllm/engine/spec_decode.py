@@ -195,5 +195,6 @@ class SpecDecoder:
 
 
 def _eligible(seq: Sequence) -> bool:
-    """Whether seq may draft: not a constrained one (its grammar masks one token per step)."""
-    return seq.constraint is None
+    """Whether seq may draft: not a constrained one (its grammar masks one token per step), nor one
+    whose next tokens are forced (a spent reasoning budget)."""
+    return seq.constraint is None and not seq.forced

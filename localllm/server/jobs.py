@@ -205,7 +205,8 @@ def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str
     lasts = [job.tracker.last for job in jobs]
     generated = sum(last.generated_tokens for last in lasts if last is not None)
     cached = sum(last.cached_tokens for last in lasts[::n] if last is not None)
-    return usage_totals(sum(prompt_lens), generated, cached)
+    reasoning = sum(last.reasoning_tokens for last in lasts if last is not None)
+    return usage_totals(sum(prompt_lens), generated, cached, reasoning)
 
 
 async def submit_choices(

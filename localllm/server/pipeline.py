@@ -8,6 +8,9 @@ engine, so a prompt that does not fit is a 400 naming its field, not an error in
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from starlette.concurrency import run_in_threadpool
 
 from localllm.engine.async_engine import AsyncEngine
@@ -106,23 +109,58 @@ def chat_prompt_ids(
     add_generation_prompt: bool = True,
     max_tokens: int | None = None,
     tools: ToolPlan | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     from localllm.tokenizer.chat_template import apply_chat_template
 
     if state.template is None:
         raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
-    dicts, extra = prepare_messages(message_dicts(messages), state.template.source, tools)
+    source = state.template.source
+    dicts, extra = prepare_messages(past_reasoning(message_dicts(messages), source), source, tools)
+    extra = {**(template_kwargs or {}), **extra}
     # The bound applies to the rendered text (a template may drop or add text); rendering is cheap.
     rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt, **extra)
     check_prompt_chars(state, len(rendered), max_tokens, "messages")
     return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt, **extra)
 
 
+# Where templates look for an earlier assistant turn's thinking: Qwen3's and most `reasoning_content`,
+# gpt-oss's `thinking`; a client may send either (or OpenRouter's `reasoning`).
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def past_reasoning(dicts: list[dict[str, Any]], template_source: str) -> list[dict[str, Any]]:
+    """Assistant messages with their thinking under each name the template reads; the template then
+    decides whether to show it to the model (Qwen3's shows only the turns after the last user one)."""
+    wanted = [key for key in REASONING_KEYS if key in template_source]
+    out = []
+    for d in dicts:
+        given = next((d[k] for k in REASONING_KEYS if isinstance(d.get(k), str) and d[k]), None)
+        if d["role"] == "assistant" and given is not None:
+            d = {**d, **{key: given for key in wanted}}
+        out.append(d)
+    return out
+
+
+def reasoning_params(
+    state: ServerState, body: ChatCompletionRequest, params: SamplingParams
+) -> SamplingParams:
+    """`params` reading the reply's thinking apart, with the request's (or --reasoning-budget's) budget.
+    A constrained reply (a schema, a forced call) is all answer: its grammar starts at the first token."""
+    if state.reasoning is None or params.structured is not None:
+        return params
+    budget = body.reasoning_budget if body.reasoning_budget is not None else state.config.reasoning_budget
+    return dataclasses.replace(params, reasoning=state.reasoning.with_budget(budget))
+
+
 async def chat_prompt_length(state: ServerState, body: ChatCompletionRequest) -> int:
     """The tokens of a chat request's prompt, tools included (Anthropic's count_tokens)."""
     check_request(state, body)
     tools = tool_plan(body, state.template.source) if state.template is not None else None
-    return len(await run_in_threadpool(chat_prompt_ids, state, body.messages, True, None, tools))
+    ids = await run_in_threadpool(
+        chat_prompt_ids, state, body.messages, True, None, tools, body.template_kwargs()
+    )
+    return len(ids)
 
 
 async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: str = "chatcmpl") -> ChatRun:
@@ -130,10 +168,13 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     /v1/chat/completions, /v1/responses and /v1/messages share."""
     llm = check_request(state, body).engine
     tools = tool_plan(body, state.template.source) if state.template is not None else None
-    max_tokens = body.max_new_tokens()
-    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, max_tokens, tools)
+    max_tokens, extra = body.max_new_tokens(), body.template_kwargs()
+    prompt_ids = await run_in_threadpool(
+        chat_prompt_ids, state, body.messages, True, max_tokens, tools, extra
+    )
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
+    params = reasoning_params(state, body, params)
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
     jobs = await submit_choices(state.submitter, [prompt_ids], params, body.num_choices, prefix)
     return ChatRun(jobs, prompt_ids, tools)

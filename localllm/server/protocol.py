@@ -56,6 +56,8 @@ Bias = Annotated[float, Field(ge=-100, le=100)]
 NOOP = "Accepted for compatibility; it has no effect locally."
 NOT_YET = "Not supported yet: a 400 naming it unless absent or the no-op value."
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# What the server itself gives a chat template; chat_template_kwargs may not replace them.
+TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
 
 
 def _refused(default: Any = None) -> Any:
@@ -179,11 +181,20 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = Field(None, description="Legacy tools.")
     function_call: str | dict[str, Any] | None = Field(None, description="Legacy tool_choice.")
+    # Thinking models: passed to the chat template (gpt-oss reads reasoning_effort, Qwen3 enable_thinking)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="Passed to the chat template as `reasoning_effort`."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description='Extension (vLLM): chat template variables, e.g. {"enable_thinking": false}.'
+    )
+    reasoning_budget: int | None = Field(
+        None, ge=-1, description="Extension: reasoning tokens before thinking is closed (-1: no limit)."
+    )
     # OpenAI features not implemented yet
     audio: Any = _refused()
     modalities: Any = _refused()
     prediction: Any = _refused()
-    reasoning_effort: Any = _refused()
     verbosity: Any = _refused()
     web_search_options: Any = _refused()
     moderation: Any = _refused()
@@ -192,7 +203,6 @@ class ChatCompletionRequest(SamplingRequest):
         "audio": (None,),
         "modalities": (None, ["text"]),
         "prediction": (None,),
-        "reasoning_effort": (None,),
         "verbosity": (None,),
         "web_search_options": (None,),
         "moderation": (None,),
@@ -207,6 +217,17 @@ class ChatCompletionRequest(SamplingRequest):
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's extra variables: chat_template_kwargs, and reasoning_effort when given."""
+        extra = dict(self.chat_template_kwargs or {})
+        reserved = sorted(set(extra) & TEMPLATE_VARIABLES)
+        if reserved:
+            message = f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets them"
+            raise APIError(message, param="chat_template_kwargs")
+        if self.reasoning_effort is not None:
+            extra["reasoning_effort"] = self.reasoning_effort
+        return extra
 
     def num_logprobs(self) -> int | None:
         if not self.logprobs:
@@ -321,13 +342,16 @@ def usage(last: StepOutput | None) -> dict[str, Any]:
     return usage_totals(last.prompt_tokens, last.generated_tokens, last.cached_tokens)
 
 
-def usage_totals(prompt: int, generated: int, cached: int) -> dict[str, Any]:
-    return {
+def usage_totals(prompt: int, generated: int, cached: int, reasoning: int = 0) -> dict[str, Any]:
+    totals = {
         "prompt_tokens": prompt,
         "completion_tokens": generated,
         "total_tokens": prompt + generated,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if reasoning:  # of the completion tokens, those of the thinking
+        totals["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return totals
 
 
 def finish_reason(out: StepOutput) -> str | None:
@@ -418,9 +442,13 @@ def join_logprobs(head: dict[str, Any] | None, tail: dict[str, Any] | None) -> d
 
 def chat_choice(index: int, outs: list[StepOutput], logprobs: dict | None) -> dict[str, Any]:
     last = outs[-1] if outs else None
+    message = {"role": "assistant", "content": "".join(o.text for o in outs)}
+    reasoning = "".join(o.reasoning for o in outs)
+    if reasoning:  # the thinking, kept out of the answer (vLLM's and DeepSeek's field)
+        message["reasoning_content"] = reasoning
     return {
         "index": index,
-        "message": {"role": "assistant", "content": "".join(o.text for o in outs)},
+        "message": message,
         "logprobs": logprobs,
         **finish_fields(last.finish_reason if last else "stop"),
     }

@@ -2,7 +2,9 @@
 
 A request is translated to a chat request (instructions -> a system message, input items -> messages,
 function tools -> tools, text.format -> response_format) and run as /v1/chat/completions runs one; the
-reply comes back as output items (a `message` with `output_text`, `function_call`s). Nothing is stored:
+reply comes back as output items (a `reasoning` item with a thinking model's reasoning_text, a `message`
+with `output_text`, `function_call`s); `reasoning.effort` reaches the chat template as reasoning_effort,
+and `reasoning` input items give the next assistant turn its `reasoning_content`. Nothing is stored:
 `previous_response_id` and `conversation` are refused. Streams use the API's named events:
 response.created, response.in_progress, response.output_item.added, response.content_part.added,
 response.output_text.delta ... response.completed (or response.incomplete).
@@ -56,7 +58,9 @@ class ResponsesRequest(_Request):
     previous_response_id: str | None = Field(None, description=NOT_YET)
     conversation: Any = Field(None, description=NOT_YET)
     background: bool | None = Field(None, description=NOT_YET)
-    reasoning: dict[str, Any] | None = Field(None, description=NOT_YET)
+    reasoning: dict[str, Any] | None = Field(
+        None, description="effort is passed to the chat template as reasoning_effort; summary: no-op."
+    )
     prompt: dict[str, Any] | None = Field(None, description=NOT_YET)
     max_tool_calls: int | None = Field(None, description=NOT_YET)
     top_logprobs: int | None = Field(None, description=NOT_YET)
@@ -72,7 +76,6 @@ class ResponsesRequest(_Request):
         "previous_response_id": (None,),
         "conversation": (None,),
         "background": (None, False),
-        "reasoning": (None, {}),
         "prompt": (None,),
         "max_tool_calls": (None,),
         "top_logprobs": (None, 0),
@@ -88,12 +91,23 @@ class ResponsesRequest(_Request):
             if not any(getattr(self, name) == ok for ok in accepted):
                 raise APIError(f"'{name}' is not supported by this server yet", param=name)
 
+    def effort(self) -> str | None:
+        """reasoning.effort (the chat request validates its value); other keys are refused by name."""
+        config = dict(self.reasoning or {})
+        effort = config.pop("effort", None)
+        config.pop("summary", None)  # no summaries are written: the reasoning item holds the text itself
+        config.pop("generate_summary", None)
+        if config:
+            raise APIError(f"reasoning: unknown keys {sorted(config)}", param="reasoning")
+        return effort
+
     def to_chat(self) -> Any:
         """The equivalent chat request (protocol.ChatCompletionRequest)."""
         self.check_supported()
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
         return chat_request(
             {
+                "reasoning_effort": self.effort(),
                 "model": self.model,
                 "messages": system + input_messages(self.input),
                 "max_completion_tokens": self.max_output_tokens,
@@ -116,8 +130,12 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict[str, Any]] = []
+    thought: str | None = None  # a reasoning item's text, for the assistant turn after it
     for i, item in enumerate(given):
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            thought = reasoning_text(item, i)
+            continue
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
@@ -134,9 +152,19 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         else:
             raise APIError(f"input[{i}]: items of type {kind!r} are not supported", param="input")
+        if thought is not None and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"], thought = thought, None
     if not messages:
         raise APIError("'input' is empty", param="input")
     return messages
+
+
+def reasoning_text(item: dict[str, Any], i: int) -> str:
+    """A reasoning item's text (its reasoning_text parts, else its summary's), for the template."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise APIError(f"input[{i}]: a reasoning item's content must be a list of parts", param="input")
+    return "\n\n".join(str(p.get("text", "")) for p in parts)
 
 
 def _call_function(item: dict[str, Any], i: int) -> dict[str, Any]:
@@ -194,8 +222,8 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The assistant message as output items: its text, then its function calls."""
-    items = []
+    """The assistant message as output items: its reasoning, its text, then its function calls."""
+    items = [reasoning_item(message["reasoning_content"])] if message.get("reasoning_content") else []
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append(message_item(message.get("content") or "", "completed"))
@@ -214,6 +242,12 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}]
+    item_id = item_id or f"rs_{uuid.uuid4().hex}"
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": "completed"}
+
+
 def message_item(text: str, status: str, item_id: str | None = None) -> dict[str, Any]:
     content = [output_text(text)] if status == "completed" else []
     item_id = item_id or f"msg_{uuid.uuid4().hex}"
@@ -229,7 +263,9 @@ def responses_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": chat_usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
+        },
         "total_tokens": chat_usage["total_tokens"],
     }
 
@@ -251,7 +287,7 @@ def response_body(
         "output": output,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": body.effort(), "summary": None},
         "store": False,
         "temperature": body.temperature,
         "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
@@ -352,6 +388,8 @@ class _LiveItems:
 
     def add(self, delta: dict[str, Any]) -> list[bytes]:
         chunks: list[bytes] = []
+        if delta.get("reasoning_content"):
+            chunks += self._reasoning(delta["reasoning_content"])
         if delta.get("content"):
             if not self.open or self.items[-1]["type"] != "message":
                 chunks += self.close()
@@ -372,6 +410,20 @@ class _LiveItems:
                 )
         return chunks
 
+    def _reasoning(self, piece: str) -> list[bytes]:
+        """A piece of the thinking: in the open reasoning item, or one opened for it."""
+        chunks: list[bytes] = []
+        if not self.open or self.items[-1]["type"] != "reasoning":
+            chunks += self.close()
+            self.items.append(reasoning_item(""))
+            added = {**self.items[-1], "content": [], "status": "in_progress"}
+            index = len(self.items) - 1
+            chunks.append(self.event("response.output_item.added", output_index=index, item=added))
+            self.open = True
+        self.items[-1]["content"][0]["text"] += piece
+        chunks.append(self.event("response.reasoning_text.delta", **self._where(), delta=piece))
+        return chunks
+
     def _open_call(self, call_id: str, name: str) -> bytes:
         item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name}
         self.items.append({**item, "arguments": "", "status": "completed"})
@@ -389,6 +441,8 @@ class _LiveItems:
             part = item["content"][0]
             chunks = [self.event("response.output_text.done", **where, text=part["text"])]
             chunks.append(self.event("response.content_part.done", **where, part=part))
+        elif item["type"] == "reasoning":
+            chunks = [self.event("response.reasoning_text.done", **where, text=item["content"][0]["text"])]
         else:
             args = item["arguments"]
             chunks = [self.event("response.function_call_arguments.done", **where, arguments=args)]
@@ -397,7 +451,7 @@ class _LiveItems:
 
     def _where(self) -> dict[str, Any]:
         where = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
-        return {**where, "content_index": 0} if self.items[-1]["type"] == "message" else where
+        return {**where, "content_index": 0} if self.items[-1]["type"] != "function_call" else where
 
 
 def _open_message(event: _Events, msg_id: str, index: int = 0) -> list[bytes]:
@@ -425,6 +479,8 @@ def _close_items(event: _Events, items: list[dict[str, Any]], opened: bool) -> l
                     chunks.append(event("response.output_text.delta", **where, delta=part["text"]))
             chunks.append(event("response.output_text.done", **where, text=part["text"]))
             chunks.append(event("response.content_part.done", **where, part=part))
+        elif item["type"] == "reasoning":
+            chunks += _whole_reasoning(event, item, index)
         else:
             chunks.append(
                 event("response.output_item.added", output_index=index, item={**item, "arguments": ""})
@@ -436,3 +492,15 @@ def _close_items(event: _Events, items: list[dict[str, Any]], opened: bool) -> l
             )
         chunks.append(event("response.output_item.done", output_index=index, item=item))
     return chunks
+
+
+def _whole_reasoning(event: _Events, item: dict[str, Any], index: int) -> list[bytes]:
+    """A reasoning item not streamed live, sent whole."""
+    text = item["content"][0]["text"]
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    added = {**item, "content": [], "status": "in_progress"}
+    return [
+        event("response.output_item.added", output_index=index, item=added),
+        event("response.reasoning_text.delta", **where, delta=text),
+        event("response.reasoning_text.done", **where, text=text),
+    ]

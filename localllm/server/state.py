@@ -15,6 +15,7 @@ from fastapi import Request
 
 from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.engine import LLMEngine
+from localllm.engine.reasoning import ReasoningSpec, detect_reasoning
 from localllm.errors import LocalLLMError
 from localllm.server.errors import APIError, shutting_down
 from localllm.server.jobs import Submitter
@@ -38,6 +39,7 @@ class ServerConfig:
     max_embedding_tokens: int = 65_536  # input tokens of one /v1/embeddings request, all inputs together
     max_choice_tokens: int = 65_536  # n x max_tokens of one request with n > 1
     chat_template: str | None = None  # Jinja text overriding the model's template
+    reasoning_budget: int | None = None  # --reasoning-budget: a request's default (None: no limit)
     host: str = "127.0.0.1"  # for the banner only; uvicorn binds
     port: int = 8080
     webui: bool = True  # the chat page at / (--no-webui: 404 there)
@@ -57,6 +59,7 @@ class ServerState:
         self.config = config
         self.engine: AsyncEngine | None = None
         self.template: Any = None
+        self.reasoning: ReasoningSpec | None = None  # how replies split thinking from the answer
         self.load_error: str | None = None
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine is not None else None)
@@ -87,6 +90,8 @@ class ServerState:
             started = time.perf_counter()
             llm = factory()
             self.template = resolve_chat_template(llm.gguf.metadata, configured=self.config.chat_template)
+            source = self.template.source if self.template is not None else None
+            self.reasoning = detect_reasoning(source, llm.tokenizer.special_tokens)
             self.max_token_bytes = longest_token(llm)
             self.fingerprint = system_fingerprint(llm)
             engine = AsyncEngine(llm, self.config.max_queue)

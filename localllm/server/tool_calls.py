@@ -53,6 +53,8 @@ class ToolPlan:
     def apply(self, choice: dict[str, Any]) -> dict[str, Any]:
         """A chat.completion choice with its message's calls parsed out."""
         message, reason = self.reply(choice["message"]["content"])
+        if "reasoning_content" in choice["message"]:  # the thinking before the calls
+            message["reasoning_content"] = choice["message"]["reasoning_content"]
         if reason is None:
             return {**choice, "message": message}
         rest = {k: v for k, v in choice.items() if k != "native_finish_reason"}

@@ -55,6 +55,8 @@ class ToolStream:
             self.mode = "whole" if self.plan.family.name == "mistral" else "calls"
 
     def chat_output(self, out: StepOutput) -> Iterator[bytes]:
+        if out.reasoning:  # thinking comes before any call, and is never parsed for one
+            yield self._chunk({"reasoning_content": out.reasoning})
         self.text += out.text
         yield from self._advance()
         if out.finished:

@@ -512,7 +512,7 @@ def test_messages_tool_use(srv: Running) -> None:
             {
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 1,
-                "thinking": {"type": "enabled"},
+                "thinking": {"type": "eager"},
             },
             400,
             "invalid_request_error",

@@ -48,6 +48,9 @@ CHAT_HONOURED: dict[str, Any] = {
     "top_p": 0.9,
     "response_format": {"type": "text"},
     "tool_choice": "none",
+    "reasoning_effort": "low",  # passed to the chat template (gpt-oss reads it)
+    "chat_template_kwargs": {"enable_thinking": False},  # extension (vLLM)
+    "reasoning_budget": 16,  # extension
     "modalities": ["text"],
     "tools": [TOOL],
     "parallel_tool_calls": False,
@@ -71,7 +74,9 @@ CHAT_REFUSED: list[tuple[str, Any]] = [
     ("audio", {"voice": "alloy", "format": "wav"}),
     ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
-    ("reasoning_effort", "low"),
+    ("reasoning_effort", "extreme"),
+    ("chat_template_kwargs", {"messages": []}),  # the server's own variables are not replaced
+    ("reasoning_budget", -2),
     ("verbosity", "low"),
     ("web_search_options", {}),
     ("moderation", {"model": "omni-moderation-latest"}),

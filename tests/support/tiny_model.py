@@ -36,7 +36,13 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, MERGES
 
 
-def write_vocabulary(writer, vocab: tuple[list[str], list[int], list[str]], unk: bool = False) -> None:
+def write_vocabulary(
+    writer,
+    vocab: tuple[list[str], list[int], list[str]],
+    unk: bool = False,
+    chat_template: str = CHATML,
+    eos_id: int = 2,
+) -> None:
     """The byte-level BPE vocabulary, its special ids and the ChatML template, as every tiny writer
     stores them (same calls, same order: the fixtures' bytes, pinned by sha256, depend on it)."""
     tokens, types, merges = vocab
@@ -46,11 +52,11 @@ def write_vocabulary(writer, vocab: tuple[list[str], list[int], list[str]], unk:
     writer.add_token_types(types)
     writer.add_token_merges(merges)
     writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    writer.add_eos_token_id(eos_id)
     if unk:
         writer.add_unk_token_id(0)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML)
+    writer.add_chat_template(chat_template)
 
 
 class RandomTensors:
@@ -77,15 +83,23 @@ class RandomTensors:
 
 
 def write_tiny_model(
-    path: Path, quant: str = "Q8_0", seed: int = 0, n_layers: int = 2, extra_metadata: dict | None = None
+    path: Path,
+    quant: str = "Q8_0",
+    seed: int = 0,
+    n_layers: int = 2,
+    extra_metadata: dict | None = None,
+    vocab: tuple[list[str], list[int], list[str]] | None = None,
+    chat_template: str = CHATML,
+    eos_id: int = 2,
 ) -> Path:
-    """extra_metadata: more string keys, e.g. {"general.name": ...} (keys not written above)."""
+    """extra_metadata: more string keys, e.g. {"general.name": ...} (keys not written above);
+    `vocab`, `chat_template`, `eos_id`: another vocabulary (tiny_think.py adds reasoning markers)."""
     import gguf
 
     rng = np.random.default_rng(seed)
     dim, ffn, heads, kv_heads = 64, 128, 4, 2
     head_dim = dim // heads
-    tokens, types, merges = vocabulary()
+    tokens, types, merges = vocab or vocabulary()
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(n_layers)
     w.add_context_length(256)
@@ -97,7 +111,7 @@ def write_tiny_model(
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tokens))
-    write_vocabulary(w, (tokens, types, merges), unk=True)
+    write_vocabulary(w, (tokens, types, merges), True, chat_template, eos_id)
     for key, value in (extra_metadata or {}).items():
         w.add_string(key, value)
     t = RandomTensors(w, rng, quant)
