@@ -12,7 +12,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from localllm.chat.repl import ChatRepl, format_stats, looks_like_markdown, printable, read_message
+from localllm.chat.display import format_stats, looks_like_markdown
+from localllm.chat.repl import ChatRepl, printable, read_message
 from localllm.chat.session import ChatSession
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
@@ -253,7 +254,7 @@ def test_model_without_template_is_refused_unless_one_is_given(tmp_path, monkeyp
 
 
 def test_live_reply_ends_as_markdown_on_a_terminal():
-    from localllm.chat.repl import LiveReply
+    from localllm.chat.display import LiveReply
 
     out = io.StringIO()
     console = Console(file=out, width=60, height=20, force_terminal=True, color_system=None)

@@ -13,7 +13,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from test_server import Running, engine_factory, post, running_server, sse_payloads
+from server_harness import Running, engine_factory, post, running_server, sse_payloads
 from tiny_think import reply_ids, script_replies, write_harmony_model, write_think_model
 
 HELLO = [{"role": "user", "content": "hello"}]

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_server import Running, engine_factory, running_server
-from test_webui import chromium, open_page, send, wait_reply_done  # noqa: F401  (chromium: a fixture)
+from server_harness import Running, engine_factory, running_server
 from tiny_think import reply_ids, script_replies, write_think_model
+from webui_harness import open_page, send, wait_reply_done
 
 REPLY = "<think>\nThe user says hi. Answer kindly.\n</think>\n\nHello **there**!"
 
