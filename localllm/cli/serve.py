@@ -67,6 +67,17 @@ Alias = Annotated[
     typer.Option("--alias", help="Also serve the model under this name (repeatable), e.g. gpt-4o-mini."),
 ]
 WebUI = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at /.")]
+MetricsPublic = Annotated[
+    bool, typer.Option("--metrics-public", help="/metrics without the API key (for a router or Prometheus).")
+]
+DrainTimeout = Annotated[
+    float,
+    typer.Option(
+        "--drain-timeout",
+        help="SIGTERM: stop taking requests, finish the open ones for at most this many seconds, exit "
+        "(0 = end them at once, as Ctrl-C does).",
+    ),
+]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 Model = Annotated[
@@ -104,6 +115,8 @@ def serve(
     body_timeout: BodyTimeout = 60.0,
     max_body_mb: MaxBodyMb = 4.0,
     webui: WebUI = True,
+    metrics_public: MetricsPublic = False,
+    drain_timeout: DrainTimeout = 30.0,
     alias: Alias = None,
     log_level: LogLevel = "info",
 ) -> None:
@@ -111,7 +124,8 @@ def serve(
 
     OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models.
 
-    Also Anthropic's /v1/messages, /tokenize, /detokenize, /health, /metrics, a chat page at / (--no-webui).
+    Also Anthropic's /v1/messages, /tokenize, /detokenize, /health, /ready, /metrics (localllm's and vLLM's
+    names), POST /admin/drain, a chat page at / (--no-webui). SIGTERM drains (--drain-timeout).
 
     Examples:
 
@@ -160,6 +174,8 @@ def _serve_command(o: SimpleNamespace) -> None:
         host=o.host,
         port=o.port,
         webui=o.webui,
+        metrics_public=o.metrics_public,
+        drain_timeout=o.drain_timeout,
     )
     c.first_run_notice(o.backend)
     run_server(lambda: LLMEngine(engine_config), config, o.log_level, limits)
@@ -179,6 +195,7 @@ RANGES: dict[str, tuple[float, float | None, str]] = {
     "header_timeout": (0.1, None, "at least 0.1 s"),
     "body_timeout": (0.1, None, "at least 0.1 s"),
     "max_body_mb": (0.001, None, "at least 0.001"),
+    "drain_timeout": (0, None, "0 (at once) or more seconds"),
 }
 
 
@@ -211,8 +228,9 @@ def served_id(model: str | None, path: Path) -> str:
 
 
 def run_server(factory: Any, config: Any, log_level: str = "info", limits: Any = None) -> None:
-    """Run until SIGINT/SIGTERM (open streams end with an error event, then the engine stops); exits
-    with an error if the model fails to load."""
+    """Run until SIGINT (open streams end with an error event, then the engine stops) or SIGTERM (a
+    drain: open requests finish first, see localllm.server.runner); exits with an error if the model
+    fails to load."""
     from localllm.errors import LocalLLMError
     from localllm.server.app import create_app
     from localllm.server.connections import ConnectionLimits, raise_open_file_limit, usable_connections

@@ -22,6 +22,7 @@ from server_harness import (  # noqa: F401  (shared with the other server tests)
     error_of,
     post,
     running_server,
+    scrape,
     slow_factory,
     sse_payloads,
 )
@@ -352,11 +353,7 @@ def test_unknown_routes_and_methods(srv: Running) -> None:
 
 
 def abort_count(srv: Running) -> float:
-    text = httpx.get(f"{srv.url}/metrics").text
-    line = next(
-        (ln for ln in text.splitlines() if 'request_success_total{finished_reason="abort"}' in ln), None
-    )
-    return float(line.split()[-1]) if line else 0.0
+    return scrape(srv.url).get('localllm:request_success_total{finished_reason="abort"}', 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -464,7 +461,7 @@ def test_load_failure_reported(tmp_path: Path) -> None:
 
 def test_metrics(srv: Running, client: openai.OpenAI) -> None:
     client.completions.create(model=MODEL_ID, prompt="count me", max_tokens=3, logit_bias=BAN_END)
-    text = httpx.get(f"{srv.url}/metrics").text
+    values = scrape(srv.url)
     for name in (
         "localllm:num_requests_running",
         "localllm:num_requests_waiting",
@@ -476,14 +473,19 @@ def test_metrics(srv: Running, client: openai.OpenAI) -> None:
         'localllm:request_success_total{finished_reason="length"}',
         "localllm:time_to_first_token_seconds_bucket",
         "localllm:inter_token_latency_seconds_bucket",
-        "localllm:e2e_request_latency_seconds_bucket",
+        'localllm:e2e_request_latency_seconds_bucket{le="+Inf"}',
+        "localllm:time_per_output_token_seconds_count",
     ):
-        assert name in text, name
-    values = {
-        ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and not ln.startswith("#")
-    }
+        assert name in values, name
+        assert name.replace("localllm:", "vllm:") in values, name  # vLLM's names, for its routers
     assert values["localllm:generation_tokens_total"] >= 3
     assert values["localllm:kv_cache_usage_perc"] == 0.0
+    assert values["vllm:time_per_output_token_seconds_count"] >= 1
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{srv.url}/metrics").text
+    labels = {s.labels.get("model_name") for f in text_string_to_metric_families(text) for s in f.samples}
+    assert labels == {MODEL_ID}
 
 
 def test_request_log_line(srv: Running, client: openai.OpenAI, caplog: pytest.LogCaptureFixture) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from server_harness import scrape
 
 REQUESTS = 200
 CONCURRENCY = 32
@@ -171,8 +172,7 @@ async def run_round(url: str, plan: list[tuple[int, bool]], all_shapes: list[Sha
 
 
 def metric_values(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
-    return {ln.split()[0]: float(ln.split()[-1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+    return scrape(url)
 
 
 def wait_drained(url: str, timeout: float = 10) -> dict[str, float]:

@@ -132,3 +132,16 @@ def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     return err
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A Prometheus scrape of `url`/metrics parsed by prometheus_client's own parser, keyed
+    `name{label="value",...}` (labels sorted, model_name left out: every sample carries it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 
 import httpx
 from paths import ROOT
+from server_harness import scrape
 
 ARTIFACTS = Path(os.environ.get("LOCALLLM_TEST_ARTIFACTS", ROOT / "build/test-artifacts/webui"))
 
@@ -172,11 +172,8 @@ def assert_server_idle(serve: Serve) -> None:
     """The stopped request was aborted, so no sequence runs and its blocks are back."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        metrics = httpx.get(f"{serve.url}/metrics").text
-        running = re.search(r"^localllm:num_requests_running (\S+)", metrics, re.M)
-        used = re.search(r"^localllm:kv_cache_usage_perc (\S+)", metrics, re.M)
-        assert running is not None and used is not None, metrics
-        if float(running.group(1)) == 0 and float(used.group(1)) == 0:
+        metrics = scrape(serve.url)
+        if metrics["localllm:num_requests_running"] == 0 and metrics["localllm:kv_cache_usage_perc"] == 0:
             return
         time.sleep(0.1)
     raise AssertionError("the stopped request is still running")
