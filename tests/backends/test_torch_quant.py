@@ -1,0 +1,108 @@
+"""Quantized weights on the torch backend against the NumPy oracle (quant.dequantize): the lossless
+planes and their torch dequantization, the Triton kernels (run by Triton's interpreter where there is
+no GPU: dequantized values bit-equal, GEMV and GEMM within float32 rounding, lowered to sm_90 machine
+code without a GPU), and whole models through both quantized paths."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from quant_blocks import random_rows
+
+pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'localllm[torch]')")
+import torch  # noqa: E402
+
+from localllm.backends.torch_backend.weights import TYPES, dequantize_torch, repack, upload  # noqa: E402
+from localllm.quant import dequantize  # noqa: E402
+
+TRITON_MODULE = "localllm.backends.torch_backend.triton_quant"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CPU = torch.device("cpu")
+# K per type: legacy blocks where K is no multiple of the kernels' 256-wide K tiles (masked tails)
+SHAPES = {t: (20, 96 if TYPES[t][0] == 32 else 512) for t in TYPES}
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_planes_are_lossless_and_torch_dequantizes_like_numpy(qtype: str) -> None:
+    ggml_type, raw = random_rows(qtype, *SHAPES[qtype])
+    _, shape, planes = repack(raw, ggml_type)
+    assert shape == SHAPES[qtype]
+    # every bit of the file is kept: the planes hold as many bytes (+4 per K-quant block: spread scales)
+    extra = 4 * raw.shape[0] * (shape[1] // 256) if qtype in ("Q4_K", "Q5_K") else 0
+    assert sum(p.nbytes for p in planes) == raw.nbytes + extra
+    w = upload(raw, ggml_type, CPU)
+    assert same_bits(dequantize_torch(w).numpy(), dequantize(raw, ggml_type))
+    ids = torch.tensor([3, 0, 19, 3])
+    assert same_bits(dequantize_torch(w.rows(ids)).numpy(), dequantize(raw, ggml_type)[ids.numpy()])
+
+
+# ---- the Triton kernels ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tq():
+    """The kernel module: compiled on a GPU, else run by Triton's interpreter (TRITON_INTERPRET=1,
+    read when the kernels are defined and again when they launch, so it stays set in this process)."""
+    if not HAS_TRITON:
+        pytest.skip("Triton is not installed")
+    if not torch.cuda.is_available():
+        if TRITON_MODULE in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("the kernels were already defined for a GPU in this process")
+        os.environ["TRITON_INTERPRET"] = "1"
+    return importlib.import_module(TRITON_MODULE)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else CPU
+
+
+def within_f32_rounding(got: torch.Tensor, x: np.ndarray, w: np.ndarray) -> None:
+    """|got - exact| <= K * 2^-23 * (|x| @ |w|.T): any order of K float32 products and sums."""
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = w.shape[1] * 2.0**-23 * (np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64))
+    err = np.abs(got.cpu().numpy().astype(np.float64) - exact)
+    assert (err <= bound + 1e-30).all(), float((err / (bound + 1e-30)).max())
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_triton_kernels_match_the_oracle(tq, qtype: str) -> None:
+    ggml_type, raw = random_rows(qtype, *SHAPES[qtype], seed=1)
+    ref = dequantize(raw, ggml_type)
+    w = upload(raw, ggml_type, _device())
+    assert same_bits(tq.dequantize(w).cpu().numpy(), ref)
+    rng = np.random.default_rng(2)
+    for m in (1, 3):
+        x = rng.standard_normal((m, ref.shape[1])).astype(np.float32)
+        for split in (1, 2):
+            within_f32_rounding(tq.gemv(torch.from_numpy(x).to(_device()), w, split_k=split), x, ref)
+    x = rng.standard_normal((21, ref.shape[1])).astype(np.float32)
+    within_f32_rounding(tq.gemm(torch.from_numpy(x).to(_device()), w, precision="ieee"), x, ref)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_kernels_lower_to_sm90_without_a_gpu() -> None:
+    """The GEMV and the tensor-core GEMM compile to Hopper machine code (in a fresh process: the
+    interpreter flag must not be set there)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "from localllm.backends.torch_backend.triton_compile import compile_kernels\n"
+        "for (kernel, qtype), info in compile_kernels(90, [('gemv', 'Q4_K'), ('gemm', 'Q6_K')]).items():\n"
+        "    print(kernel, qtype, info)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if "unsupported" in run.stdout:
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("cubin" in line for line in lines), run.stdout
+    assert "mma" in lines[1], "the GEMM should use tensor-core instructions"
