@@ -106,3 +106,73 @@ def test_kernels_lower_to_sm90_without_a_gpu() -> None:
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 2 and all("cubin" in line for line in lines), run.stdout
     assert "mma" in lines[1], "the GEMM should use tensor-core instructions"
+
+
+# ---- whole models with quantized weights ------------------------------------------------------------
+
+PROMPT = list(range(5, 45))
+
+
+def _engine(path, backend: str = "torch", **kw):
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(path), backend=backend, device="cpu", threads=1, max_num_seqs=4,
+                                  ctx_size=128, **kw))  # fmt: skip
+
+
+def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def quant_models(tmp_path_factory) -> dict:
+    from tiny_arch import write_arch_model
+    from tiny_moe import write_moe_variant
+
+    d = tmp_path_factory.mktemp("torch-quant")
+    files = {q: write_arch_model(d / f"llama-{q}.gguf", "llama", q) for q in ("Q4_0", "Q5_1", "Q8_0")}
+    files["gemma3-Q4_1"] = write_arch_model(d / "gemma3-Q4_1.gguf", "gemma3", "Q4_1")
+    files["moe-Q4_0"] = write_moe_variant(d / "qwen3moe-q4.gguf", "qwen3moe_q4")
+    files["small-Q4_0"] = write_arch_model(d / "small-Q4_0.gguf", "llama", "Q4_0", n_layers=2)
+    return files
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_1", "Q8_0", "gemma3-Q4_1", "moe-Q4_0"])
+def test_quantized_weights_through_torch_ops(quant_models, monkeypatch, name: str) -> None:
+    """The path without Triton (MPS; here the CPU): weights stay in their blocks (about the file's
+    size), dequantized a chunk at a time, and the logits are the oracle's to float rounding."""
+    from localllm.engine.engine import score_tokens
+    from localllm.loading.file import GGUFFile
+
+    monkeypatch.setenv("LOCALLLM_TORCH_WEIGHTS", "quantized")
+    monkeypatch.setattr("localllm.backends.torch_backend.qlinear.CHUNK_ELEMENTS", 64 * 40)  # several chunks
+    engine = _engine(quant_models[name])
+    backend = engine.backend
+    assert backend.weights == "quantized" and backend.qlinear.kernels == "torch"
+    qtype = name.rsplit("-", 1)[-1]
+    assert backend.memory.by_kind[qtype] > 0 and set(backend.memory.by_kind) <= {qtype, "float32"}
+    gf = GGUFFile.open(quant_models[name])
+    tensor_bytes = sum(t.nbytes for t in gf.tensors.values())
+    assert backend.memory.total <= 1.15 * tensor_bytes
+    expected = score_tokens(_engine(quant_models[name], "numpy"), PROMPT)
+    got = score_tokens(engine, PROMPT)
+    assert _rel_err(got, expected) < 5e-4
+    assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+def test_quantized_model_through_the_triton_kernels(tq, quant_models, monkeypatch) -> None:
+    """A model's every matmul through the Triton kernels (the interpreter here): prefill by the GEMM,
+    decode by the GEMV, the same greedy tokens as the oracle."""
+    from localllm.engine.engine import score_tokens
+    from localllm.sampling_params import SamplingParams
+
+    monkeypatch.setenv("LOCALLLM_TORCH_WEIGHTS", "quantized")
+    engine = _engine(quant_models["small-Q4_0"])
+    engine.backend.qlinear.kernels, engine.backend.qlinear.precision = "triton", "ieee"
+    reference = _engine(quant_models["small-Q4_0"], "numpy")
+    expected = score_tokens(reference, PROMPT[:12])
+    assert _rel_err(score_tokens(engine, PROMPT[:12]), expected) < 5e-4
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    ours = engine.generate([PROMPT[:6]], params)[0].token_ids
+    assert ours == reference.generate([PROMPT[:6]], params)[0].token_ids
