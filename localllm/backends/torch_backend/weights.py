@@ -74,8 +74,9 @@ def repack(raw: np.ndarray, ggml_type: int) -> tuple[str, tuple[int, int], tuple
     blocks = rows.view(layout)  # (N, blocks per row) structs
     shape = (rows.shape[0], blocks.shape[1] * block_size)
     fields = {name: np.ascontiguousarray(blocks[name]) for name in layout.names}
-    if "m" in fields or "dmin" in fields:
-        fields["dm"] = np.stack([fields["d"], fields.get("m", fields.get("dmin"))], axis=-1)
+    low = next((f for f in ("m", "dmin") if f in fields), None)  # the block's min, where it has one
+    if low is not None:
+        fields["dm"] = np.stack([fields["d"], fields[low]], axis=-1)
     if qtype in ("Q4_K", "Q5_K"):
         sc, mn = _k4_scales_mins(fields["scales"])
         fields["scm"] = np.concatenate([sc, mn], axis=-1).astype(np.uint8)
