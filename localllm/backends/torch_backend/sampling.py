@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -133,7 +134,9 @@ def _penalty_indices(rows: Sequence[SampleRow], vocab: int) -> tuple[Triple, Tri
     )
 
 
-def _extend(lists: tuple[list, list, list], row: int, tokens: Sequence[int] | np.ndarray, values) -> None:  # type: ignore[no-untyped-def]
+def _extend(
+    lists: tuple[list, list, list], row: int, tokens: Sequence[int] | np.ndarray, values: Any
+) -> None:
     lists[0].extend([row] * len(tokens))
     lists[1].extend(int(t) for t in tokens)
     lists[2].extend(float(v) for v in values)
