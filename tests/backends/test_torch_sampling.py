@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'localllm[torch]')")
 import torch  # noqa: E402
 
-from localllm.backends.torch_backend.sampling import SampleRow, pack_allowed, sample_batch  # noqa: E402
+from localllm.backends.base import SampleRow
+from localllm.backends.torch_backend.sampling import pack_allowed, sample_batch  # noqa: E402
 from localllm.sampler import apply_penalties, log_softmax, make_generator, sample, token_generator  # noqa: E402
 from localllm.sampler import top_logprobs as host_top_logprobs  # noqa: E402
 from localllm.sampling_params import SamplingParams  # noqa: E402
@@ -96,3 +97,38 @@ def test_packed_mask_bits() -> None:
     allowed[[0, 9, 19]] = True
     packed = pack_allowed(allowed, 20)
     assert packed.tolist() == [1, 2, 8]  # token t is bit t % 8 of byte t // 8
+
+
+def test_engine_draws_on_the_device_as_on_the_host(tiny_model_path) -> None:
+    """The engine with the backend sampling (as on a GPU) gives every request the tokens and
+    log-probabilities the host sampler gives it: seeded, penalised, greedy with bias, unseeded."""
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+
+    def engine(on_device: bool) -> LLMEngine:
+        config = EngineConfig(model=str(tiny_model_path), backend="torch", device="cpu", threads=1,
+                              max_num_seqs=4, ctx_size=128)  # fmt: skip
+        e = LLMEngine(config)
+        e.backend.samples_on_device = on_device
+        return e
+
+    common = {"max_tokens": 10, "ignore_eos": True}
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.9, seed=11, logprobs=2, **common),
+        SamplingParams(temperature=1.0, top_k=30, min_p=0.05, repeat_penalty=1.2, seed=12, **common),
+        SamplingParams(temperature=0, logit_bias={40: 2.0}, frequency_penalty=0.4, logprobs=0, **common),
+        SamplingParams(temperature=1.0, presence_penalty=0.3, seed=13, **common),
+    ]
+    prompts = [list(range(5, 5 + n)) for n in (7, 12, 3, 20)]
+    host = engine(False).generate(prompts, params)
+    on_device, drawn = engine(True), []
+    sample = on_device.backend.sample
+    on_device.backend.sample = lambda logits, rows: drawn.append(len(rows)) or sample(logits, rows)
+    device = on_device.generate(prompts, params)
+    assert sum(drawn) == 40  # every token was drawn there
+    for h, d in zip(host, device, strict=True):
+        assert d.token_ids == h.token_ids
+        assert [x.token_id for x in d.logprobs] == [x.token_id for x in h.logprobs]
+        assert np.allclose([x.logprob for x in d.logprobs], [x.logprob for x in h.logprobs], atol=1e-5)
+        assert [[t for t, _ in x.top] for x in d.logprobs] == [[t for t, _ in x.top] for x in h.logprobs]
+    assert len({tuple(o.token_ids) for o in device}) == 4

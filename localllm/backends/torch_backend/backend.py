@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +27,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from localllm.backends.base import Backend
+from localllm.backends.base import Backend, Sampled, SampleRow
 from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.backends.torch_backend import attention, static
 from localllm.backends.torch_backend.device import resolve_device, weight_dtype
 from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, weight_mode
+from localllm.backends.torch_backend.sampling import sample_batch
 from localllm.backends.torch_backend.weights import QuantWeight, dequantize_torch, keeps_quantized, upload
 from localllm.models.batch import ForwardBatch
 from localllm.models.spec import LayerSpec, RopeSpec
@@ -63,6 +65,9 @@ class TorchBackend(Backend):
         self.weights = weight_mode(self.device, weights)  # dense, or quantized (see qlinear.py)
         self.qlinear = QuantLinear(self.device, torch.float32 if self.device.type == "cpu" else self.dtype)
         self.memory = WeightMemory()
+        # the engine draws each step's tokens here, so the logits stay on the device (not on the CPU:
+        # the host sampler reads them in place there)
+        self.samples_on_device = self.device.type != "cpu"
         # On the CPU, each step's thread count is learned from step times, as the Numba backend does
         # (threads.py): a busy core makes torch's parallel regions wait, 2 threads slower than 1.
         self._governors = ModelGovernors(threads or torch.get_num_threads())  # used on the CPU only
@@ -198,11 +203,20 @@ class TorchBackend(Backend):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         out = x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float32)
-        if self._step is not None:  # the step's logits: it is over
+        self._end_step()  # the step's logits: it is over
+        return out
+
+    def sample(self, logits: Any, rows: Sequence[SampleRow]) -> list[Sampled]:
+        """The step's tokens drawn on the device (sampling.py): only ids and log-probabilities come back."""
+        out = sample_batch(logits, rows) if rows else []
+        self._end_step()
+        return out
+
+    def _end_step(self) -> None:
+        if self._step is not None:
             tokens, threads, start, governor = self._step
             governor.record(tokens, threads, time.perf_counter() - start)
         self._step = None
-        return out
 
     def thread_governor(self, model: Transformer) -> ThreadGovernor | None:
         """On the CPU, as the Numba backend's; a device's thread count is not the host's to tune."""

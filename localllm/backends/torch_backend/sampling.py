@@ -15,33 +15,13 @@ side; only sums taken in another order differ, in the last bits. Grammar masks t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from localllm.backends.base import Sampled, SampleRow
 from localllm.sampler import token_generator
-from localllm.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class SampleRow:
-    """One logits row's sampling: its parameters, its sequence's history (for penalties), the
-    generator the host would draw from, and the tokens a grammar allows (None: all)."""
-
-    params: SamplingParams
-    prompt_ids: Sequence[int]
-    output_ids: Sequence[int]
-    rng: np.random.Generator
-    allowed: np.ndarray | None = None  # bool (vocab,)
-
-
-@dataclass(slots=True)
-class Sampled:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
 
 
 def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Sampled]:
