@@ -3,8 +3,9 @@
 Weights (weights.py, qlinear.py): on a GPU the GGUF blocks of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
 and Q6_K matrices stay quantized on the device and are dequantized inside the matmul (Triton kernels
 on CUDA, chunks of torch ops on MPS or where Triton is absent), with the NumPy oracle's values; other
-types, and every matrix on the CPU, are dequantized once to dense tensors: float32 on the CPU, bf16
-on CUDA where the card has it (else fp16), fp16 on MPS (device.py). LOCALLLM_TORCH_WEIGHTS=dense or
+types, and every matrix on the CPU, are dequantized once to dense tensors: float32 on the CPU; on CUDA
+the file's own float type (F32, F16, BF16), else bf16 where the card has it (else fp16); fp16 on MPS
+(device.py). LOCALLLM_TORCH_WEIGHTS=dense or
 quantized overrides the choice. Activations, norms and attention run in float32.
 
 The paged KV cache is a pair of device tensors (n_layers, num_blocks + 1, block_size, kv_heads,
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from localllm.backends.base import Backend, Sampled, SampleRow
 from localllm.backends.threads import ModelGovernors, ThreadGovernor
 from localllm.backends.torch_backend import attention, static
-from localllm.backends.torch_backend.device import resolve_device, weight_dtype
+from localllm.backends.torch_backend.device import dense_dtype, resolve_device, weight_dtype
 from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, weight_mode
 from localllm.backends.torch_backend.sampling import sample_batch
 from localllm.backends.torch_backend.weights import QuantWeight, dequantize_torch, keeps_quantized, upload
@@ -98,8 +99,9 @@ class TorchBackend(Backend):
             q = upload(raw, ggml_type, self.device)
             self.memory.add(q.qtype, q.nbytes)
             return q
-        w = torch.from_numpy(_owned(dequantize(raw, ggml_type))).to(self.device, self.dtype)
-        self.memory.add(str(self.dtype).removeprefix("torch."), w.numel() * w.element_size())
+        dtype = dense_dtype(self.device, ggml_type)
+        w = torch.from_numpy(_owned(dequantize(raw, ggml_type))).to(self.device, dtype)
+        self.memory.add(str(dtype).removeprefix("torch."), w.numel() * w.element_size())
         return w
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:

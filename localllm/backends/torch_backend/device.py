@@ -33,3 +33,15 @@ def weight_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float16 if device.type == "mps" else torch.float32
+
+
+FILE_FLOATS = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # GGML F32, F16, BF16
+
+
+def dense_dtype(device: torch.device, ggml_type: int) -> torch.dtype:
+    """A dense matrix's type: on CUDA a float file's own (no rounding: an F32 file's argmaxes are the
+    oracle's), else weight_dtype (a type without kernels there, dequantized)."""
+    if device.type == "cuda" and ggml_type in FILE_FLOATS:
+        dtype = FILE_FLOATS[ggml_type]
+        return dtype if dtype != torch.bfloat16 or torch.cuda.is_bf16_supported() else torch.float16
+    return weight_dtype(device)
