@@ -91,8 +91,8 @@ def test_triton_kernels_match_the_oracle(tq, qtype: str) -> None:
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_kernels_lower_to_sm90_without_a_gpu() -> None:
-    """The GEMV and the tensor-core GEMM compile to Hopper machine code (in a fresh process: the
-    interpreter flag must not be set there)."""
+    """The Q4_K GEMV (with 16-byte loads) and the tensor-core GEMM compile to Hopper machine code (in a
+    fresh process: the interpreter flag must not be set there)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "from localllm.backends.torch_backend.triton_compile import compile_kernels\n"
@@ -105,6 +105,7 @@ def test_kernels_lower_to_sm90_without_a_gpu() -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 2 and all("cubin" in line for line in lines), run.stdout
+    assert "16-byte loads" in lines[0], "the k-quant GEMV should read its quants with wide loads"
     assert "mma" in lines[1], "the GEMM should use tensor-core instructions"
 
 

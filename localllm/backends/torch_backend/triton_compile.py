@@ -19,6 +19,8 @@ def _signature(kernel: str, qtype: str) -> tuple[Any, dict[str, str], dict[str, 
     planes += [planes[0]] * (4 - len(planes))
     sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", **{f"p{i}": t for i, t in enumerate(planes)}}
     qt, bs = tq.QTYPE_IDS[qtype], TYPES[qtype][0]
+    if kernel == "gemv" and qtype in ("Q4_K", "Q5_K", "Q6_K"):
+        return _kquant_signature(qtype, planes)
     if kernel == "gemv":
         sig.update(N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
         consts = dict(QT=qt, BS=bs, BLOCK_N=tq.GEMV_BLOCK_N, BLOCK_K=tq.GEMV_BLOCK_K)
@@ -28,19 +30,42 @@ def _signature(kernel: str, qtype: str) -> tuple[Any, dict[str, str], dict[str, 
     return tq.gemm_kernel, sig, {**consts, "PRECISION": "tf32x3"}
 
 
+def _kquant_signature(qtype: str, planes: list[str]) -> tuple[Any, dict[str, str], dict[str, Any]]:
+    """triton_kquant's GEMVs take their planes by name: Q6_K (d, scm, qh, qs), Q4_K/Q5_K (dm, scm,
+    qh, qs; Q4_K passes qs again for qh)."""
+    from localllm.backends.torch_backend import triton_kquant as kq
+
+    if qtype == "Q4_K":
+        planes = [planes[0], planes[1], planes[2], planes[2]]
+    names = (
+        ("d_ptr", "sc_ptr", "qh_ptr", "ql_ptr")
+        if qtype == "Q6_K"
+        else ("dm_ptr", "scm_ptr", "qh_ptr", "qs_ptr")
+    )
+    sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", **dict(zip(names, planes, strict=True))}
+    sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+    if qtype == "Q6_K":
+        return kq.gemv_q6k_kernel, sig, {"BLOCK_N": tq.KQUANT_BLOCK_N}
+    return kq.gemv_k4_kernel, sig, {"FIVE": qtype == "Q5_K", "BLOCK_N": tq.KQUANT_BLOCK_N}
+
+
 def _source(fn: Any, sig: dict[str, str], consts: dict[str, Any]) -> Any:
+    """The kernel as the JIT would specialize it at a launch: pointers 16-byte aligned (torch's
+    allocations are), which is what lets Triton widen contiguous loads."""
     import triton
 
+    full = {**sig, **dict.fromkeys(consts, "constexpr")}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(full.items()) if t.startswith("*")}
     try:  # Triton >= 3.3: constexprs named in the signature
-        return triton.compiler.ASTSource(fn=fn, signature={**sig, **dict.fromkeys(consts, "constexpr")},
-                                         constexprs=consts)  # fmt: skip
-    except TypeError:  # older: constants apart
+        return triton.compiler.ASTSource(fn=fn, signature=full, constexprs=consts, attrs=aligned)
+    except TypeError:  # older: constants apart, no alignment hints
         return triton.compiler.ASTSource(fn=fn, signature=sig, constants=consts)
 
 
 def compile_kernels(arch: int, which: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """(kernel, type) -> a line on what it became: machine code size, and whether tensor-core (mma)
-    instructions are in it; "unsupported: ..." where this Triton cannot target the architecture."""
+    """(kernel, type) -> a line on what it became: machine code size, whether tensor-core (mma)
+    instructions and 16-byte global loads are in it; "unsupported: ..." where this Triton cannot target
+    the architecture."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -53,6 +78,7 @@ def compile_kernels(arch: int, which: list[tuple[str, str]]) -> dict[tuple[str, 
             out[kernel, qtype] = f"unsupported: {e}"
             continue
         ptx = compiled.asm.get("ptx", "")
-        mma = " mma" if ("mma" in ptx or "wgmma" in ptx) else ""
-        out[kernel, qtype] = f"sm_{arch} cubin {len(compiled.asm['cubin'])} bytes{mma}"
+        mma = ", mma" if ("mma" in ptx or "wgmma" in ptx) else ""
+        wide = ", 16-byte loads" if "ld.global.v4" in ptx else ""
+        out[kernel, qtype] = f"sm_{arch} cubin {len(compiled.asm['cubin'])} bytes{mma}{wide}"
     return out

@@ -7,7 +7,8 @@ significant bits), so fused multiply-adds cannot change a value: the kernels' we
 oracle's bit for bit, and only the order of the float32 sums differs.
 
 - `dequant_kernel` writes the values out (the tests' exact check, and a tool).
-- `gemv_kernel`: decode rows, one x row per program column; each program owns BLOCK_N weight rows and
+- `gemv_kernel`: decode rows (Q4_K, Q5_K and Q6_K take triton_kquant.py's instead), one x row per
+  program column; each program owns BLOCK_N weight rows and
   walks K in BLOCK_K steps, keeping a (BLOCK_N, BLOCK_K) float32 accumulator summed once at the end;
   SPLIT_K programs share a row's K range when there are too few rows to fill the device, their
   partial sums added after.
@@ -30,6 +31,7 @@ from localllm.backends.torch_backend.weights import TYPES, QuantWeight
 QTYPE_IDS = {name: i for i, name in enumerate(TYPES)}  # a kernel's QT constexpr
 GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256
 GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 64
+KQUANT_BLOCK_N = 16  # rows per program of triton_kquant's GEMVs
 
 
 @triton.jit
@@ -177,17 +179,40 @@ def gemv(x: torch.Tensor, w: QuantWeight, split_k: int = 0) -> torch.Tensor:
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
-    tiles = triton.cdiv(n, GEMV_BLOCK_N)
-    if split_k <= 0:  # enough programs for ~2 waves on a large GPU, each still reading >= 1 block column
-        split_k = max(1, min(triton.cdiv(264, tiles * m), k // GEMV_BLOCK_K))
-    per_split = triton.cdiv(triton.cdiv(k, split_k), GEMV_BLOCK_K) * GEMV_BLOCK_K
+    kquant = w.qtype in ("Q4_K", "Q5_K", "Q6_K")
+    block_n, block_k = (KQUANT_BLOCK_N, 256) if kquant else (GEMV_BLOCK_N, GEMV_BLOCK_K)
+    tiles = triton.cdiv(n, block_n)
+    if split_k <= 0:  # about two waves of programs on a large GPU, each still reading >= 1 block column
+        split_k = max(1, min(triton.cdiv(264, tiles * m), k // block_k))
+    per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, per_split)
     out = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    gemv_kernel[(tiles, m, split_k)](
-        x, out, *_planes(w), n, k, nb, x.stride(0), per_split,
-        QT=qt, BS=bs, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
-    )  # fmt: skip
+    if kquant:
+        _gemv_kquant(x, w, out, per_split // 256)
+    else:
+        gemv_kernel[(tiles, m, split_k)](
+            x, out, *_planes(w), n, k, nb, x.stride(0), per_split,
+            QT=qt, BS=bs, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
+        )  # fmt: skip
     return out[0] if split_k == 1 else out.sum(0)
+
+
+def _gemv_kquant(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, blocks_per_split: int) -> None:
+    from localllm.backends.torch_backend import triton_kquant as kq
+
+    split_k, m, n = out.shape
+    grid = (triton.cdiv(n, KQUANT_BLOCK_N), split_k, m)
+    nb = w.shape[1] // 256
+    if w.qtype == "Q6_K":
+        d, sc, qh, ql = w.planes
+        kq.gemv_q6k_kernel[grid](x, out, d, sc, qh, ql, n, nb, x.stride(0), blocks_per_split,
+                                 BLOCK_N=KQUANT_BLOCK_N)  # fmt: skip
+        return
+    five = w.qtype == "Q5_K"
+    dm, scm, qs = w.plane("dm"), w.plane("scm"), w.plane("qs")
+    qh = w.plane("qh") if five else qs
+    kq.gemv_k4_kernel[grid](x, out, dm, scm, qh, qs, n, nb, x.stride(0), blocks_per_split,
+                            FIVE=five, BLOCK_N=KQUANT_BLOCK_N)  # fmt: skip
 
 
 def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3") -> torch.Tensor:
@@ -205,6 +230,6 @@ def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3") -> torch.Te
     return out
 
 
-def matmul(x: torch.Tensor, w: QuantWeight, gemv_rows: int = 4, precision: str = "tf32x3") -> torch.Tensor:
+def matmul(x: torch.Tensor, w: QuantWeight, gemv_rows: int = 1, precision: str = "tf32x3") -> torch.Tensor:
     """The kernel for x's row count: GEMV for up to gemv_rows rows (decode), tiled GEMM beyond."""
     return gemv(x, w) if x.shape[0] <= gemv_rows else gemm(x, w, precision)
