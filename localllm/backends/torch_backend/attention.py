@@ -25,30 +25,41 @@ class Group:
     n_keys: int
 
 
-def plan(qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray, device: torch.device) -> list[Group]:
+@dataclass(slots=True)
+class HostGroup:
+    """A Group's index arrays on the host, before the step's one upload (uploads.py)."""
+
+    tokens: np.ndarray
+    q_pos: np.ndarray
+    ctx: np.ndarray
+    tables: np.ndarray
+    n_keys: int
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.tokens, self.q_pos, self.ctx, self.tables]
+
+
+def plan(qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray) -> list[HostGroup]:
     """One group for all single-query sequences (decodes), one per multi-query sequence (prefill
     chunks): padding decodes to a shared key length is cheap, padding prefills to each other is not."""
     qlens = np.diff(qsl)
     decodes = np.flatnonzero(qlens == 1)
-    groups = [_group(qsl, ctx, tables, decodes, 1, device)] if len(decodes) else []
+    groups = [_group(qsl, ctx, tables, decodes, 1)] if len(decodes) else []
     for s in np.flatnonzero(qlens > 1):
-        groups.append(_group(qsl, ctx, tables, np.array([s]), int(qlens[s]), device))
+        groups.append(_group(qsl, ctx, tables, np.array([s]), int(qlens[s])))
     return groups
 
 
-def _group(
-    qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray, seqs: np.ndarray, q: int, device: torch.device
-) -> Group:
+def _group(qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray, seqs: np.ndarray, q: int) -> HostGroup:
     lens = ctx[seqs]
     offsets = np.arange(q)[None, :]
+    tokens = (qsl[seqs][:, None] + offsets).reshape(-1)
+    return HostGroup(tokens, lens[:, None] - q + offsets, lens, tables[seqs], int(lens.max()))
 
-    def dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
-    return Group(
-        tokens=dev((qsl[seqs][:, None] + offsets).reshape(-1)), q_pos=dev(lens[:, None] - q + offsets),
-        ctx=dev(lens), tables=dev(tables[seqs]), n_keys=int(lens.max()),
-    )  # fmt: skip
+def on_device(groups: list[HostGroup], uploaded: list[torch.Tensor]) -> list[Group]:
+    """The groups over their uploaded arrays (four per group, in HostGroup.arrays order)."""
+    return [Group(*uploaded[4 * i : 4 * i + 4], g.n_keys) for i, g in enumerate(groups)]
 
 
 def static_group(batch: Any, block_size: int) -> Group:

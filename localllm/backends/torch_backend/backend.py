@@ -34,6 +34,7 @@ from localllm.backends.torch_backend import attention, static
 from localllm.backends.torch_backend.device import dense_dtype, resolve_device, weight_dtype
 from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, weight_mode
 from localllm.backends.torch_backend.sampling import sample_batch
+from localllm.backends.torch_backend.uploads import upload_ints
 from localllm.backends.torch_backend.weights import QuantWeight, dequantize_torch, keeps_quantized, upload
 from localllm.models.batch import ForwardBatch
 from localllm.models.spec import LayerSpec, RopeSpec
@@ -124,24 +125,23 @@ class TorchBackend(Backend):
     # ---- the step's batch -----------------------------------------------------------------------
 
     def begin_step(self, batch: ForwardBatch, model: Transformer) -> ForwardBatch:
-        """Upload the index arrays once, and plan attention from the host copies (no device reads)."""
+        """Plan attention from the host copies (no device reads), and upload the step's index arrays
+        and the plan's in one copy."""
         self._masks.clear()
         self._host = batch
         self._start_step(len(batch.input_ids), self.thread_governor(model))
         self._max_pos = int(batch.positions.max()) if len(batch.positions) else 0
         fixed = self.static_decode and static.static_eligible(batch)
-        self._groups = [] if fixed else self._plan(batch)
-
-        def up(a: np.ndarray) -> Any:  # a device tensor where ForwardBatch's types name host arrays
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
-
-        return replace(
-            batch, input_ids=up(batch.input_ids), positions=up(batch.positions),
-            slot_mapping=up(batch.slot_mapping), logits_indices=up(batch.logits_indices),
-        )  # fmt: skip
+        plans = [] if fixed else attention.plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
+        arrays = [batch.input_ids, batch.positions, batch.slot_mapping, batch.logits_indices]
+        dev: list[Any] = upload_ints(arrays + [a for g in plans for a in g.arrays()], self.device)  # one copy
+        self._groups = attention.on_device(plans, dev[4:])
+        # device tensors where ForwardBatch's types name host arrays
+        return replace(batch, input_ids=dev[0], positions=dev[1], slot_mapping=dev[2], logits_indices=dev[3])
 
     def _plan(self, batch: ForwardBatch) -> list[attention.Group]:
-        return attention.plan(batch.query_start_loc, batch.context_lens, batch.block_tables, self.device)
+        plans = attention.plan(batch.query_start_loc, batch.context_lens, batch.block_tables)
+        return attention.on_device(plans, upload_ints([a for g in plans for a in g.arrays()], self.device))
 
     def run_layers(self, model: Transformer, x: Any, batch: ForwardBatch, kv: PagedKV) -> Any | None:
         """Decode-only steps through a fixed-shape stack (a CUDA graph on CUDA) when static_decode is on;

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from localllm.backends.base import Sampled, SampleRow
+from localllm.backends.torch_backend.uploads import upload_one
 from localllm.sampler import token_generator
 
 
@@ -33,7 +34,7 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Sample
     host_table = _row_table(rows, vocab)
     tokens = x.argmax(dim=-1)
     if not host_table[:, 0].all():  # some row draws at random
-        tokens = _choose(x, torch.from_numpy(host_table).to(dev, non_blocking=True), tokens)
+        tokens = _choose(x, upload_one(host_table, dev), tokens)
     num_top = max((r.params.logprobs or 0) for r in rows)
     wants = any(r.params.logprobs is not None for r in rows)
     parts = [tokens.double()[:, None]]
@@ -68,16 +69,15 @@ def _penalised(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     x = x.clone()
     dev = x.device
     if len(bias[0]):
-        r, t = (torch.from_numpy(a).to(dev) for a in bias[:2])
-        x.index_put_((r, t), torch.from_numpy(bias[2]).to(dev), accumulate=True)
+        r, t, v = (upload_one(a, dev) for a in bias)
+        x.index_put_((r, t), v, accumulate=True)
     if len(rep[0]):
-        r, t = (torch.from_numpy(a).to(dev) for a in rep[:2])
-        div = torch.from_numpy(rep[2]).to(dev)
+        r, t, div = (upload_one(a, dev) for a in rep)
         vals = x[r, t]
         x[r, t] = torch.where(vals > 0, vals / div, vals * div)
     if len(pres[0]):
-        r, t = (torch.from_numpy(a).to(dev) for a in pres[:2])
-        amount = torch.from_numpy(pres[2]).to(dev, _wide(dev))
+        r, t = (upload_one(a, dev) for a in pres[:2])
+        amount = upload_one(pres[2], dev).to(_wide(dev))
         x[r, t] = (x[r, t].to(amount.dtype) - amount).float()
     return x
 
@@ -136,12 +136,12 @@ def _masked(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
         return x
     vocab, dev = x.shape[1], x.device
     packed = np.stack([pack_allowed(rows[i].allowed, vocab) for i in which])  # type: ignore[arg-type]
-    bits = torch.from_numpy(packed).to(dev).to(torch.int32)
+    bits = upload_one(packed, dev).to(torch.int32)
     shifts = torch.arange(8, device=dev, dtype=torch.int32)
     allowed = ((bits[:, :, None] >> shifts) & 1).bool().reshape(len(which), -1)[:, :vocab]
-    idx = torch.tensor(which, device=dev)
+    idx = upload_one(np.asarray(which, dtype=np.int64), dev)
     x = x.clone()
-    x[idx] = torch.where(allowed, x[idx], torch.tensor(float("-inf"), device=dev))
+    x[idx] = torch.where(allowed, x[idx], float("-inf"))
     return x
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from localllm.backends.torch_backend.uploads import upload_ints
 from localllm.models.batch import ForwardBatch
 from localllm.models.layers import decoder_layer
 
@@ -123,8 +124,11 @@ def _load_static(entry: StaticDecode, x: torch.Tensor, host: ForwardBatch) -> No
     slots[:s] = host.slot_mapping
     entry.x[:s].copy_(x)
     entry.x[s:].zero_()
-    for buf, a in ((entry.tables, tables), (entry.ctx, ctx), (entry.positions, pos), (entry.slots, slots)):
-        buf.copy_(torch.from_numpy(a), non_blocking=False)
+    bufs = (entry.tables, entry.ctx, entry.positions, entry.slots)
+    for buf, a in zip(
+        bufs, upload_ints([tables, ctx, pos, slots], entry.x.device), strict=True
+    ):  # one copy up
+        buf.copy_(a)
 
 
 def _capture(b: Backend, stack: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
