@@ -86,7 +86,9 @@ def test_triton_kernels_match_the_oracle(tq, qtype: str) -> None:
         for split in (1, 2):
             within_f32_rounding(tq.gemv(torch.from_numpy(x).to(_device()), w, split_k=split), x, ref)
     x = rng.standard_normal((21, ref.shape[1])).astype(np.float32)
-    within_f32_rounding(tq.gemm(torch.from_numpy(x).to(_device()), w, precision="ieee"), x, ref)
+    for split in (1, 2):
+        got = tq.gemm(torch.from_numpy(x).to(_device()), w, precision="ieee", split_k=split)
+        within_f32_rounding(got, x, ref)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")

@@ -16,37 +16,32 @@ EXCEPTIONS = {("Q5_0", "qh"): "*i32", ("Q5_1", "qh"): "*i32", ("Q8_0", "qs"): "*
 def _signature(kernel: str, qtype: str) -> tuple[Any, dict[str, str], dict[str, Any]]:
     names = TYPES[qtype][1]
     planes = [EXCEPTIONS.get((qtype, n), PLANE_TYPES[n]) for n in names]
+    planes = [planes[0], planes[1], planes[2], planes[2]] if qtype == "Q4_K" else planes
     planes += [planes[0]] * (4 - len(planes))
     sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", **{f"p{i}": t for i, t in enumerate(planes)}}
+    if qtype in tq.KQUANTS:
+        return _kquant_signature(kernel, qtype, sig)
     qt, bs = tq.QTYPE_IDS[qtype], TYPES[qtype][0]
-    if kernel == "gemv" and qtype in ("Q4_K", "Q5_K", "Q6_K"):
-        return _kquant_signature(qtype, planes)
     if kernel == "gemv":
         sig.update(N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
         consts = dict(QT=qt, BS=bs, BLOCK_N=tq.GEMV_BLOCK_N, BLOCK_K=tq.GEMV_BLOCK_K)
         return tq.gemv_kernel, sig, consts
-    sig.update(M="i32", N="i32", K="i32", nb="i32", stride_xm="i32")
+    sig.update(M="i32", N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
     consts = dict(QT=qt, BS=bs, BLOCK_M=16, BLOCK_N=tq.GEMM_BLOCK_N, BLOCK_K=tq.GEMM_BLOCK_K)
     return tq.gemm_kernel, sig, {**consts, "PRECISION": "tf32x3"}
 
 
-def _kquant_signature(qtype: str, planes: list[str]) -> tuple[Any, dict[str, str], dict[str, Any]]:
-    """triton_kquant's GEMVs take their planes by name: Q6_K (d, scm, qh, qs), Q4_K/Q5_K (dm, scm,
-    qh, qs; Q4_K passes qs again for qh)."""
+def _kquant_signature(
+    kernel: str, qtype: str, sig: dict[str, str]
+) -> tuple[Any, dict[str, str], dict[str, Any]]:
     from localllm.backends.torch_backend import triton_kquant as kq
 
-    if qtype == "Q4_K":
-        planes = [planes[0], planes[1], planes[2], planes[2]]
-    names = (
-        ("d_ptr", "sc_ptr", "qh_ptr", "ql_ptr")
-        if qtype == "Q6_K"
-        else ("dm_ptr", "scm_ptr", "qh_ptr", "qs_ptr")
-    )
-    sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", **dict(zip(names, planes, strict=True))}
-    sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
-    if qtype == "Q6_K":
-        return kq.gemv_q6k_kernel, sig, {"BLOCK_N": tq.KQUANT_BLOCK_N}
-    return kq.gemv_k4_kernel, sig, {"FIVE": qtype == "Q5_K", "BLOCK_N": tq.KQUANT_BLOCK_N}
+    kind = tq.KQUANTS[qtype]
+    if kernel == "gemv":
+        sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+        return kq.gemv_kquant_kernel, sig, {"KIND": kind, "BLOCK_N": tq.KQUANT_BLOCK_N}
+    sig.update(M="i32", N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+    return kq.gemm_kquant_kernel, sig, {"KIND": kind, "BLOCK_M": 16, "BLOCK_N": 32, "PRECISION": "tf32x3"}
 
 
 def _source(fn: Any, sig: dict[str, str], consts: dict[str, Any]) -> Any:

@@ -12,9 +12,10 @@ oracle's bit for bit, and only the order of the float32 sums differs.
   walks K in BLOCK_K steps, keeping a (BLOCK_N, BLOCK_K) float32 accumulator summed once at the end;
   SPLIT_K programs share a row's K range when there are too few rows to fill the device, their
   partial sums added after.
-- `gemm_kernel`: prefill tiles; a dequantized (BLOCK_K, BLOCK_N) tile meets a float32 x tile in
-  `tl.dot`, with `input_precision` "tf32x3" on CUDA by default (tensor cores, about float32's error),
-  "ieee" for exact float32 products.
+- `gemm_kernel`: prefill and batched decode tiles (Q4_K, Q5_K, Q6_K: triton_kquant.py's); a
+  dequantized (BLOCK_K, BLOCK_N) tile meets a float32 x tile in `tl.dot`, with `input_precision`
+  "tf32x3" on CUDA by default (tensor cores, about float32's error), "ieee" for exact float32 products;
+  split-K as the GEMV's, so a 64-row decode batch still fills the device.
 
 Importing this module imports Triton: the backend imports it only where Triton is present. With
 TRITON_INTERPRET=1 set before the import, the kernels run on the CPU in NumPy (the tests' way).
@@ -31,7 +32,7 @@ from localllm.backends.torch_backend.weights import TYPES, QuantWeight
 QTYPE_IDS = {name: i for i, name in enumerate(TYPES)}  # a kernel's QT constexpr
 GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256
 GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 64
-KQUANT_BLOCK_N = 16  # rows per program of triton_kquant's GEMVs
+KQUANT_BLOCK_N = 16  # rows per program of triton_kquant's GEMV
 
 
 @triton.jit
@@ -133,36 +134,57 @@ def gemv_kernel(x_ptr, out_ptr, p0, p1, p2, p3, N, K, nb, stride_xm, k_per_split
 
 
 @triton.jit
-def gemm_kernel(x_ptr, out_ptr, p0, p1, p2, p3, M, N, K, nb, stride_xm,
+def gemm_kernel(x_ptr, out_ptr, p0, p1, p2, p3, M, N, K, nb, stride_xm, k_per_split,
                 QT: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """out[m, n] = sum over k of x[m, k] * w[n, k], one (BLOCK_M, BLOCK_N) tile per program."""
+    """out[split, m, n] = sum over this split's k of x[m, k] * w[n, k], one (BLOCK_M, BLOCK_N) tile
+    per program; grid (m tiles, n tiles, splits)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n = tl.minimum(rn, N - 1).to(tl.int64)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = tl.program_id(2) * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        x_mask = (rm < M)[:, None] & (rk < K)[None, :]
+        x_mask = (rm < M)[:, None] & (rk < k_end)[None, :]
         x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=x_mask, other=0.0)
         w = _dequant(p0, p1, p2, p3, n, tl.minimum(rk, K - 1)[:, None], nb, QT, BS)
-        w = tl.where((rk < K)[:, None], w, 0.0)
+        w = tl.where((rk < k_end)[:, None], w, 0.0)
         acc = tl.dot(x, w, acc, input_precision=PRECISION)
-    out = out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+    out = out_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
     tl.store(out, acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
 # ---- launchers ----------------------------------------------------------------------------------------
 
+KQUANTS = {"Q4_K": 0, "Q5_K": 1, "Q6_K": 2}  # triton_kquant's KIND
+PROGRAMS = 264  # about two waves on a large GPU (132 SMs): splits are added until a launch has these
+
 
 def _planes(w: QuantWeight) -> tuple[torch.Tensor, ...]:
-    """The four plane arguments every kernel takes (types with fewer repeat their first)."""
+    """The four plane arguments every kernel takes: triton_kquant's order for the k-quants; types with
+    fewer planes repeat their first."""
+    if w.qtype == "Q4_K":
+        return (w.planes[0], w.planes[1], w.planes[2], w.planes[2])
     return tuple(w.planes) + (w.planes[0],) * (4 - len(w.planes))
 
 
 def _meta(w: QuantWeight) -> tuple[int, int, int, int, int]:
     n, k = w.shape
     return n, k, k // w.block_size, QTYPE_IDS[w.qtype], w.block_size
+
+
+def _splits(k: int, step: int, programs: int, asked: int = 0) -> tuple[int, int]:
+    """(splits, K per split, a multiple of step): enough splits for PROGRAMS programs, each with at
+    least one step of K; `asked` > 0 overrides."""
+    splits = asked if asked > 0 else max(1, min(triton.cdiv(PROGRAMS, programs), k // step))
+    per_split = triton.cdiv(triton.cdiv(k, splits), step) * step
+    return triton.cdiv(k, per_split), per_split
+
+
+def _summed(out: torch.Tensor) -> torch.Tensor:
+    return out[0] if out.shape[0] == 1 else out.sum(0)
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:
@@ -176,58 +198,50 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, w: QuantWeight, split_k: int = 0) -> torch.Tensor:
     """x (M, K) float32, M small, times w transposed -> (M, N) float32. split_k 0: chosen by size."""
+    from localllm.backends.torch_backend import triton_kquant as kq
+
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
-    kquant = w.qtype in ("Q4_K", "Q5_K", "Q6_K")
-    block_n, block_k = (KQUANT_BLOCK_N, 256) if kquant else (GEMV_BLOCK_N, GEMV_BLOCK_K)
+    kquant = w.qtype in KQUANTS
+    block_n, step = (KQUANT_BLOCK_N, 256) if kquant else (GEMV_BLOCK_N, GEMV_BLOCK_K)
     tiles = triton.cdiv(n, block_n)
-    if split_k <= 0:  # about two waves of programs on a large GPU, each still reading >= 1 block column
-        split_k = max(1, min(triton.cdiv(264, tiles * m), k // block_k))
-    per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    split_k = triton.cdiv(k, per_split)
-    out = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    splits, per_split = _splits(k, step, tiles * m, split_k)
+    out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     if kquant:
-        _gemv_kquant(x, w, out, per_split // 256)
-    else:
-        gemv_kernel[(tiles, m, split_k)](
-            x, out, *_planes(w), n, k, nb, x.stride(0), per_split,
-            QT=qt, BS=bs, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
+        kq.gemv_kquant_kernel[(tiles, splits, m)](
+            x, out, *_planes(w), n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], BLOCK_N=block_n
         )  # fmt: skip
-    return out[0] if split_k == 1 else out.sum(0)
+    else:
+        gemv_kernel[(tiles, m, splits)](
+            x, out, *_planes(w), n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_N=block_n, BLOCK_K=step
+        )  # fmt: skip
+    return _summed(out)
 
 
-def _gemv_kquant(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, blocks_per_split: int) -> None:
+def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3", split_k: int = 0) -> torch.Tensor:
+    """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles."""
     from localllm.backends.torch_backend import triton_kquant as kq
 
-    split_k, m, n = out.shape
-    grid = (triton.cdiv(n, KQUANT_BLOCK_N), split_k, m)
-    nb = w.shape[1] // 256
-    if w.qtype == "Q6_K":
-        d, sc, qh, ql = w.planes
-        kq.gemv_q6k_kernel[grid](x, out, d, sc, qh, ql, n, nb, x.stride(0), blocks_per_split,
-                                 BLOCK_N=KQUANT_BLOCK_N)  # fmt: skip
-        return
-    five = w.qtype == "Q5_K"
-    dm, scm, qs = w.plane("dm"), w.plane("scm"), w.plane("qs")
-    qh = w.plane("qh") if five else qs
-    kq.gemv_k4_kernel[grid](x, out, dm, scm, qh, qs, n, nb, x.stride(0), blocks_per_split,
-                            FIVE=five, BLOCK_N=KQUANT_BLOCK_N)  # fmt: skip
-
-
-def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3") -> torch.Tensor:
-    """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles."""
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, GEMM_BLOCK_N))
-    gemm_kernel[grid](
-        x, out, *_planes(w), m, n, k, nb, x.stride(0),
-        QT=qt, BS=bs, BLOCK_M=block_m, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, PRECISION=precision,
-    )  # fmt: skip
-    return out
+    kquant = w.qtype in KQUANTS
+    block_n, step = (32, 256) if kquant else (GEMM_BLOCK_N, GEMM_BLOCK_K)
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    splits, per_split = _splits(k, step, tiles[0] * tiles[1], split_k)
+    out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    common = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRECISION": precision}
+    if kquant:
+        kq.gemm_kquant_kernel[(*tiles, splits)](
+            x, out, *_planes(w), m, n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], **common
+        )  # fmt: skip
+    else:
+        gemm_kernel[(*tiles, splits)](
+            x, out, *_planes(w), m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common
+        )  # fmt: skip
+    return _summed(out)
 
 
 def matmul(x: torch.Tensor, w: QuantWeight, gemv_rows: int = 1, precision: str = "tf32x3") -> torch.Tensor:
