@@ -34,10 +34,11 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Sample
     host_table = _row_table(rows, vocab)
     tokens = x.argmax(dim=-1)
     if not host_table[:, 0].all():  # some row draws at random
-        tokens = _choose(x, upload_one(host_table, dev), tokens)
+        tokens = _choose(x, upload_one(host_table, dev).to(_wide(dev)), tokens)
     num_top = max((r.params.logprobs or 0) for r in rows)
     wants = any(r.params.logprobs is not None for r in rows)
-    parts = [tokens.double()[:, None]]
+    wide = _wide(dev)
+    parts = [tokens.to(wide)[:, None]]
     if wants:
         parts += _logprob_parts(raw, tokens, num_top)
     host = torch.cat(parts, dim=1).cpu().numpy()  # the one device-to-host copy
@@ -77,7 +78,7 @@ def _penalised(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
         x[r, t] = torch.where(vals > 0, vals / div, vals * div)
     if len(pres[0]):
         r, t = (upload_one(a, dev) for a in pres[:2])
-        amount = upload_one(pres[2], dev).to(_wide(dev))
+        amount = upload_one(pres[2], dev).to(_wide(dev))  # (MPS: float32, cast on the device)
         x[r, t] = (x[r, t].to(amount.dtype) - amount).float()
     return x
 
@@ -152,7 +153,7 @@ def _choose(x: torch.Tensor, table: torch.Tensor, greedy: torch.Tensor) -> torch
     """(R,) sampled ids: `greedy` (the argmax) for greedy rows, the host's distribution and draw for
     the others."""
     vocab = x.shape[1]
-    scaled = x.to(torch.float64) / table[:, 1:2]
+    scaled = x.to(table.dtype) / table[:, 1:2]
     sorted_s, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=x.device)[None, :]
     in_k = rank < table[:, 2:3]
@@ -186,10 +187,10 @@ def _logprob_parts(raw: torch.Tensor, tokens: torch.Tensor, num_top: int) -> lis
     """The sampled token's log-probability, then num_top (id, log-probability) pairs, best first."""
     wide = _wide(raw.device)
     lp = torch.log_softmax(raw.to(wide), dim=-1).float()
-    parts = [lp.gather(1, tokens[:, None]).double()]
+    parts = [lp.gather(1, tokens[:, None]).to(wide)]
     if num_top > 0:
         values, ids = torch.topk(lp, num_top, dim=-1)
-        parts += [ids.double(), values.double()]
+        parts += [ids.to(wide), values.to(wide)]
     return parts
 
 

@@ -26,7 +26,10 @@ def upload_ints(arrays: Sequence[np.ndarray], device: torch.device) -> list[torc
 
 
 def upload_one(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """One array of any dtype, asynchronously where the device allows."""
+    """One array, asynchronously where the device allows; float64 arrives as float32 on MPS (which
+    has no float64)."""
+    if device.type == "mps" and a.dtype == np.float64:
+        a = a.astype(np.float32)
     t = torch.from_numpy(np.ascontiguousarray(a))
     if device.type == "cuda":
         t = t.pin_memory()
