@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -142,7 +143,7 @@ def quant_models(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q5_1", "Q8_0", "gemma3-Q4_1", "moe-Q4_0"])
-def test_quantized_weights_through_torch_ops(quant_models, monkeypatch, name: str) -> None:
+def test_quantized_weights_through_torch_ops(quant_models, monkeypatch, caplog, name: str) -> None:
     """The path without Triton (MPS; here the CPU): weights stay in their blocks (about the file's
     size), dequantized a chunk at a time, and the logits are the oracle's to float rounding."""
     from localllm.engine.engine import score_tokens
@@ -150,7 +151,8 @@ def test_quantized_weights_through_torch_ops(quant_models, monkeypatch, name: st
 
     monkeypatch.setenv("LOCALLLM_TORCH_WEIGHTS", "quantized")
     monkeypatch.setattr("localllm.backends.torch_backend.qlinear.CHUNK_ELEMENTS", 64 * 40)  # several chunks
-    engine = _engine(quant_models[name])
+    with caplog.at_level(logging.INFO, logger="localllm"):
+        engine = _engine(quant_models[name])
     backend = engine.backend
     assert backend.weights == "quantized" and backend.qlinear.kernels == "torch"
     qtype = name.rsplit("-", 1)[-1]
@@ -158,6 +160,8 @@ def test_quantized_weights_through_torch_ops(quant_models, monkeypatch, name: st
     gf = GGUFFile.open(quant_models[name])
     tensor_bytes = sum(t.nbytes for t in gf.tensors.values())
     assert backend.memory.total <= 1.15 * tensor_bytes
+    said = [r.getMessage() for r in caplog.records if "weights take" in r.getMessage()]
+    assert said and f"{qtype} " in said[-1] and "torch kernels" in said[-1]  # the load says what they take
     expected = score_tokens(_engine(quant_models[name], "numpy"), PROMPT)
     got = score_tokens(engine, PROMPT)
     assert _rel_err(got, expected) < 5e-4
