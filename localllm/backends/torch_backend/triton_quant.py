@@ -246,4 +246,6 @@ def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3", split_k: in
 
 def matmul(x: torch.Tensor, w: QuantWeight, gemv_rows: int = 1, precision: str = "tf32x3") -> torch.Tensor:
     """The kernel for x's row count: GEMV for up to gemv_rows rows (decode), tiled GEMM beyond."""
+    if x.shape[0] == 0:  # (no launch has an empty grid)
+        return torch.empty((0, w.shape[0]), dtype=torch.float32, device=x.device)
     return gemv(x, w) if x.shape[0] <= gemv_rows else gemm(x, w, precision)
