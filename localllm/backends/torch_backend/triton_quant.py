@@ -2,16 +2,16 @@
 
 `_dequant` forms any tile of weight values exactly as quant/ggml.py's NumPy dequantizers do: fp16
 scales widened to float32, scale products in float32 (d * sc, dmin * m), then times the integer quant
-and minus the min. Every product before the last subtraction is exact in float32 (at most 22
-significant bits), so fused multiply-adds cannot change a value: the kernels' weights equal the
+and minus the min. Where a min is subtracted, the products before it are exact in float32 (at most
+22 significant bits), so a fused multiply-add cannot change the value; Q6_K's (d * sc) * q, which can
+round, is its last operation, rounded once as NumPy rounds it. So the kernels' weights equal the
 oracle's bit for bit, and only the order of the float32 sums differs.
 
 - `dequant_kernel` writes the values out (the tests' exact check, and a tool).
 - `gemv_kernel`: decode rows (Q4_K, Q5_K and Q6_K take triton_kquant.py's instead), one x row per
-  program column; each program owns BLOCK_N weight rows and
-  walks K in BLOCK_K steps, keeping a (BLOCK_N, BLOCK_K) float32 accumulator summed once at the end;
-  SPLIT_K programs share a row's K range when there are too few rows to fill the device, their
-  partial sums added after.
+  program column; each program owns BLOCK_N weight rows and walks K in BLOCK_K steps, keeping a
+  (BLOCK_N, BLOCK_K) float32 accumulator summed once at the end; split-K: several programs share a
+  row's K range when there are too few rows to fill the device, their partial sums added after.
 - `gemm_kernel`: prefill and batched decode tiles (Q4_K, Q5_K, Q6_K: triton_kquant.py's); a
   dequantized (BLOCK_K, BLOCK_N) tile meets a float32 x tile in `tl.dot`, with `input_precision`
   "tf32x3" on CUDA by default (tensor cores, about float32's error), "ieee" for exact float32 products;
