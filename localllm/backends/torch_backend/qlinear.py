@@ -45,13 +45,24 @@ class QuantLinear:
         self.compute_dtype = compute_dtype  # the torch path's multiply (float32 on the CPU)
         self.precision = "tf32x3"  # the Triton GEMM's tl.dot input precision ("ieee": exact products)
         self._triton: Any = None
+        if self.kernels == "triton":
+            self._load_triton()
+
+    def _load_triton(self) -> None:
+        """Import the kernels now, so a Triton that does not work here is a warning at load (and the
+        torch path), not an error at the first token."""
+        try:
+            from localllm.backends.torch_backend import triton_quant
+        except Exception as e:  # a broken or mismatched install raises anything from ImportError on
+            log.warning("torch backend: Triton kernels unavailable (%s); dequantizing with torch ops", e)
+            self.kernels = "torch"
+            return
+        self._triton = triton_quant
 
     def __call__(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
         if self.kernels == "triton":
             if self._triton is None:
-                from localllm.backends.torch_backend import triton_quant
-
-                self._triton = triton_quant
+                self._load_triton()
             return self._triton.matmul(x, w, precision=self.precision)
         return self._torch(x, w)
 
