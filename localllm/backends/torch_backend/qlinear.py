@@ -60,9 +60,9 @@ class QuantLinear:
         self._triton = triton_quant
 
     def __call__(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+        if self.kernels == "triton" and self._triton is None:  # (kernels set after construction)
+            self._load_triton()
         if self.kernels == "triton":
-            if self._triton is None:
-                self._load_triton()
             return self._triton.matmul(x, w, precision=self.precision)
         return self._torch(x, w)
 
