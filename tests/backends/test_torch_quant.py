@@ -183,3 +183,45 @@ def test_quantized_model_through_the_triton_kernels(tq, quant_models, monkeypatc
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     ours = engine.generate([PROMPT[:6]], params)[0].token_ids
     assert ours == reference.generate([PROMPT[:6]], params)[0].token_ids
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "moe-Q4_0"])
+def test_cuda_quantized_models_track_the_oracle(quant_models, name: str) -> None:
+    """On CUDA by default: blocks on the device, Triton's GEMV and tf32x3 GEMM; near float32 results."""
+    from localllm.engine.engine import score_tokens
+
+    engine = _engine_on(quant_models[name], "cuda")
+    assert engine.backend.weights == "quantized" and engine.backend.qlinear.kernels == "triton"
+    expected = score_tokens(_engine(quant_models[name], "numpy"), PROMPT)
+    got = score_tokens(engine, PROMPT)
+    assert _rel_err(got, expected) < 2e-3
+    assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.95
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_samples_on_the_device_as_on_the_host(quant_models) -> None:
+    from localllm.sampling_params import SamplingParams
+
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=12, ignore_eos=True, logprobs=2)
+              for s in range(4)]  # fmt: skip
+    prompts = [PROMPT[: 5 + 3 * i] for i in range(4)]
+    device = _engine_on(quant_models["Q8_0"], "cuda")
+    host = _engine_on(quant_models["Q8_0"], "cuda")
+    host.backend.samples_on_device = False
+    assert device.backend.samples_on_device
+    got, expected = device.generate(prompts, params), host.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+
+
+def _engine_on(path, device: str):
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(path), backend="torch", device=device, threads=1, max_num_seqs=4,
+                                  ctx_size=128))  # fmt: skip
