@@ -59,7 +59,11 @@ def _group(qsl: np.ndarray, ctx: np.ndarray, tables: np.ndarray, seqs: np.ndarra
 
 def on_device(groups: list[HostGroup], uploaded: list[torch.Tensor]) -> list[Group]:
     """The groups over their uploaded arrays (four per group, in HostGroup.arrays order)."""
-    return [Group(*uploaded[4 * i : 4 * i + 4], g.n_keys) for i, g in enumerate(groups)]
+    out = []
+    for i, g in enumerate(groups):
+        tokens, q_pos, ctx, tables = uploaded[4 * i : 4 * i + 4]
+        out.append(Group(tokens, q_pos, ctx, tables, g.n_keys))
+    return out
 
 
 def static_group(batch: Any, block_size: int) -> Group:

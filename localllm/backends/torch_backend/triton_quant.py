@@ -234,11 +234,11 @@ def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3", split_k: in
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     common = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRECISION": precision}
     if kquant:
-        kq.gemm_kquant_kernel[(*tiles, splits)](
+        kq.gemm_kquant_kernel[(tiles[0], tiles[1], splits)](
             x, out, *_planes(w), m, n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], **common
         )  # fmt: skip
     else:
-        gemm_kernel[(*tiles, splits)](
+        gemm_kernel[(tiles[0], tiles[1], splits)](
             x, out, *_planes(w), m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common
         )  # fmt: skip
     return _summed(out)
