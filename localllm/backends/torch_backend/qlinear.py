@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from localllm.backends.torch_backend.weights import QuantWeight, dequantized_rows
+from localllm.errors import ConfigError
 
 log = logging.getLogger("localllm")
 
@@ -26,7 +27,7 @@ def weight_mode(device: torch.device, asked: str = "") -> str:
     what runs out there) and dense float32 on the CPU (fastest there, and today's behaviour)."""
     mode = asked or os.environ.get("LOCALLLM_TORCH_WEIGHTS", "") or "auto"
     if mode not in WEIGHT_MODES:
-        raise ValueError(f"torch weights '{mode}': choose {', '.join(WEIGHT_MODES)}")
+        raise ConfigError(f"LOCALLLM_TORCH_WEIGHTS={mode}: choose {', '.join(WEIGHT_MODES)}")
     if mode == "auto":
         return "dense" if device.type == "cpu" else "quantized"
     return mode
