@@ -3,15 +3,17 @@
 The shared decoder (localllm/models) calls only the operations below, so the same architecture runs on
 the NumPy reference, the Numba CPU kernels, or a device backend. Capabilities a backend may add are
 declared here with their do-nothing defaults, so callers never probe with getattr/hasattr:
-`run_layers` (a fused layer stack), `begin_step` (upload a step's batch to the device, pick its thread
-count), `thread_governor` (the thread count learned per model from step times), `warmup`
-(compile before the first request) and `open_weight_cache` (a disk cache of prepared weights, which the
-loader passes back to `prepare_weight`).
+`run_layers` (a fused layer stack), `sample` (a step's tokens drawn where the logits are),
+`begin_step` (upload a step's batch to the device, pick its thread count), `thread_governor` (the
+thread count learned per model from step times), `warmup` (compile before the first request) and
+`open_weight_cache` (a disk cache of prepared weights, which the loader passes back to
+`prepare_weight`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +24,31 @@ if TYPE_CHECKING:
     from localllm.loading.file import GGUFFile
     from localllm.models.batch import ForwardBatch, PagedKV
     from localllm.models.spec import LayerSpec, RopeSpec
+    from localllm.sampling_params import SamplingParams
 
 # The model and a layer's weights, as the backend sees them. Not imported from models.transformer and
 # models.layers: those name the Backend, and type-only imports count as import cycles here.
 Transformer = Any
 LayerWeights = Any
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """One logits row to sample: its parameters, its sequence's history (for penalties), the generator
+    the host sampler would draw from, and the tokens a grammar allows (bool (vocab,); None: all)."""
+
+    params: SamplingParams
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    rng: np.random.Generator
+    allowed: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class Sampled:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 class Backend:
@@ -124,6 +146,13 @@ class Backend:
         per model: a draft model's steps (a 1-token one ~2x faster than its target's) would mislead its
         target's choice. None: this backend's thread count is fixed."""
         return None
+
+    samples_on_device = False
+
+    def sample(self, logits: Any, rows: Sequence[SampleRow]) -> list[Sampled]:
+        """Where samples_on_device: row i of `logits` (a step's output, still on the device) sampled as
+        rows[i] says, as localllm/sampler.py would; ends the step as to_numpy does."""
+        raise NotImplementedError
 
     def run_layers(self, model: Transformer, x: Any, batch: ForwardBatch, kv: PagedKV) -> Any | None:
         """All of model's layers on x in one fused call, or None to have the model run them op by op."""
