@@ -85,8 +85,9 @@ def mxfp4_unpack_pairs_avx2(typingctx, q_addr, p_addr):
     reads them (simd_x86's pair slots), looked up once for every activation row."""
 
     def codegen(context, builder, signature, args):
-        qp, pp = builder.inttoptr(args[0], ir.IntType(8).as_pointer()), builder.inttoptr(
-            args[1], ir.IntType(8).as_pointer()
+        qp, pp = (
+            builder.inttoptr(args[0], ir.IntType(8).as_pointer()),
+            builder.inttoptr(args[1], ir.IntType(8).as_pointer()),
         )
         for j in range(16):
             _prefetch(builder, qp, PREFETCH_AHEAD + j * 64)
