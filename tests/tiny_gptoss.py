@@ -18,7 +18,7 @@ import numpy as np
 from tiny_model import RandomTensors, vocabulary, write_vocabulary
 
 ARCH = "gpt-oss"
-ROUTER_SCALE, GATE_UP_SCALE, OUT_SCALE = 1.5, 4.0, 16.0
+ROUTER_SCALE, OUT_SCALE = 1.5, 16.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Shape:
     yarn_factor: float = 32.0
     yarn_orig_ctx: int = 64  # 2048 / 32: positions of a 64-token test already fall in YaRN's ramp
     random_experts: bool = False  # random MXFP4 bytes (fast, for big files) instead of quantized normals
+    gate_up_scale: float = 2.5  # std of the experts' gate/up outputs: ~0.5% pass the clamp's limit of 7
 
 
 TINY = Shape()
@@ -88,6 +89,9 @@ def _experts(t: RandomTensors, s: Shape, name: str, rows: int, cols: int, scale:
         )
         return
     data = (t.rng.standard_normal((s.experts, rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+    if t.quant == "F32":  # (an all-float file: no activation rounding anywhere in llama.cpp)
+        t.w.add_tensor(name, data)
+        return
     t.w.add_tensor(name, quantize(data, mx), raw_dtype=mx)
 
 
@@ -108,9 +112,9 @@ def _layer(t: RandomTensors, s: Shape, p: str) -> None:
     t.w.add_tensor(f"{p}.ffn_gate_inp.weight", (t.rng.standard_normal((E, dim)) * ROUTER_SCALE / np.sqrt(dim))
                    .astype(np.float32))  # fmt: skip
     _bias(t, f"{p}.ffn_gate_inp.bias", (E,), 0.5)
-    _experts(t, s, f"{p}.ffn_gate_exps.weight", f, dim, GATE_UP_SCALE)
+    _experts(t, s, f"{p}.ffn_gate_exps.weight", f, dim, s.gate_up_scale)
     _bias(t, f"{p}.ffn_gate_exps.bias", (E, f), 0.5)
-    _experts(t, s, f"{p}.ffn_up_exps.weight", f, dim, GATE_UP_SCALE)
+    _experts(t, s, f"{p}.ffn_up_exps.weight", f, dim, s.gate_up_scale)
     _bias(t, f"{p}.ffn_up_exps.bias", (E, f), 0.5)
     _experts(t, s, f"{p}.ffn_down_exps.weight", dim, f, 0.25)
     _bias(t, f"{p}.ffn_down_exps.bias", (E, dim), 0.1)
@@ -135,6 +139,19 @@ def write_gptoss(path: Path, shape: Shape = TINY, seed: int = 3, quant: str = "Q
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# variant -> what the file exercises (tests/fixtures/make_arch_fixtures.py makes llama.cpp's logits)
+GPTOSS_VARIANTS = {
+    "gptoss": "sinks, biases, clamped SwiGLU, YaRN, even layers windowed, MXFP4 top-4 of 8, Q8_0 elsewhere",
+    "gptoss_f32": "all float32 and gate/up outputs of std 4 (8% clamped): llama.cpp rounds no activations",
+}
+
+
+def write_gptoss_variant(path: Path, variant: str) -> Path:
+    if variant == "gptoss_f32":
+        return write_gptoss(path, Shape(gate_up_scale=4.0), quant="F32")
+    return write_gptoss(path)
 
 
 if __name__ == "__main__":

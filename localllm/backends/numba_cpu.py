@@ -293,8 +293,9 @@ class NumbaBackend(Backend):
         tables = [matmul.group_table(ws, use_int) for ws in groups]
         out = np.empty_like(h2)
         no1, no2 = np.empty(0, np.float32), np.empty((0, 0), np.float32)
-        rb = no1 if lw.router_b is None else _f32(lw.router_b).reshape(-1)
-        gb, ub, db = (no2 if b is None else _f32(b) for b in (lw.gate_exps_b, lw.up_exps_b, lw.down_exps_b))
+        rb = _f32(lw.router_b).reshape(-1) if spec.router_bias else no1
+        expert_b = (lw.gate_exps_b, lw.up_exps_b, lw.down_exps_b)
+        gb, ub, db = (_f32(b) if spec.expert_bias else no2 for b in expert_b)
         moe.moe_ffn_ext(h2, *tables, gemm, use_int, spec.experts_used, spec.expert_renorm,
                         spec.activation == "swiglu_oai", rb, gb, ub, db, out, self.moe_stats,
                         self.threads)  # fmt: skip

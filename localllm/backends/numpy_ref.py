@@ -88,7 +88,7 @@ class NumpyBackend(Backend):
         x, router = h.astype(np.float32), lw.router.dequantized()
         return moe_reference.moe_ffn(
             x, router, expert, spec.experts_used, spec.expert_renorm, biases if spec.expert_bias else None,
-            lw.router_b, spec.activation,
+            lw.router_b if spec.router_bias else None, spec.activation,
         )  # fmt: skip
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -134,7 +134,8 @@ def self_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
         args.attn_scale, spec.window, spec.attn_softcap, **sinks,
     )  # fmt: skip
-    return _add_bias(b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo), lw.bo)
+    out = b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
+    return _add_bias(out, lw.bo) if spec.o_bias else out
 
 
 def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
