@@ -37,6 +37,8 @@ class Shape:
     yarn_orig_ctx: int = 64  # 2048 / 32: positions of a 64-token test already fall in YaRN's ramp
     random_experts: bool = False  # random MXFP4 bytes (fast, for big files) instead of quantized normals
     gate_up_scale: float = 2.5  # std of the experts' gate/up outputs: ~0.5% pass the clamp's limit of 7
+    router_bias: float = 0.5  # std of the router's logit bias (its logits' is 1.5)
+    expert_bias: float = 0.5  # std of the experts' gate/up biases (down's: a fifth of it)
 
 
 TINY = Shape()
@@ -111,13 +113,13 @@ def _layer(t: RandomTensors, s: Shape, p: str) -> None:
     _bias(t, f"{p}.attn_sinks.weight", (s.heads,), 1.0, mean=1.0)
     t.w.add_tensor(f"{p}.ffn_gate_inp.weight", (t.rng.standard_normal((E, dim)) * ROUTER_SCALE / np.sqrt(dim))
                    .astype(np.float32))  # fmt: skip
-    _bias(t, f"{p}.ffn_gate_inp.bias", (E,), 0.5)
+    _bias(t, f"{p}.ffn_gate_inp.bias", (E,), s.router_bias)
     _experts(t, s, f"{p}.ffn_gate_exps.weight", f, dim, s.gate_up_scale)
-    _bias(t, f"{p}.ffn_gate_exps.bias", (E, f), 0.5)
+    _bias(t, f"{p}.ffn_gate_exps.bias", (E, f), s.expert_bias)
     _experts(t, s, f"{p}.ffn_up_exps.weight", f, dim, s.gate_up_scale)
-    _bias(t, f"{p}.ffn_up_exps.bias", (E, f), 0.5)
+    _bias(t, f"{p}.ffn_up_exps.bias", (E, f), s.expert_bias)
     _experts(t, s, f"{p}.ffn_down_exps.weight", dim, f, 0.25)
-    _bias(t, f"{p}.ffn_down_exps.bias", (E, dim), 0.1)
+    _bias(t, f"{p}.ffn_down_exps.bias", (E, dim), s.expert_bias / 5)
 
 
 def write_gptoss(path: Path, shape: Shape = TINY, seed: int = 3, quant: str = "Q8_0") -> Path:
@@ -144,13 +146,13 @@ def write_gptoss(path: Path, shape: Shape = TINY, seed: int = 3, quant: str = "Q
 # variant -> what the file exercises (tests/fixtures/make_arch_fixtures.py makes llama.cpp's logits)
 GPTOSS_VARIANTS = {
     "gptoss": "sinks, biases, clamped SwiGLU, YaRN, even layers windowed, MXFP4 top-4 of 8, Q8_0 elsewhere",
-    "gptoss_f32": "all float32 and gate/up outputs of std 4 (8% clamped): llama.cpp rounds no activations",
+    "gptoss_f32": "all float32 (llama.cpp rounds no activations), 8% of gate/up clamped, strong biases",
 }
 
 
 def write_gptoss_variant(path: Path, variant: str) -> Path:
     if variant == "gptoss_f32":
-        return write_gptoss(path, Shape(gate_up_scale=4.0), quant="F32")
+        return write_gptoss(path, Shape(gate_up_scale=4.0, router_bias=1.5, expert_bias=2.5), quant="F32")
     return write_gptoss(path)
 
 
