@@ -40,7 +40,11 @@ F_ROPE = 7  # index of the layer's rotation in Step.cos / Step.sin
 F_EXPERTS = 8  # experts used per token (0: the dense FFN only)
 F_RENORM = 9  # renormalise the routed experts' weights
 F_SHARED = 10  # the dense FFN runs too, as a shared expert under a sigmoid gate
-N_FLAGS = 11
+F_SINKS = 11  # attention sinks (Extras.sinks)
+F_O_BIAS = 12  # output projection bias (Extras.bo)
+F_EXPERT_BIAS = 13  # router and expert biases (Extras.router_b, *_exps_b)
+F_OAI = 14  # gpt-oss's clamped SwiGLU for the experts and the dense FFN
+N_FLAGS = 15
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -70,6 +74,18 @@ class StackWeights(NamedTuple):
     down_exps: np.ndarray
     shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
     moe_stats: np.ndarray  # (2,) int64 counters, see moe.STAT_BYTES
+    extras: Extras
+
+
+class Extras(NamedTuple):
+    """Per-layer arrays of the rarer features (gpt-oss); 0-wide where no layer has one."""
+
+    sinks: np.ndarray  # (L, n_heads) attention-sink logits
+    bo: np.ndarray  # (L, dim)
+    router_b: np.ndarray  # (L, experts)
+    gate_exps_b: np.ndarray  # (L, experts, expert_ffn)
+    up_exps_b: np.ndarray
+    down_exps_b: np.ndarray  # (L, experts, dim)
 
 
 class Dims(NamedTuple):
@@ -155,14 +171,14 @@ def _heads_norm(x, weight, eps, out) -> None:
 
 
 @njit(cache=True)
-def _attend(q, k_cache, v_cache, step, scale, window, softcap, out, nth) -> None:
+def _attend(q, k_cache, v_cache, step, scale, window, softcap, sinks, out, nth) -> None:
     ctx = step.ctx
     work = q.shape[0] * q.shape[1] * q.shape[2] * (ctx.max() if ctx.size else 0)
-    args = (q, k_cache, v_cache, step.qsl, ctx, step.block_tables, scale, window, softcap, out)
+    args = (q, k_cache, v_cache, step.qsl, ctx, step.block_tables, scale, window, softcap, sinks, out)
     if nth > 1 and work >= ATTN_PARALLEL_MIN:
-        attention.paged_attention_par(*args, nth)
+        attention.paged_attention_sinks_par(*args, nth)
     else:
-        attention.paged_attention_serial(*args)
+        attention.paged_attention_sinks_serial(*args)
 
 
 @njit(cache=True)
@@ -203,8 +219,11 @@ def _attention_block(il, x, w, dims, step, kv, buf, nth):
     layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
                          buf.q, buf.k)  # fmt: skip
     window, cap = w.flags[il, F_WINDOW], w.softcap[il]
-    _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, buf.att, nth)
+    sinks = w.extras.sinks[il] if w.flags[il, F_SINKS] else w.extras.sinks[il, :0]
+    _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, sinks, buf.att, nth)
     _project(w.o[il], w.gemm, w.quantize, buf.att.reshape(x.shape[0], -1), (buf.o,), nth)
+    if w.flags[il, F_O_BIAS]:
+        _add_bias(buf.o, w.extras.bo[il])
     _residual(x, buf.o, w.flags[il, F_POST_ATTN], w.post_attn_norm[il], dims.eps, buf.h)
 
 
@@ -242,6 +261,8 @@ def _dense_ffn(il, w, buf, nth):
     _project(w.gate_up[il], w.gemm, w.quantize, buf.h, (buf.gate, buf.up), nth)
     if w.flags[il, F_GELU]:
         layers.geglu_rows(buf.gate, buf.up, buf.act)
+    elif w.flags[il, F_OAI]:
+        layers.swiglu_oai_rows(buf.gate, buf.up, buf.act)
     else:
         layers.swiglu_rows(buf.gate, buf.up, buf.act)
     _down(il, w, buf, nth)
@@ -251,8 +272,14 @@ def _dense_ffn(il, w, buf, nth):
 def _moe_ffn(il, w, buf, nth):
     """buf.down = the routed experts' weighted sum of h = buf.h (in buf.o, free after attention), plus
     the dense FFN times sigmoid(h . shexp_gate) where the layer has a shared expert."""
-    moe.moe_ffn(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
-                w.flags[il, F_EXPERTS], w.flags[il, F_RENORM] != 0, buf.o, w.moe_stats, nth)  # fmt: skip
+    x, biased = w.extras, w.flags[il, F_EXPERT_BIAS] != 0
+    rb = x.router_b[il] if biased else x.router_b[il, :0]
+    gb, ub, db = x.gate_exps_b[il], x.up_exps_b[il], x.down_exps_b[il]
+    if not biased:
+        gb, ub, db = gb[:0], ub[:0], db[:0]
+    renorm, oai = w.flags[il, F_RENORM] != 0, w.flags[il, F_OAI] != 0
+    moe.moe_ffn_ext(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
+                    w.flags[il, F_EXPERTS], renorm, oai, rb, gb, ub, db, buf.o, w.moe_stats, nth)  # fmt: skip
     T = buf.h.shape[0]
     if not w.flags[il, F_SHARED]:
         buf.down[:] = buf.o

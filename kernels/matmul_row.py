@@ -16,7 +16,7 @@ from __future__ import annotations
 from numba import carray, errors, njit, types
 from numba.extending import overload
 
-from .packing import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .packing import MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, ptr_i16
 from .simd_x86 import (
@@ -216,6 +216,8 @@ def _fused_limit_impl(kind):
     if not isinstance(kind, types.IntegerLiteral):
         raise errors.TypingError("fused_limit: the weight kind must be a compile-time constant")
     kv = kind.literal_value
+    if kv == MXFP4:  # matmul_mxfp4 takes every row count itself: no general-kernel scratch
+        return lambda kind: 1 << 30
     limit = FUSED_MAX_ROWS_Q6_Q8 if FUSED_Q6_Q8 else 0
     if kv not in (Q6_K, Q8_0):
         limit = NIBBLE_ROWS.get(kv, 0)

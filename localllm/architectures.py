@@ -14,6 +14,7 @@ ARCHITECTURES = {
     "phi3": "localllm.models.phi3",
     "qwen3moe": "localllm.models.qwen3moe",
     "qwen2moe": "localllm.models.qwen2moe",
+    "gpt-oss": "localllm.models.gptoss",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
@@ -40,4 +41,11 @@ TENSOR_NAMES: dict[str, str] = {
     "up_exps": "ffn_up_exps.weight",
     "down_exps": "ffn_down_exps.weight",
     "shexp_gate": "ffn_gate_inp_shexp.weight",
+    # gpt-oss: attention sinks (one logit per head) and the biases of the output and the experts
+    "sinks": "attn_sinks.weight",
+    "bo": "attn_output.bias",
+    "router_b": "ffn_gate_inp.bias",
+    "gate_exps_b": "ffn_gate_exps.bias",
+    "up_exps_b": "ffn_up_exps.bias",
+    "down_exps_b": "ffn_down_exps.bias",
 }

@@ -100,6 +100,10 @@ class Backend:
     def geglu(self, gate: Any, up: Any) -> Any:
         raise NotImplementedError
 
+    def swiglu_oai(self, gate: Any, up: Any) -> Any:
+        """gpt-oss's clamped SwiGLU (kernels/reference.swiglu_oai)."""
+        raise NotImplementedError(f"the {self.name} backend has no clamped SwiGLU (gpt-oss)")
+
     def softcap(self, x: Any, cap: float) -> Any:
         """cap * tanh(x / cap) (gemma2's final logits)."""
         raise NotImplementedError
@@ -113,9 +117,10 @@ class Backend:
 
     def paged_attention(
         self, q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, context_lens: Any,
-        block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0,
+        block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0, sinks: Any = None,
     ) -> Any:  # fmt: skip
-        """Causal grouped-query attention over the paged cache (see kernels/reference.py)."""
+        """Causal grouped-query attention over the paged cache (see kernels/reference.py); sinks: the
+        layer's attention-sink logits (n_heads,), passed only where the spec has them."""
         raise NotImplementedError
 
     def to_numpy(self, x: Any) -> np.ndarray:

@@ -55,6 +55,11 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.ffn_up_exps.weight": ("experts", "expert_ffn_dim", "dim"),
     "blk.N.ffn_down_exps.weight": ("experts", "dim", "expert_ffn_dim"),
     "blk.N.ffn_gate_inp_shexp.weight": ("dim",),
+    "blk.N.attn_sinks.weight": ("n_heads",),
+    "blk.N.ffn_gate_inp.bias": ("experts",),
+    "blk.N.ffn_gate_exps.bias": ("experts", "expert_ffn_dim"),
+    "blk.N.ffn_up_exps.bias": ("experts", "expert_ffn_dim"),
+    "blk.N.ffn_down_exps.bias": ("experts", "dim"),
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
@@ -148,6 +153,7 @@ def _sizes(args: ModelArgs) -> dict[str, int]:
         "vocab_size": args.vocab_size,
         "dim": args.dim,
         "head_dim": args.head_dim,
+        "n_heads": args.n_heads,
         "ffn_dim": args.ffn_dim,
         "n_heads*head_dim": args.n_heads * args.head_dim,
         "n_kv_heads*head_dim": args.n_kv_heads * args.head_dim,

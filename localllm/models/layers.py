@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router"})
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
+EXPERT_BIASES = ("gate_exps_b", "up_exps_b", "down_exps_b")  # (experts, rows): one bias row per expert
 
 
 @dataclass(slots=True)
@@ -45,6 +46,12 @@ class LayerWeights:
     up_exps: tuple = ()
     down_exps: tuple = ()
     shexp_gate: Any = None  # (dim,): the shared expert's sigmoid gate
+    sinks: Any = None  # (n_heads,) attention-sink logits
+    bo: Any = None  # (dim,) output projection bias
+    router_b: Any = None  # (experts,) router logit bias
+    gate_exps_b: Any = None  # (experts, expert_ffn_dim)
+    up_exps_b: Any = None
+    down_exps_b: Any = None  # (experts, dim)
 
 
 def wanted(spec: LayerSpec) -> list[str]:
@@ -57,6 +64,10 @@ def wanted(spec: LayerSpec) -> list[str]:
     names += ["q_norm", "k_norm"] if spec.qk_norm else []
     names += ["post_attn_norm"] if spec.post_attn_norm else []
     names += ["post_ffn_norm"] if spec.post_ffn_norm else []
+    names += ["sinks"] if spec.attn_sinks else []
+    names += ["bo"] if spec.o_bias else []
+    names += ["router_b"] if spec.router_bias else []
+    names += list(EXPERT_BIASES) if spec.expert_bias else []
     return names
 
 
@@ -86,6 +97,8 @@ def load_layer(
         name = f"blk.{il}.{names[field]}"
         if field in EXPERTS:
             values[field] = w.experts(name)
+        elif field in EXPERT_BIASES:
+            values[field] = w.vector(name).reshape(spec.experts, -1)
         else:
             values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
     return LayerWeights(**values)
@@ -116,11 +129,13 @@ def self_attention(
         k = b.rms_norm(k, lw.k_norm, args.norm_eps)
     k_cache, v_cache = kv.layer(il)
     q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
+    sinks = {"sinks": lw.sinks} if spec.attn_sinks else {}  # (backends without sinks never see the word)
     out = b.paged_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
-        args.attn_scale, spec.window, spec.attn_softcap,
+        args.attn_scale, spec.window, spec.attn_softcap, **sinks,
     )  # fmt: skip
-    return b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
+    out = b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
+    return _add_bias(out, lw.bo) if spec.o_bias else out
 
 
 def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
@@ -135,7 +150,7 @@ def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
 
 def dense_ffn(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
     gate, up = b.linear_many(h, [lw.gate, lw.up])
-    act = b.swiglu(gate, up) if spec.activation == "silu" else b.geglu(gate, up)
+    act = {"silu": b.swiglu, "gelu_tanh": b.geglu, "swiglu_oai": b.swiglu_oai}[spec.activation](gate, up)
     return (b.linear_precise if spec.precise_down else b.linear)(act, lw.down)
 
 

@@ -12,7 +12,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (llama, qwen) and GeGLU with tanh-GELU (gemma)
+# SwiGLU (llama, qwen), GeGLU with tanh-GELU (gemma), and gpt-oss's clamped SwiGLU: with g = min(gate,
+# OAI_LIMIT) and u = clip(up, -OAI_LIMIT, OAI_LIMIT), g * sigmoid(OAI_ALPHA * g) * (u + 1) (llama.cpp's
+# swiglu_oai, whose constants are fixed in its code, not read from the file)
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,13 @@ class LayerSpec:
     expert_ffn_dim: int = 0  # each expert's hidden width
     expert_renorm: bool = False
     shared_expert: bool = False  # plus the dense FFN (ffn_*_shexp) under a sigmoid gate (qwen2moe)
+    # gpt-oss: a learned logit per head joins each softmax's denominator (attention sinks: a query may
+    # attend to "nothing"); biases on the output projection, the router's logits and every expert's
+    # gate/up/down outputs.  (Its top-k softmax over the chosen logits is expert_renorm: the same weights.)
+    attn_sinks: bool = False
+    o_bias: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

@@ -9,7 +9,7 @@ from gguf.quants import quantize as gguf_quantize
 from localllm.quant.ggml import BLOCK_KERNELS
 
 T = gguf.GGMLQuantizationType
-GGUF_QUANTIZABLE = {"BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+GGUF_QUANTIZABLE = {"BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"}
 
 
 def random_weight(rng: np.random.Generator, name: str, n: int, k: int) -> np.ndarray:
