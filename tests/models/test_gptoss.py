@@ -1,4 +1,4 @@
-"""gpt-oss (issue 30): random-weight files (tests/tiny_gptoss.py) against llama.cpp b11312's logits in
+"""gpt-oss (issue 30): random-weight files (tests/support/tiny_gptoss.py) against llama.cpp b11312's logits in
 tests/data/arch (fixtures/make_arch_fixtures.py), and its new kernels against their NumPy twins.
 
 `gptoss_f32` is all float32 (llama.cpp then rounds no activations): every spec field is compared
@@ -14,8 +14,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from arch_conformance import compare, engine, greedy, greedy_problem, load_fixture, teacher_forced
-from test_architectures import failures
+from arch_conformance import compare, engine, failures, greedy, greedy_problem, load_fixture, teacher_forced
 from tiny_gptoss import GPTOSS_VARIANTS, write_gptoss_variant
 
 from localllm.kernels import attention, layers, matmul, moe

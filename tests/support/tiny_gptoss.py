@@ -5,8 +5,8 @@ tiny_model.py.
 
 Scales make each feature matter: gate/up outputs reach past the clamped SwiGLU's limit of 7, the sinks
 sit among the attention scores, and the output projection gives peaky next-token distributions.
-`python tests/tiny_gptoss.py OUT.gguf` writes the benchmark's file: gpt-oss-20b's layer shape (dim 2880,
-64 heads of 64, 8 KV heads, experts 2880 wide, top-4) with 16 experts and 4 layers.
+`python tests/support/tiny_gptoss.py OUT.gguf` writes the benchmark's file: gpt-oss-20b's layer shape
+(dim 2880, 64 heads of 64, 8 KV heads, experts 2880 wide, top-4) with 16 experts and 4 layers.
 """
 
 from __future__ import annotations
