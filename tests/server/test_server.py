@@ -471,8 +471,8 @@ def test_metrics(srv: Running, client: openai.OpenAI) -> None:
         "localllm:prompt_tokens_total",
         "localllm:generation_tokens_total",
         'localllm:request_success_total{finished_reason="length"}',
-        "localllm:time_to_first_token_seconds_bucket",
-        "localllm:inter_token_latency_seconds_bucket",
+        'localllm:time_to_first_token_seconds_bucket{le="+Inf"}',
+        'localllm:inter_token_latency_seconds_bucket{le="+Inf"}',
         'localllm:e2e_request_latency_seconds_bucket{le="+Inf"}',
         "localllm:time_per_output_token_seconds_count",
     ):

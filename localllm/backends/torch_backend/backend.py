@@ -36,6 +36,7 @@ from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, w
 from localllm.backends.torch_backend.sampling import sample_batch
 from localllm.backends.torch_backend.uploads import upload_ints
 from localllm.backends.torch_backend.weights import QuantWeight, dequantize_torch, keeps_quantized, upload
+from localllm.errors import ModelFormatError
 from localllm.models.batch import ForwardBatch
 from localllm.models.spec import LayerSpec, RopeSpec
 from localllm.quant import dequantize
@@ -278,9 +279,12 @@ class TorchBackend(Backend):
     def paged_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: Any,
         context_lens: Any, block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0,
+        sinks: Any = None,
     ) -> torch.Tensor:  # fmt: skip
         """Causal grouped-query attention over the paged cache, per the step's plan (begin_step); the
         index arguments are the plan's source and are not read again here."""
+        if sinks is not None:
+            raise ModelFormatError("attention sinks (gpt-oss) are not supported by the torch backend yet")
         if self._static_batch is not None:
             g = attention.static_group(self._static_batch, k_cache.shape[1])
             return attention.attend_group(q, k_cache, v_cache, g, self._mask(-1, g, window), scale, softcap)
