@@ -70,6 +70,7 @@ class StackWeights(NamedTuple):
     down_exps: np.ndarray
     shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
     moe_stats: np.ndarray  # (2,) int64 counters, see moe.STAT_BYTES
+    attn_temp: np.ndarray  # (L, 2) float64: attention temperature scale (0: off) and length
 
 
 class Dims(NamedTuple):
@@ -193,6 +194,16 @@ def _qkv(il, w, dims, buf, nth):
 
 
 @njit(cache=True)
+def _temperature(q, positions, scale, length) -> None:
+    """q[t] *= 1 + scale * ln(floor(pos_t / length) + 1): the attention temperature (LayerSpec)."""
+    for t in range(q.shape[0]):
+        f = np.float32(np.log(np.floor(np.float64(positions[t]) / length) + 1.0) * scale + 1.0)
+        for h in range(q.shape[1]):
+            for j in range(q.shape[2]):
+                q[t, h, j] = q[t, h, j] * f
+
+
+@njit(cache=True)
 def _attention_block(il, x, w, dims, step, kv, buf, nth):
     """x += [post-norm] o_proj(attention(rope(q, k), v)) of rms_norm(x), k/v stored in the cache."""
     layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
@@ -202,6 +213,8 @@ def _attention_block(il, x, w, dims, step, kv, buf, nth):
     dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
     layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
                          buf.q, buf.k)  # fmt: skip
+    if w.attn_temp[il, 0] != 0.0:
+        _temperature(buf.q, step.positions, w.attn_temp[il, 0], w.attn_temp[il, 1])
     window, cap = w.flags[il, F_WINDOW], w.softcap[il]
     _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, buf.att, nth)
     _project(w.o[il], w.gemm, w.quantize, buf.att.reshape(x.shape[0], -1), (buf.o,), nth)

@@ -14,6 +14,8 @@ ARCHITECTURES = {
     "phi3": "localllm.models.phi3",
     "qwen3moe": "localllm.models.qwen3moe",
     "qwen2moe": "localllm.models.qwen2moe",
+    "smollm3": "localllm.models.smollm3",
+    "mistral3": "localllm.models.mistral3",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.

@@ -108,12 +108,15 @@ VARIANTS = {
     "llama_yarn": ("llama", "F32", "YaRN RoPE scaling (factor 4 over a 16-token original context)"),
     # phi3's weights with a 64-token original context: the tests' 128 (llama.cpp's 512) take the long factors
     "phi3_long": ("phi3", "Q8_0", "LongRoPE long factors (context over the original one)"),
+    "smollm3": ("smollm3", "Q8_0", "no RoPE on every fourth layer (NoPE)"),
+    "mistral3": ("mistral3", "F32", "attention temperature past a 16-token original context, YaRN log mul"),
 }
 V_HEAD_DIM = {"qwen3": 32}
 SOFTCAPS = {"attn": 1.5, "final": 30.0}  # attention's small enough that dropping it changes the answer
 # Output projection scales: peaky next-token distributions (median top-1/top-2 margin of several
 # logits); gemma2's output is its (tied) embedding, under a final soft-cap of 30 as in the real models.
 OUT_SCALE, GEMMA2_EMBD_SCALE = 16.0, 6.0
+MISTRAL3_TEMP = 0.5  # Ministral 3's is 0.1 over 16k tokens; larger, so dropping it changes the answer
 
 
 def _variant_metadata(
@@ -132,10 +135,13 @@ def _variant_metadata(
         w.add_rope_dimension_count(head_dim)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", 64 if variant == "phi3_long" else s.ctx)
-    if variant == "llama_yarn":
+    if variant in ("llama_yarn", "mistral3"):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", 16)
+    if variant == "mistral3":
+        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", 1.0)
+        w.add_float32(f"{arch}.attention.temperature_scale", MISTRAL3_TEMP)
 
 
 def write_variant(

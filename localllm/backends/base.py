@@ -96,6 +96,12 @@ class Backend:
         """Causal grouped-query attention over the paged cache (see kernels/reference.py)."""
         raise NotImplementedError
 
+    def attn_temperature(self, q: Any, positions: Any, scale: float, length: int) -> Any:
+        """q (T, heads, D) times each token's attention temperature (LayerSpec.attn_temp_scale)."""
+        from localllm.models.spec import attn_temperature
+
+        return q * attn_temperature(np.asarray(positions), scale, length)[:, None, None]
+
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x)
 

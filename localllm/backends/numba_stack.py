@@ -32,6 +32,7 @@ EXECUTED = frozenset(
      "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
      "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert"}
+    | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length"}
 )  # fmt: skip
 
 
@@ -132,6 +133,7 @@ class DecoderPlan:
             flags, np.array([s.attn_softcap for s in a.layers], np.float32), 0, True,
             *(_tables(g, True) for g in groups[4:]), _stack([x.shexp_gate for x in L], a.dim),
             np.zeros(2, np.int64),
+            np.array([(s.attn_temp_scale, s.attn_temp_length) for s in a.layers], np.float64),
         )  # fmt: skip
         two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
         dims = dk.Dims(

@@ -135,8 +135,8 @@ def _layer_problems(args: ModelArgs, spec: LayerSpec) -> Iterable[str]:
 
 
 def _rope_problems(dim: Any, base: Any, freq_scale: Any, head_dim: int) -> Iterable[str]:
-    if not (is_int(dim) and 2 <= dim <= head_dim and dim % 2 == 0):
-        yield f"the rope dimension count is {show(dim)}; expected an even number, 2 to head dim {head_dim}"
+    if not (is_int(dim) and 0 <= dim <= head_dim and dim % 2 == 0):  # 0: a layer without RoPE
+        yield f"the rope dimension count is {show(dim)}; expected an even number, 0 to head dim {head_dim}"
     if not (is_number(base) and 0 < base <= 1e12):
         yield f"the rope base is {show(base)}; expected above 0, at most 1e12"
     if not (is_number(freq_scale) and 0 < freq_scale <= 1e6):

@@ -116,6 +116,8 @@ def self_attention(
         k = b.rms_norm(k, lw.k_norm, args.norm_eps)
     k_cache, v_cache = kv.layer(il)
     q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
+    if spec.attn_temp_scale:
+        q = b.attn_temperature(q, batch.positions, spec.attn_temp_scale, spec.attn_temp_length)
     out = b.paged_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
         args.attn_scale, spec.window, spec.attn_softcap,
