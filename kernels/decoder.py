@@ -40,7 +40,8 @@ F_ROPE = 7  # index of the layer's rotation in Step.cos / Step.sin
 F_EXPERTS = 8  # experts used per token (0: the dense FFN only)
 F_RENORM = 9  # renormalise the routed experts' weights
 F_SHARED = 10  # the dense FFN runs too, as a shared expert under a sigmoid gate
-N_FLAGS = 11
+F_V_NORM = 11  # RMSNorm over each head of v (weights StackWeights.v_norm)
+N_FLAGS = 12
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -71,6 +72,8 @@ class StackWeights(NamedTuple):
     shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
     moe_stats: np.ndarray  # (2,) int64 counters, see moe.STAT_BYTES
     attn_temp: np.ndarray  # (L, 2) float64: attention temperature scale (0: off) and length
+    v_norm: np.ndarray  # (L, head_dim): v's norm weights (F_V_NORM)
+    out_scale: np.ndarray  # (L,) float32: the layer's output times this (1: none)
 
 
 class Dims(NamedTuple):
@@ -143,6 +146,13 @@ def _add_rows(x, y) -> None:
 
 
 @njit(cache=True)
+def _scale_rows(x, s) -> None:
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[t, j] = x[t, j] * s
+
+
+@njit(cache=True)
 def _add_bias(x, bias) -> None:
     for t in range(x.shape[0]):
         for j in range(x.shape[1]):
@@ -186,6 +196,8 @@ def _qkv(il, w, dims, buf, nth):
         _add_bias(buf.q.reshape(T, -1), w.bq[il])
         _add_bias(buf.k.reshape(T, -1), w.bk[il])
         _add_bias(buf.v.reshape(T, -1), w.bv[il])
+    if w.flags[il, F_V_NORM]:  # in place: each row is read before it is written
+        _heads_norm(buf.v, w.v_norm[il], dims.eps, buf.v)
     if not w.flags[il, F_QK_NORM]:
         return buf.q, buf.k
     _heads_norm(buf.q, w.q_norm[il], dims.eps, buf.att)
@@ -299,6 +311,8 @@ def decoder_stack(x, w, dims, step, kv, nth):
     for il in range(w.flags.shape[0]):
         _attention_block(il, x, w, dims, step, kv, buf, nth)
         _ffn_block(il, x, w, dims, buf, nth)
+        if w.out_scale[il] != 1.0:
+            _scale_rows(x, w.out_scale[il])
     # keep the buffers alive past the kernels that only saw their addresses
     return buf.q.size + buf.k.size + buf.v.size + buf.o.size + buf.gate.size + buf.up.size + buf.down.size \
         + buf.act2.size + buf.down2.size  # fmt: skip

@@ -32,7 +32,7 @@ EXECUTED = frozenset(
      "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
      "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert"}
-    | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length"}
+    | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length", "v_from_k", "v_norm", "out_scale"}
 )  # fmt: skip
 
 
@@ -84,6 +84,7 @@ def _flags(specs: tuple[LayerSpec, ...], layers: list[Any], ropes: list[RopeSpec
         flags[il, dk.F_ROPE] = ropes.index(s.rope)
         flags[il, dk.F_EXPERTS], flags[il, dk.F_RENORM] = s.experts_used, s.expert_renorm
         flags[il, dk.F_SHARED] = s.shared_expert
+        flags[il, dk.F_V_NORM] = s.v_norm
     return flags
 
 
@@ -134,6 +135,7 @@ class DecoderPlan:
             *(_tables(g, True) for g in groups[4:]), _stack([x.shexp_gate for x in L], a.dim),
             np.zeros(2, np.int64),
             np.array([(s.attn_temp_scale, s.attn_temp_length) for s in a.layers], np.float64),
+            _stack([x.v_norm for x in L], hd), np.array([s.out_scale for s in a.layers], np.float32),
         )  # fmt: skip
         two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
         dims = dk.Dims(

@@ -176,6 +176,10 @@ class WeightLoader:
         ggml_type = self.gf.tensors[name].ggml_type
         return tuple(self.backend.prepare_weight(raw[e], ggml_type, self.cache) for e in range(raw.shape[0]))
 
+    def ones(self, n: int) -> Any:
+        """A float32 vector of n ones, as the backend holds vectors (a weightless norm's weight)."""
+        return self.backend.prepare_vector(np.ones(n, np.float32), 0)
+
     def vector(self, name: str) -> Any:
         return self.backend.prepare_vector(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)
 

@@ -50,6 +50,7 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3)
     "blk.N.ffn_down.weight": ("dim", "ffn_dim"),
     "blk.N.post_ffw_norm.weight": ("dim",),
+    "blk.N.layer_output_scale.weight": ("one",),
     "blk.N.ffn_gate_inp.weight": ("experts", "dim"),
     "blk.N.ffn_gate_exps.weight": ("experts", "expert_ffn_dim", "dim"),
     "blk.N.ffn_up_exps.weight": ("experts", "expert_ffn_dim", "dim"),
@@ -146,6 +147,7 @@ def _rope_problems(dim: Any, base: Any, freq_scale: Any, head_dim: int) -> Itera
 def _sizes(args: ModelArgs) -> dict[str, int]:
     return {
         "vocab_size": args.vocab_size,
+        "one": 1,
         "dim": args.dim,
         "head_dim": args.head_dim,
         "ffn_dim": args.ffn_dim,
@@ -168,7 +170,9 @@ def _expert_sizes(args: ModelArgs) -> dict[str, int]:
 
 
 def _rope_dim(args: ModelArgs) -> int:
-    return args.layers[0].rope.dim if args.layers else args.head_dim
+    """The rotated dims rope_freqs.weight serves: the first layer with factors (gemma4's full layers)."""
+    with_factors = [s.rope.dim for s in args.layers if s.rope.factors]
+    return with_factors[0] if with_factors else args.layers[0].rope.dim if args.layers else args.head_dim
 
 
 def _shape_table(names: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:

@@ -81,6 +81,9 @@ class LayerSpec:
     # attn_temp_length) + 1), so positions past each attn_temp_length tokens attend more sharply; 0 = off
     attn_temp_scale: float = 0.0
     attn_temp_length: int = 0
+    v_from_k: bool = False  # no attn_v: v is the k projection, before k's norm and rotation (gemma4)
+    v_norm: bool = False  # RMSNorm without a weight over each head of v (gemma4)
+    out_scale: float = 1.0  # the layer's output (the residual stream) times this (gemma4's layer scalar)
     # Mixture of experts (0 experts: the dense gate/up/down FFN). Each token's router softmax picks
     # `experts_used` experts; their outputs are summed with the picked probabilities, renormalised to
     # sum 1 where `expert_renorm` (mixtral, qwen3moe), as they are (qwen2moe) otherwise.
