@@ -105,3 +105,34 @@ def test_tokenizer_and_chat_template_load(files, variant: str) -> None:
     template = resolve_chat_template(e.gguf.metadata)
     ids = apply_chat_template(tok, template, [{"role": "user", "content": "hi"}])
     assert "<|im_start|>user\nhi<|im_end|>" in tok.decode(ids) and tok.decode(ids).endswith("assistant\n")
+
+
+def _gemma4_vocab() -> dict:
+    """Tokenizer metadata of llama.cpp's Gemma 4 vocabulary extract (fixtures/make_vocab_fixtures.py)."""
+    import json
+    import lzma
+
+    path = Path(__file__).resolve().parents[1] / "data" / "vocab" / "ggml-vocab-gemma-4.json.xz"
+    data = json.loads(lzma.decompress(path.read_bytes()))
+    n = data["n_tokens"]
+    return {
+        **data["keys"],
+        "tokenizer.ggml.tokens": [data["tokens"].get(str(i), f"\ue000{i}") for i in range(n)],
+        "tokenizer.ggml.token_type": [data["types"].get(str(i), 1) for i in range(n)],
+        "tokenizer.ggml.merges": data["merges"],
+    }
+
+
+def test_gemma4_template_renders_and_tokenizes_with_one_bos() -> None:
+    from localllm.tokenizer import load_tokenizer
+    from localllm.tokenizer.chat_template import apply_chat_template, resolve_chat_template
+
+    meta = _gemma4_vocab()
+    tok, template = load_tokenizer(meta), resolve_chat_template(meta)
+    assert tok.add_bos and template is not None
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    text = template.render(messages, add_generation_prompt=True)
+    assert text.startswith("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n")
+    ids = apply_chat_template(tok, template, messages)
+    assert ids.count(tok.bos_id) == 1 and ids[0] == tok.bos_id
+    assert tok.decode(ids) == text
