@@ -136,3 +136,19 @@ def test_gemma4_template_renders_and_tokenizes_with_one_bos() -> None:
     ids = apply_chat_template(tok, template, messages)
     assert ids.count(tok.bos_id) == 1 and ids[0] == tok.bos_id
     assert tok.decode(ids) == text
+
+
+def test_per_layer_head_counts_pass_the_file_checks_and_are_refused_by_name() -> None:
+    """Real Gemma 4 files give head_count_kv per layer: `info` reads them, the model refuses by key."""
+    from localllm.loading.checks import check_metadata
+    from localllm.models.base import read_hyper
+
+    meta = {"embedding_length": 64, "attention.head_count": 4, "block_count": 2, "feed_forward_length": 128,
+            "attention.head_count_kv": [2, 1]}  # fmt: skip
+    check_metadata({"general.architecture": "gemma4", **{f"gemma4.{k}": v for k, v in meta.items()}})
+    with pytest.raises(ModelFormatError, match="metadata key 'gemma4.block_count'"):
+        check_metadata({"general.architecture": "gemma4", "gemma4.block_count": [2, 2]})
+    gf = _fake_gemma4(meta)
+    gf.get = lambda key, default=None: default
+    with pytest.raises(ModelFormatError, match="'gemma4.attention.head_count_kv' gives one value per layer"):
+        read_hyper(gf)
