@@ -108,7 +108,7 @@ VARIANTS = {
     "llama_yarn": ("llama", "F32", "YaRN RoPE scaling (factor 4 over a 16-token original context)"),
     # phi3's weights with a 64-token original context: the tests' 128 (llama.cpp's 512) take the long factors
     "phi3_long": ("phi3", "Q8_0", "LongRoPE long factors (context over the original one)"),
-    "smollm3": ("smollm3", "Q8_0", "no RoPE on every fourth layer (NoPE)"),
+    "smollm3": ("smollm3", "F32", "no RoPE on every fourth layer (NoPE)"),
     "mistral3": ("mistral3", "F32", "attention temperature past a 16-token original context, YaRN log mul"),
     "gemma4": ("gemma4", "F32", "v from k and v norm on full layers, partial RoPE, layer scalars, 5:1 SWA"),
 }
