@@ -44,7 +44,8 @@ F_SINKS = 11  # attention sinks (Extras.sinks)
 F_O_BIAS = 12  # output projection bias (Extras.bo)
 F_EXPERT_BIAS = 13  # router and expert biases (Extras.router_b, *_exps_b)
 F_OAI = 14  # gpt-oss's clamped SwiGLU for the experts and the dense FFN
-N_FLAGS = 15
+F_V_NORM = 15  # RMSNorm over each head of v (weights StackWeights.v_norm)
+N_FLAGS = 16
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -74,6 +75,9 @@ class StackWeights(NamedTuple):
     down_exps: np.ndarray
     shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
     moe_stats: np.ndarray  # (2,) int64 counters, see moe.STAT_BYTES
+    attn_temp: np.ndarray  # (L, 2) float64: attention temperature scale (0: off) and length
+    v_norm: np.ndarray  # (L, head_dim): v's norm weights (F_V_NORM)
+    out_scale: np.ndarray  # (L,) float32: the layer's output times this (1: none)
     extras: Extras
 
 
@@ -158,6 +162,13 @@ def _add_rows(x, y) -> None:
 
 
 @njit(cache=True)
+def _scale_rows(x, s) -> None:
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[t, j] = x[t, j] * s
+
+
+@njit(cache=True)
 def _add_bias(x, bias) -> None:
     for t in range(x.shape[0]):
         for j in range(x.shape[1]):
@@ -201,11 +212,23 @@ def _qkv(il, w, dims, buf, nth):
         _add_bias(buf.q.reshape(T, -1), w.bq[il])
         _add_bias(buf.k.reshape(T, -1), w.bk[il])
         _add_bias(buf.v.reshape(T, -1), w.bv[il])
+    if w.flags[il, F_V_NORM]:  # in place: each row is read before it is written
+        _heads_norm(buf.v, w.v_norm[il], dims.eps, buf.v)
     if not w.flags[il, F_QK_NORM]:
         return buf.q, buf.k
     _heads_norm(buf.q, w.q_norm[il], dims.eps, buf.att)
     _heads_norm(buf.k, w.k_norm[il], dims.eps, buf.kn)
     return buf.att, buf.kn
+
+
+@njit(cache=True)
+def _temperature(q, positions, scale, length) -> None:
+    """q[t] *= 1 + scale * ln(floor(pos_t / length) + 1): the attention temperature (LayerSpec)."""
+    for t in range(q.shape[0]):
+        f = np.float32(np.log(np.floor(np.float64(positions[t]) / length) + 1.0) * scale + 1.0)
+        for h in range(q.shape[1]):
+            for j in range(q.shape[2]):
+                q[t, h, j] = q[t, h, j] * f
 
 
 @njit(cache=True)
@@ -218,6 +241,8 @@ def _attention_block(il, x, w, dims, step, kv, buf, nth):
     dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
     layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
                          buf.q, buf.k)  # fmt: skip
+    if w.attn_temp[il, 0] != 0.0:
+        _temperature(buf.q, step.positions, w.attn_temp[il, 0], w.attn_temp[il, 1])
     window, cap = w.flags[il, F_WINDOW], w.softcap[il]
     sinks = w.extras.sinks[il] if w.flags[il, F_SINKS] else w.extras.sinks[il, :0]
     _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, sinks, buf.att, nth)
@@ -313,6 +338,8 @@ def decoder_stack(x, w, dims, step, kv, nth):
     for il in range(w.flags.shape[0]):
         _attention_block(il, x, w, dims, step, kv, buf, nth)
         _ffn_block(il, x, w, dims, buf, nth)
+        if w.out_scale[il] != 1.0:
+            _scale_rows(x, w.out_scale[il])
     # keep the buffers alive past the kernels that only saw their addresses
     return buf.q.size + buf.k.size + buf.v.size + buf.o.size + buf.gate.size + buf.up.size + buf.down.size \
         + buf.act2.size + buf.down2.size  # fmt: skip

@@ -15,6 +15,9 @@ ARCHITECTURES = {
     "qwen3moe": "localllm.models.qwen3moe",
     "qwen2moe": "localllm.models.qwen2moe",
     "gpt-oss": "localllm.models.gptoss",
+    "smollm3": "localllm.models.smollm3",
+    "mistral3": "localllm.models.mistral3",
+    "gemma4": "localllm.models.gemma4",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.

@@ -123,6 +123,12 @@ class Backend:
         layer's attention-sink logits (n_heads,), passed only where the spec has them."""
         raise NotImplementedError
 
+    def attn_temperature(self, q: Any, positions: Any, scale: float, length: int) -> Any:
+        """q (T, heads, D) times each token's attention temperature (LayerSpec.attn_temp_scale)."""
+        from localllm.models.spec import attn_temperature
+
+        return q * attn_temperature(np.asarray(positions), scale, length)[:, None, None]
+
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x)
 

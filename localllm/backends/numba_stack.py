@@ -33,6 +33,7 @@ EXECUTED = frozenset(
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
      "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert", "attn_sinks", "o_bias",
      "router_bias", "expert_bias"}
+    | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length", "v_from_k", "v_norm", "out_scale"}
 )  # fmt: skip
 
 
@@ -87,6 +88,7 @@ def _flags(specs: tuple[LayerSpec, ...], layers: list[Any], ropes: list[RopeSpec
         flags[il, dk.F_SINKS], flags[il, dk.F_O_BIAS] = s.attn_sinks, s.o_bias
         flags[il, dk.F_EXPERT_BIAS] = s.router_bias or s.expert_bias
         flags[il, dk.F_OAI] = s.activation == "swiglu_oai"
+        flags[il, dk.F_V_NORM] = s.v_norm
     return flags
 
 
@@ -156,7 +158,10 @@ class DecoderPlan:
             _stack([x.bq for x in L], nq), _stack([x.bk for x in L], nkv), _stack([x.bv for x in L], nkv),
             flags, np.array([s.attn_softcap for s in a.layers], np.float32), 0, True,
             *(_tables(g, True) for g in groups[4:]), _stack([x.shexp_gate for x in L], a.dim),
-            np.zeros(2, np.int64), _extras(a.layers, L),
+            np.zeros(2, np.int64),
+            np.array([(s.attn_temp_scale, s.attn_temp_length) for s in a.layers], np.float64),
+            _stack([x.v_norm for x in L], hd), np.array([s.out_scale for s in a.layers], np.float32),
+            _extras(a.layers, L),
         )  # fmt: skip
         two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
         dims = dk.Dims(

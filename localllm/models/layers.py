@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from localllm.models.base import ForwardBatch, PagedKV, WeightLoader
 from localllm.models.spec import LayerSpec, ModelArgs
 
@@ -52,11 +54,12 @@ class LayerWeights:
     gate_exps_b: Any = None  # (experts, expert_ffn_dim)
     up_exps_b: Any = None
     down_exps_b: Any = None  # (experts, dim)
+    v_norm: Any = None  # (head_dim,) ones: v's weightless RMSNorm (spec.v_norm)
 
 
 def wanted(spec: LayerSpec) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
-    names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm"]
+    names = ["attn_norm", "wq", "wk", "wo", "ffn_norm"] + ([] if spec.v_from_k else ["wv"])
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
     names += ["shexp_gate"] if spec.shared_expert else []
@@ -86,8 +89,9 @@ def fused_rows(args: ModelArgs) -> dict[str, tuple[str, int, int]]:
 
 
 def load_layer(
-    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[str, int, int]]
-) -> LayerWeights:
+    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[str, int, int]],
+    head_dim: int = 0,
+) -> LayerWeights:  # fmt: skip
     values = {}
     for field in wanted(spec):
         if field in fused:
@@ -101,6 +105,10 @@ def load_layer(
             values[field] = w.vector(name).reshape(spec.experts, -1)
         else:
             values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
+    if spec.v_from_k:  # the same prepared matrix: q/k/v launch as ever, k computed twice
+        values["wv"] = values["wk"]
+    if spec.v_norm:
+        values["v_norm"] = w.ones(head_dim)
     return LayerWeights(**values)
 
 
@@ -127,9 +135,13 @@ def self_attention(
     if spec.qk_norm:
         q = b.rms_norm(q, lw.q_norm, args.norm_eps)
         k = b.rms_norm(k, lw.k_norm, args.norm_eps)
+    if spec.v_norm:
+        v = b.rms_norm(v, lw.v_norm, args.norm_eps)
     k_cache, v_cache = kv.layer(il)
     q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
     sinks = {"sinks": lw.sinks} if spec.attn_sinks else {}  # (backends without sinks never see the word)
+    if spec.attn_temp_scale:
+        q = b.attn_temperature(q, batch.positions, spec.attn_temp_scale, spec.attn_temp_length)
     out = b.paged_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
         args.attn_scale, spec.window, spec.attn_softcap, **sinks,
@@ -162,4 +174,5 @@ def decoder_layer(
     h = self_attention(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
     h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
-    return x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
+    x = x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
+    return x if spec.out_scale == 1.0 else x * np.float32(spec.out_scale)

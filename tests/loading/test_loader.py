@@ -152,7 +152,7 @@ def test_same_bytes_other_shape(tiny_model_path, tmp_path):
         (
             "llama.attention.head_count",
             8,
-            "rope dimension count is 16; expected an even number, 2 to head dim 8",
+            "rope dimension count is 16; expected an even number, 0 to head dim 8",
         ),
         ("llama.attention.head_count", 3, r"KV head count \(2\) does not divide the head count \(3\)"),
         (

@@ -51,7 +51,7 @@ def test_conforms_to_llama_cpp_fused(files, variant: str) -> None:
     assert greedy_problem(greedy(e, ref), ref) is None
 
 
-@pytest.mark.parametrize("variant", ["phi3", "gemma2", "qwen3"])
+@pytest.mark.parametrize("variant", ["phi3", "gemma2", "qwen3", "smollm3", "mistral3", "gemma4"])
 def test_fused_stack_agrees_with_the_op_path(files, variant: str) -> None:
     ref = load_fixture(variant)
     fused = teacher_forced(engine(files[variant]), ref)
@@ -73,6 +73,13 @@ DROPS = {
     "phi3 LongRoPE factors": ("phi3", lambda s: _rope(s, factors=()), {}),
     "phi3 attn_factor": ("phi3", lambda s: _rope(s, attn_factor=1.0), {}),
     "yarn ramp": ("llama_yarn", lambda s: _rope(s, yarn_orig_ctx=0), {}),
+    "smollm3 NoPE": ("smollm3", lambda s: s if s.rope.dim else _rope(s, dim=16, base=10_000.0), {}),
+    "mistral3 temperature": ("mistral3", lambda s: dataclasses.replace(s, attn_temp_scale=0.0), {}),
+    "mistral3 yarn log mul": ("mistral3", lambda s: _rope(s, yarn_log_mul=0.0), {}),
+    "gemma4 v norm": ("gemma4", lambda s: dataclasses.replace(s, v_norm=False), {}),
+    "gemma4 layer scalars": ("gemma4", lambda s: dataclasses.replace(s, out_scale=1.0), {}),
+    "gemma4 proportional RoPE": ("gemma4", lambda s: _rope(s, factors=()), {}),
+    "gemma4 window": ("gemma4", lambda s: dataclasses.replace(s, window=0), {}),
 }
 
 

@@ -33,7 +33,7 @@ GGUF_VOCABS = ["llama-spm", "phi-3", "gpt-2"]  # SentencePiece (Llama 2, Phi-3) 
 # byte-level BPE with their pre-tokenizers: Llama 3, Qwen2/2.5, Qwen3.5, StarCoder, DeepSeek, ...
 EXTRACT_VOCABS = [
     "llama-bpe", "qwen2", "qwen35", "starcoder", "deepseek-coder", "deepseek-llm", "falcon", "mpt",
-    "refact", "command-r",
+    "refact", "command-r", "gemma-4",
 ]  # fmt: skip
 VOCABS = GGUF_VOCABS + EXTRACT_VOCABS
 SEPARATOR = "\n__ggml_vocab_test__\n"

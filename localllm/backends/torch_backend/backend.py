@@ -182,6 +182,10 @@ class TorchBackend(Backend):
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
         return torch.tanh(x / cap) * cap
 
+    def attn_temperature(self, q: torch.Tensor, positions: Any, scale: float, length: int) -> torch.Tensor:
+        steps = torch.floor(torch.as_tensor(positions, device=q.device).double() / length)
+        return q * (torch.log(steps + 1.0) * scale + 1.0).float()[:, None, None]
+
     # ---- mixture of experts (kernels/moe_reference.py's computation, in torch) -----------------
 
     runs_moe = True
