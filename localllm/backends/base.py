@@ -132,6 +132,11 @@ class Backend:
     def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load) what a step of `model` with such a KV cache runs, so no request pays."""
 
+    def numerics(self) -> str:
+        """What decides the bits this backend computes (its kernels, the CPU or device they run on):
+        cached K/V is shared only between runs whose numerics are equal (engine/block_identity.py)."""
+        return self.name
+
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Any | None:
         """A disk cache in cache_dir of this backend's prepared weights of `gf`, to pass to
         prepare_weight and then save() once the model has loaded; None: nothing here is worth caching."""

@@ -146,6 +146,10 @@ class TorchBackend(Backend):
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:
         return torch.from_numpy(_owned(dequantize(raw, ggml_type)).reshape(-1)).to(self.device)
 
+    def numerics(self) -> str:
+        """torch's version, the device and the weights' dtype (engine/block_identity.py)."""
+        return f"torch {torch.__version__}|{self.device}|{self.dtype}"
+
     def allocate_kv(
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),

@@ -1,15 +1,19 @@
 """BlockManager: the paged KV cache's bookkeeping. Blocks, reference counts and automatic prefix caching.
 
-A full block is keyed by a chained hash of (parent block's hash, its token ids), so a hit on a block
-implies its whole prefix matches; tokens are compared on a hit to rule out hash collisions. Freed blocks
-keep their contents and stay findable until they are reused, least recently freed first.
+A full block is keyed by a chained digest of (parent block's key, its token ids), rooted in the model
+fingerprint (block_identity.py), so a hit on a block implies its whole prefix matches; tokens are
+compared on a hit to rule out collisions. Freed blocks keep their contents and stay findable until they
+are reused, least recently freed first.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from localllm.engine.block_identity import block_hash
 from localllm.engine.sequence import Sequence
+
+__all__ = ["Block", "BlockManager", "block_hash"]
 
 
 class Block:
@@ -18,22 +22,21 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.hash: int | None = None
+        self.hash: bytes | None = None
         self.token_ids: tuple[int, ...] = ()
 
 
-def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent, token_ids))
-
-
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, fingerprint: bytes = b""
+    ):
         self.block_size = block_size
+        self.fingerprint = fingerprint  # the first block's parent key: the model's (block_identity.py)
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.hash_to_block_id: dict[int, int] = {}
+        self.hash_to_block_id: dict[bytes, int] = {}
         self.num_prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.num_prefix_hits = 0  # of which found
 
@@ -57,7 +60,7 @@ class BlockManager:
         parent = None
         for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
-            parent = block_hash(parent, tokens)
+            parent = block_hash(parent, tokens, self.fingerprint)
             block_id = self.hash_to_block_id.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
@@ -88,7 +91,7 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-                block.hash, block.token_ids = block_hash(parent, tokens), tokens
+                block.hash, block.token_ids = block_hash(parent, tokens, self.fingerprint), tokens
                 self.hash_to_block_id.setdefault(block.hash, block.block_id)
             parent = block.hash
 

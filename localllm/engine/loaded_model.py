@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.config import EngineConfig
+from localllm.engine.block_identity import model_fingerprint
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.kv_cache import KVCache, KVLayout
 from localllm.engine.model_runner import ModelRunner
@@ -78,7 +79,8 @@ class LoadedModel:
         else:  # as large as the target's: every target sequence may have a shadow here
             num_blocks = target.block_manager.num_blocks
         kv_cache = KVCache(backend, layout, num_blocks, config.block_size)
-        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        fingerprint = model_fingerprint(gguf, backend, layout, max_model_len, config.block_size)
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, fingerprint)
         backend.warmup(model, layout.cache_types)
         return cls(gguf, model, tokenizer, max_model_len, kv_cache, blocks, ModelRunner(model, kv_cache), ids)
 
