@@ -49,11 +49,9 @@ def model_fingerprint(
     gguf: GGUFFile, backend: Backend, layout: KVLayout, max_model_len: int, block_size: int
 ) -> bytes:
     """The root key of a model's blocks: equal exactly when cached K/V bytes can be shared."""
-    from localllm import __version__
-
     digest = hashlib.blake2b(digest_size=KEY_BYTES, person=b"localllm-kv")
     described = (
-        f"v{IDENTITY_VERSION}|{__version__}|{backend.numerics()}|ctx={max_model_len}|bs={block_size}|"
+        f"v{IDENTITY_VERSION}|{backend.numerics()}|ctx={max_model_len}|bs={block_size}|"
         f"{layout.n_layers}x{layout.kv_heads}x{layout.head_dim}|{layout.cache_types[0]},{layout.cache_types[1]}"
     )
     digest.update(described.encode())
