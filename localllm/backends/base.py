@@ -51,6 +51,15 @@ class Backend:
         element types named by cache_types (engine/kv_cache.py: "f32" or "f16")."""
         raise NotImplementedError
 
+    def kv_block_to_host(self, pool: Any, block_id: int) -> np.ndarray:
+        """A copy of one block of a K or V pool, (n_layers, block_size, kv_heads, head_dim), in the
+        pool's own element type (the disk tier writes it)."""
+        return np.array(pool[:, block_id])
+
+    def kv_block_from_host(self, pool: Any, block_id: int, data: np.ndarray) -> None:
+        """Overwrite one block of a K or V pool with `data`, as kv_block_to_host gave it."""
+        pool[:, block_id] = data
+
     # ---- operations -----------------------------------------------------------------------------
 
     def linear(self, x: Any, weight: Any) -> Any:

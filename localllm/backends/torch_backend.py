@@ -159,6 +159,12 @@ class TorchBackend(Backend):
         k, v = (torch.zeros(shape, dtype=CACHE_DTYPES[t], device=self.device) for t in cache_types)
         return k, v
 
+    def kv_block_to_host(self, pool: torch.Tensor, block_id: int) -> np.ndarray:
+        return pool[:, block_id].cpu().numpy()  # the pool's dtype (to_numpy would widen to float32)
+
+    def kv_block_from_host(self, pool: torch.Tensor, block_id: int, data: np.ndarray) -> None:
+        pool[:, block_id].copy_(torch.from_numpy(np.array(data)))  # a writable copy: data may be mapped
+
     def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Nothing to compile; say where the weights went and what they take."""
         log.info(
