@@ -1,20 +1,23 @@
 """One KV block in one file: the disk tier's format, written whole and checked whole before use.
 
-    header (64 bytes): magic, format version, token count, model fingerprint, block key,
+    header (72 bytes): magic, format version, token count, model fingerprint, block key,
                        key bytes, value bytes, checksum
     token ids (int32 little-endian), zero-padded to 64 bytes
     keys, then values: each layer's (block_size, kv_heads, head_dim) rows, as the KV pool holds them
 
 A file is used only when its size is exactly what the header says, the header names this model and the
 block asked for, its token ids are the block's, and the checksum over everything after the header
-matches. The checksum (two 64-bit reductions, a wrapping sum and an xor, over the payload as words) is
-not cryptographic: it catches truncation, flipped bits and zeroed or foreign pages at memory speed,
-which a CRC on a 50 MB prefix (~50 ms) would not. Reading maps the file (MAP_POPULATE: one fault-in)
+matches. The checksum (two 64-bit reductions, a wrapping sum and an xor, over the payload as words,
+digested with its length) runs at memory speed where a CRC of a 50 MB prefix took ~50 ms here. It is not
+cryptographic: any single flipped bit, truncation, or zeroed or foreign stretch changes it; two flips of
+one bit position in opposite directions in two words would not (the names, sizes, tokens and model are
+checked exactly, so only the K/V numbers themselves could be off that way). Reading maps the file (MAP_POPULATE: one fault-in)
 and copies straight from the mapping into the pool.
 """
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from collections.abc import Sequence
@@ -27,8 +30,8 @@ from localllm.engine.block_identity import KEY_BYTES, token_bytes
 
 MAGIC = b"LLKVBLK\x00"
 FORMAT_VERSION = 1
-HEADER = struct.Struct(f"<8sII{KEY_BYTES}s{KEY_BYTES}sQQQ")  # 64 bytes
-ALIGN = 64
+HEADER = struct.Struct(f"<8sII{KEY_BYTES}s{KEY_BYTES}sQQQ")  # 72 bytes
+ALIGN = 64  # the token ids' padding: the pool's rows then start 8-byte aligned
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +60,14 @@ def _padded(n: int) -> int:
 
 
 def checksum(payload: memoryview | bytes) -> int:
-    """Wrapping sum and xor of the payload's 64-bit words (tail bytes zero-padded), folded into one."""
+    """The payload's 64-bit words' wrapping sum and xor (tail bytes zero-padded) and its length, digested
+    together (a single flipped bit always changes the xor; the digest keeps either change visible)."""
     whole = len(payload) // 8 * 8
     words = np.frombuffer(payload, dtype="<u8", count=whole // 8)
-    tail = bytes(payload[whole:]).ljust(8, b"\0")
     total = int(np.add.reduce(words, dtype=np.uint64)) if whole else 0
     mixed = int(np.bitwise_xor.reduce(words)) if whole else 0
-    last = int.from_bytes(tail, "little")
-    return ((total + last) * 0x9E3779B97F4A7C15 ^ mixed ^ (last << 1) ^ len(payload)) % 2**64
+    summary = struct.pack("<QQQ", total, mixed, len(payload)) + bytes(payload[whole:])
+    return int.from_bytes(hashlib.blake2b(summary, digest_size=8).digest(), "little")
 
 
 def encode(fingerprint: bytes, key: bytes, token_ids: Sequence[int], k: np.ndarray, v: np.ndarray) -> list:
