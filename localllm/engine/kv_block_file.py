@@ -11,8 +11,8 @@ matches. The checksum (two 64-bit reductions, a wrapping sum and an xor, over th
 digested with its length) runs at memory speed where a CRC of a 50 MB prefix took ~50 ms here. It is not
 cryptographic: any single flipped bit, truncation, or zeroed or foreign stretch changes it; two flips of
 one bit position in opposite directions in two words would not (the names, sizes, tokens and model are
-checked exactly, so only the K/V numbers themselves could be off that way). Reading maps the file (MAP_POPULATE: one fault-in)
-and copies straight from the mapping into the pool.
+checked exactly, so only the K/V numbers themselves could be off that way). Reading maps the file
+(MAP_POPULATE: one fault-in) and copies straight from the mapping into the pool.
 """
 
 from __future__ import annotations
