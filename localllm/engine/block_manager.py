@@ -10,7 +10,7 @@ misses is looked for there and restored into a free block, and every block regis
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
 from localllm.engine.block_identity import block_hash
 from localllm.engine.sequence import Sequence
@@ -21,6 +21,8 @@ __all__ = ["Block", "BlockManager", "BlockTier", "block_hash"]
 class BlockTier(Protocol):
     """A second level of the prefix cache by block key (kv_disk.KVDiskTier): the block manager finds
     blocks there when memory misses, and hands it every block it registers."""
+
+    stats: Any  # its counts, for monitoring (kv_disk.DiskStats)
 
     def contains(self, key: bytes) -> bool: ...
 

@@ -56,6 +56,18 @@ def test_a_restart_restores_the_prompt_with_identical_logits(tiny_model_path, in
     assert cached == 144 and second.block_manager.num_disk_hits == 144
     assert tokens == cold[1]  # the same ids, logprobs and alternatives, bit for bit
     assert tier_of(second).stats.hits == 9 and tier_of(second).stats.bad == 0
+    assert second.stats().kv_disk.hits == 9 and make(tiny_model_path, index_dir).stats().kv_disk is None
+
+
+def test_metrics_show_the_disk_tier():
+    from localllm.engine.engine import EngineStats
+    from localllm.engine.kv_disk import DiskStats
+    from localllm.server.metrics import ServerMetrics
+
+    disk = DiskStats(hits=7, writes=9, dropped=1, bad=2, evicted=3)
+    text = ServerMetrics(lambda: EngineStats(0, 0, 0.0, 0, 0, 0, None, disk)).render()[0].decode()
+    for name, value in (("hits", 7), ("writes", 9), ("dropped", 1), ("bad_files", 2), ("evictions", 3)):
+        assert f"localllm:kv_disk_{name}_total {value}.0" in text
 
 
 def test_the_disk_tier_is_off_unless_asked_for(tiny_model_path, index_dir):
