@@ -73,6 +73,15 @@ class Backend:
         element types named by cache_types (engine/kv_cache.py: "f32" or "f16")."""
         raise NotImplementedError
 
+    def kv_block_to_host(self, pool: Any, block_id: int) -> np.ndarray:
+        """A copy of one block of a K or V pool, (n_layers, block_size, kv_heads, head_dim), in the
+        pool's own element type (the disk tier writes it)."""
+        return np.array(pool[:, block_id])
+
+    def kv_block_from_host(self, pool: Any, block_id: int, data: np.ndarray) -> None:
+        """Overwrite one block of a K or V pool with `data`, as kv_block_to_host gave it."""
+        pool[:, block_id] = data
+
     # ---- operations -----------------------------------------------------------------------------
 
     def linear(self, x: Any, weight: Any) -> Any:
@@ -171,6 +180,11 @@ class Backend:
 
     def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load) what a step of `model` with such a KV cache runs, so no request pays."""
+
+    def numerics(self) -> str:
+        """What decides the bits this backend computes (its kernels, the CPU or device they run on):
+        cached K/V is shared only between runs whose numerics are equal (engine/block_identity.py)."""
+        return self.name
 
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Any | None:
         """A disk cache in cache_dir of this backend's prepared weights of `gf`, to pass to

@@ -8,6 +8,7 @@ specialisation, which `warmup()` compiles (or loads from Numba's cache) before t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,6 +102,18 @@ class NumbaBackend(Backend):
         from localllm.backends.weight_cache import WeightCache
 
         return WeightCache(gf, cache_dir)
+
+    def numerics(self) -> str:
+        """Numba's version, the kernels' sources, the CPU they are compiled for, and the path a step takes
+        (the fused stack or op by op): any of them may change the last bits of the K/V computed."""
+        import llvmlite.binding as llvm
+
+        from localllm.kernels.cache import sources_digest
+
+        cpu = numba.config.CPU_NAME or llvm.get_host_cpu_name()
+        features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+        digest = hashlib.sha256(f"{cpu}|{features}".encode()).hexdigest()[:12]
+        return f"numba {numba.__version__}|kernels {sources_digest()}|cpu {digest}|fused {self.fuse_layers}"
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return _f32(dequantize(raw, ggml_type)).reshape(-1)  # a copy: F32 file data is read-only

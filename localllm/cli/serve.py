@@ -98,6 +98,8 @@ def serve(
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    kv_disk_mb: c.KvDiskMb = None,
+    kv_disk_dir: c.KvDiskDir = None,
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
@@ -154,6 +156,7 @@ def _serve_command(o: SimpleNamespace) -> None:
     limits = ConnectionLimits(o.max_connections, o.header_timeout, o.body_timeout)
     path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
     spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
+    spec |= c.kv_disk_options(o.kv_disk_mb, o.kv_disk_dir, default_on=True)
     engine_config = c.engine_config(
         path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=o.parallel, kv_cache_mb=o.kv_cache_mb,
         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, device=o.device, **spec,

@@ -58,6 +58,7 @@ class EngineStats:
     prefix_cache_hits: int  # of which found
     num_preemptions: int
     spec: Any = None  # a copy of spec_decode.SpecStats; None without speculative decoding
+    kv_disk: Any = None  # a copy of kv_disk.DiskStats; None without the prefix cache's disk tier
 
 
 class LLMEngine:
@@ -190,6 +191,7 @@ class LLMEngine:
             bm.num_prefix_hits,
             self.scheduler.num_preemptions,
             dataclasses.replace(spec.stats) if spec is not None else None,
+            dataclasses.replace(bm.tier.stats) if bm.tier is not None else None,
         )
 
     def has_unfinished(self) -> bool:

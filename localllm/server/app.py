@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from localllm.engine.engine import LLMEngine
+from localllm.server.cache_breaks import SessionHeaderMiddleware
 from localllm.server.chat import chat_completions
 from localllm.server.completions import completions
 from localllm.server.embeddings import create_embeddings
@@ -101,6 +102,7 @@ def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
 def _middleware(app: FastAPI, config: ServerConfig) -> None:
     # The last added runs first: origin/Host guard, CORS (preflights, before auth), body limit, auth.
+    app.add_middleware(SessionHeaderMiddleware)  # innermost: x-session-id for the cache-break report
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
         # The page's files hold no secret: it loads without the key, then asks for it on a 401.

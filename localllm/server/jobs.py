@@ -194,9 +194,13 @@ class ChatRun:
     jobs: list[Job]
     prompt_ids: list[int]
     tools: Any = None
+    cache_break: dict[str, Any] | None = None  # where the prompt left its conversation's last (cache_breaks)
 
     def usage(self) -> dict[str, Any]:
-        return total_usage(self.jobs, [len(self.prompt_ids)], len(self.jobs))
+        usage = total_usage(self.jobs, [len(self.prompt_ids)], len(self.jobs))
+        if self.cache_break is not None:
+            usage["prompt_tokens_details"]["cache_break"] = self.cache_break
+        return usage
 
 
 def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str, Any]:

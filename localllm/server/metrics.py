@@ -81,6 +81,20 @@ class _EngineCollector(Collector):
         )
         if stats.spec is not None:
             yield from _spec_metrics(stats.spec)
+        if stats.kv_disk is not None:
+            yield from _disk_metrics(stats.kv_disk)
+
+
+def _disk_metrics(stats) -> Iterator[Metric]:
+    """The prefix cache's disk tier (engine/kv_disk.py), in blocks, and the bytes its files hold."""
+    for name, value, doc in (
+        ("hits", stats.hits, "KV blocks restored from disk."),
+        ("writes", stats.writes, "KV blocks written to disk."),
+        ("dropped", stats.dropped, "KV blocks not written: the write queue was full."),
+        ("bad_files", stats.bad, "KV block files that failed a check (deleted, recomputed)."),
+        ("evictions", stats.evicted, "KV block files deleted to stay within the disk budget."),
+    ):
+        yield CounterMetricFamily(f"localllm:kv_disk_{name}", doc, value)
 
 
 def _spec_metrics(stats) -> Iterator[Metric]:

@@ -17,6 +17,7 @@ from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.engine import LLMEngine
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
+from localllm.server.cache_breaks import conversation_key
 from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import ChatRun, submit_choices
 from localllm.server.protocol import (
@@ -176,5 +177,8 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
     params = reasoning_params(state, body, params)
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
+    cache_break = state.cache_breaks.observe(
+        conversation_key(body), prompt_ids, len(body.messages), llm.tokenizer.decode
+    )
     jobs = await submit_choices(state.submitter, [prompt_ids], params, body.num_choices, prefix)
-    return ChatRun(jobs, prompt_ids, tools)
+    return ChatRun(jobs, prompt_ids, tools, cache_break)

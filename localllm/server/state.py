@@ -17,6 +17,7 @@ from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.engine import LLMEngine
 from localllm.engine.reasoning import ReasoningSpec, detect_reasoning
 from localllm.errors import LocalLLMError
+from localllm.server.cache_breaks import CacheBreaks
 from localllm.server.errors import APIError, draining, shutting_down
 from localllm.server.jobs import Submitter
 from localllm.server.metrics import ServerMetrics
@@ -69,6 +70,7 @@ class ServerState:
         )
         self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
         self.fingerprint: str | None = None  # system_fingerprint, once loaded
+        self.cache_breaks = CacheBreaks(self.metrics.registry)  # each conversation's last prompt
         self.submitter = Submitter(self.ready, self.metrics)  # what jobs use; told when the server shuts down
         self._closing = False
         self.draining = False  # finishing what it holds; new requests get a 503 (a router sends them on)

@@ -212,9 +212,9 @@ def test_rollback_keeps_blocks_and_prefix_hashes_consistent(
     assert bm.num_free_blocks == bm.num_blocks and stats.drafted_tokens > 0
     if how == "other-draft":
         assert stats.accepted_tokens < stats.drafted_tokens  # some drafts were rolled back
-    valid = valid_hashes([p + outs[1][i] for i, p in enumerate(ps)], bm.block_size)
     pools = [bm] if how == "lookup" else [bm, engines[1].spec.proposer.block_manager]
     for pool in pools:  # the draft's own prefix cache too: never a block holding a draft
+        valid = valid_hashes([p + outs[1][i] for i, p in enumerate(ps)], bm.block_size, pool.fingerprint)
         assert pool.hash_to_block_id and set(pool.hash_to_block_id) <= valid
         assert all(pool.blocks[b].hash == h for h, b in pool.hash_to_block_id.items())
 
@@ -232,15 +232,15 @@ def test_draft_pool_prefix_cache_serves_a_repeated_prompt(tiny_model_path, other
     assert alone(engine, prompt, GREEDY) == first
 
 
-def valid_hashes(sequences: list[list[int]], block_size: int) -> set[int]:
-    """The chained hash of every full block of every sequence."""
+def valid_hashes(sequences: list[list[int]], block_size: int, root: bytes) -> set[bytes]:
+    """The chained key of every full block of every sequence, from the model fingerprint `root`."""
     from localllm.engine.block_manager import block_hash
 
     valid = set()
     for tokens in sequences:
         parent = None
         for start in range(0, len(tokens) - block_size + 1, block_size):
-            parent = block_hash(parent, tuple(tokens[start : start + block_size]))
+            parent = block_hash(parent, tuple(tokens[start : start + block_size]), root)
             valid.add(parent)
     return valid
 

@@ -109,6 +109,16 @@ class TorchBackend(Backend):
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> torch.Tensor:
         return torch.from_numpy(_owned(dequantize(raw, ggml_type)).reshape(-1)).to(self.device)
 
+    def numerics(self) -> str:
+        """torch's version, the device and the weights' dtype (engine/block_identity.py)."""
+        return f"torch {torch.__version__}|{self.device}|{self.dtype}"
+
+    def kv_block_to_host(self, pool: torch.Tensor, block_id: int) -> np.ndarray:
+        return pool[:, block_id].cpu().numpy()  # the pool's dtype (to_numpy would widen to float32)
+
+    def kv_block_from_host(self, pool: torch.Tensor, block_id: int, data: np.ndarray) -> None:
+        pool[:, block_id].copy_(torch.from_numpy(np.array(data)))  # a writable copy: data may be mapped
+
     def allocate_kv(
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
