@@ -255,12 +255,13 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def stop_of(outs: list[StepOutput], message: dict[str, Any]) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence."""
+    """Anthropic's stop_reason and stop_sequence: a reply cut short (max_tokens, or the loop guard) says
+    max_tokens even when it holds calls, as a cut one may have been followed by more."""
+    last = outs[-1] if outs else None
+    if last is not None and cut_short(last):
+        return "max_tokens", None
     if message.get("tool_calls"):
         return "tool_use", None
-    last = outs[-1] if outs else None
-    if last is not None and cut_short(last):  # max_tokens, or the loop guard
-        return "max_tokens", None
     if last is not None and isinstance(last.stop_reason, str):
         return "stop_sequence", last.stop_reason
     return "end_turn", None
