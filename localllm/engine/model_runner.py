@@ -101,6 +101,8 @@ class ModelRunner:
                 processed = seq.constraint.mask_logits(processed)
             generator = token_generator(params.seed, seq.rng, seq.num_output_tokens)
             token_id = sample(processed, params, generator)
+            if seq.constraint is not None:  # near the budget's end: a token the document cannot afford
+                token_id = seq.constraint.steer(token_id)
         if params.logprobs is None:
             return SampledToken(token_id)
         lp = log_softmax(logits)  # the model's own distribution, before penalties and any grammar

@@ -362,7 +362,9 @@ def finish_reason(out: StepOutput) -> str | None:
 # "repetition" cut the reply short, as max_tokens would, so clients see "length" (the openai client's
 # parse() then raises LengthFinishReasonError rather than parsing a cut reply). The engine's own reason
 # goes beside it in `native_finish_reason` (OpenRouter's name for a backend's own reason).
-WIRE_FINISH_REASONS = {"repetition": "length"}
+# Likewise "closed_to_fit": budget steering (structured/matcher.py) ended a constrained document early, so
+# its values are not all the model's: parse() must not accept it.
+WIRE_FINISH_REASONS = {"repetition": "length", "closed_to_fit": "length"}
 
 
 def cut_short(out: StepOutput) -> bool:
@@ -380,7 +382,7 @@ def finish_fields(reason: str | None) -> dict[str, Any]:
 
 def is_stop_token(out: StepOutput) -> bool:
     """The final output that carries the end-of-text token itself (not part of the completion)."""
-    return out.finished and out.finish_reason == "stop" and isinstance(out.stop_reason, int)
+    return out.finished and isinstance(out.stop_reason, int)  # set only when a stop token ended it
 
 
 def token_logprobs(outs: list[StepOutput]) -> list[TokenLogprob]:

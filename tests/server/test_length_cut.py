@@ -123,6 +123,53 @@ def test_openai_parse_raises_on_a_cut_call(srv: Running, whole: int) -> None:
         )
 
 
+FREE = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "items": {"type": "object"}},
+    "required": ["name", "items"],
+}
+
+
+class Free(BaseModel):
+    name: str
+    items: dict
+
+
+def test_steered_document_says_length_and_names_the_steering(srv: Running) -> None:
+    """The random model writes a long string: budget steering closes the document in time (valid
+    JSON), and the reply says so, so that the openai client's parse() raises instead of accepting."""
+    rf = {"type": "json_schema", "json_schema": {"name": "free", "schema": FREE}}
+    body = {"messages": CHAT, "max_tokens": 64, "temperature": 1.0, "seed": 0, "response_format": rf}
+    choice = post(srv, "/v1/chat/completions", body).json()["choices"][0]
+    assert (choice["finish_reason"], choice["native_finish_reason"]) == ("length", "closed_to_fit")
+    assert set(json.loads(choice["message"]["content"])) == {"name", "items"}
+    chunks = sse_payloads(post(srv, "/v1/chat/completions", {**body, "stream": True}).text)
+    assert chunks[-1]["choices"][0]["native_finish_reason"] == "closed_to_fit"
+    with pytest.raises(openai.LengthFinishReasonError):
+        srv.client().chat.completions.parse(
+            model=MODEL_ID, messages=CHAT, max_tokens=64, temperature=1.0, seed=0, response_format=Free
+        )
+    # greedy (Responses and Messages take no seed): steered or stopped by the loop guard, cut either way
+    greedy = post(srv, "/v1/chat/completions", {**body, "temperature": 0}).json()["choices"][0]
+    assert greedy["finish_reason"] == "length" and greedy["native_finish_reason"] in (
+        "closed_to_fit",
+        "repetition",
+    )
+    schema = {"type": "json_schema", "name": "free", "schema": FREE}
+    r = post(
+        srv,
+        "/v1/responses",
+        {"input": "hi", "max_output_tokens": 64, "temperature": 0, "text": {"format": schema}},
+    )
+    assert r.json()["status"] == "incomplete"
+    m = {
+        "messages": CHAT,
+        "max_tokens": 64,
+        "output_config": {"format": {"type": "json_schema", "schema": FREE}},
+    }
+    assert post(srv, "/v1/messages", {**m, "temperature": 0}).json()["stop_reason"] == "max_tokens"
+
+
 def test_completions_cut_says_length(srv: Running) -> None:
     body = {"prompt": "hello", "max_tokens": 3, "logit_bias": {"0": -100, "1": -100, "2": -100}}
     assert post(srv, "/v1/completions", body).json()["choices"][0]["finish_reason"] == "length"
