@@ -127,6 +127,8 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )
+        if params.min_tokens:
+            seq.held_stops = sorted(t for t in stop_ids if 0 <= t < self.args.vocab_size)
         reasoning, keep = None, frozenset[int]()
         if params.reasoning is not None:
             keep = marker_ids(params.reasoning, self.tokenizer)

@@ -97,6 +97,9 @@ class ModelRunner:
             token_id = seq.forced[0]
         else:
             processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+            if seq.held_stops and seq.num_output_tokens < params.min_tokens:
+                processed = np.array(processed, dtype=np.float32, copy=True)
+                processed[seq.held_stops] = -np.inf
             if seq.constraint is not None:
                 processed = seq.constraint.mask_logits(processed)
             generator = token_generator(params.seed, seq.rng, seq.num_output_tokens)

@@ -106,6 +106,8 @@ class MessagesRequest(_Request):
         for i, m in enumerate(self.messages):
             messages += chat_messages(m, i)
         choice, parallel = chat_tool_choice(self.tool_choice)
+        # A final assistant turn is a prefill: the reply continues it (Anthropic's meaning)
+        prefill = messages[-1]["role"] == "assistant" and bool(messages[-1].get("content"))
         return chat_request(
             {
                 "model": self.model,
@@ -119,6 +121,7 @@ class MessagesRequest(_Request):
                 "tool_choice": choice,
                 "parallel_tool_calls": parallel,
                 "response_format": self.response_format(),
+                "continue_final_message": prefill or None,
                 **self.thinking_fields(),
             }
         )
