@@ -155,3 +155,9 @@ def test_messages_prefill_continues_the_assistant_turn(srv: Running) -> None:
     m = post(srv, "/v1/messages", {"messages": messages, "max_tokens": 4, "temperature": 0}).json()
     read = m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"]
     assert read == len(rendered_ids(srv, PREFILL, False, True))
+
+
+@pytest.mark.parametrize("field,value", [("mirostat", 2), ("n_probs", 3), ("use_beam_search", True)])
+def test_unmapped_dialect_fields_stay_refused(srv: Running, field: str, value: object) -> None:
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": CHAT})):
+        assert error_of(post(srv, path, {**body, field: value}), 400)["param"] == field
