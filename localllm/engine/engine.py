@@ -128,6 +128,8 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )
+        if params.min_tokens:
+            seq.held_stops = sorted(t for t in stop_ids if 0 <= t < self.args.vocab_size)
         reasoning, keep = None, frozenset[int]()
         if params.reasoning is not None:
             keep = marker_ids(params.reasoning, self.tokenizer)
@@ -252,13 +254,15 @@ class LLMEngine:
         logprob = None
         if token.logprob is not None:
             logprob = TokenLogprob(token.token_id, token.logprob, token.top_logprobs or [])
+        done = "stop" if seq.constraint is None else seq.constraint.finish_reason  # steered: not "stop"
         if token.token_id in request.stop_ids:
-            return self._finish(request, "", "stop", token.token_id, logprob, now)
+            return self._finish(request, "", done, token.token_id, logprob, now)
         text, matched = request.detokenizer.add(token.token_id)
         if matched is not None:
             return self._finish(request, text, "stop", matched, logprob, now)
         if seq.constraint is not None and not _advance(seq.constraint, token.token_id):
-            return self._finish(request, text + request.detokenizer.finish(), "stop", None, logprob, now)
+            tail = text + request.detokenizer.finish()
+            return self._finish(request, tail, seq.constraint.finish_reason, None, logprob, now)
         if request.guard is not None and request.guard.add(token.token_id) and not _closes(seq):
             tail = text + request.detokenizer.finish()
             return self._finish(request, tail, "repetition", None, logprob, now)
@@ -384,7 +388,7 @@ def check_context_length(limit: int, num_prompt: int, max_tokens: int | None, wh
 def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[StepOutput]) -> RequestOutput:
     last = outs[-1]
     tokens = [o.token_id for o in outs if o.token_id is not None]
-    if last.finish_reason == "stop" and isinstance(last.stop_reason, int):
+    if isinstance(last.stop_reason, int):  # a stop token ended it (a steered document's too)
         tokens = tokens[:-1]  # the stop token is not part of the completion
     return RequestOutput(
         request_id=request_id,

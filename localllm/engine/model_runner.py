@@ -114,10 +114,15 @@ class ModelRunner:
             token_id = seq.forced[0]
         else:
             processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+            if seq.held_stops and seq.num_output_tokens < params.min_tokens:
+                processed = np.array(processed, dtype=np.float32, copy=True)
+                processed[seq.held_stops] = -np.inf
             if seq.constraint is not None:
                 processed = seq.constraint.mask_logits(processed)
             generator = token_generator(params.seed, seq.rng, seq.num_output_tokens)
             token_id = sample(processed, params, generator)
+            if seq.constraint is not None:  # near the budget's end: a token the document cannot afford
+                token_id = seq.constraint.steer(token_id)
         if params.logprobs is None:
             return SampledToken(token_id)
         lp = log_softmax(logits)  # the model's own distribution, before penalties and any grammar

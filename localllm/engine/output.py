@@ -30,7 +30,8 @@ class StepOutput:
     token_id: int | None  # the token sampled in this step (None when only finishing)
     logprob: TokenLogprob | None
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "repetition" (the loop guard) | "abort"
+    # "stop" | "length" | "repetition" (the loop guard) | "closed_to_fit" (budget steering) | "abort"
+    finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
     generated_tokens: int

@@ -41,6 +41,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.constraint: Any = None  # structured.matcher.Constraint when params.structured is set
         self.forced: list[int] = []  # tokens the next steps emit instead of sampling (a reasoning budget)
+        self.held_stops: list[int] = []  # stop token ids that may not come before params.min_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -106,6 +106,8 @@ class MessagesRequest(_Request):
         for i, m in enumerate(self.messages):
             messages += chat_messages(m, i)
         choice, parallel = chat_tool_choice(self.tool_choice)
+        # A final assistant turn is a prefill: the reply continues it (Anthropic's meaning)
+        prefill = messages[-1]["role"] == "assistant" and bool(messages[-1].get("content"))
         return chat_request(
             {
                 "model": self.model,
@@ -119,6 +121,7 @@ class MessagesRequest(_Request):
                 "tool_choice": choice,
                 "parallel_tool_calls": parallel,
                 "response_format": self.response_format(),
+                "continue_final_message": prefill or None,
                 **self.thinking_fields(),
             }
         )
@@ -255,12 +258,13 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def stop_of(outs: list[StepOutput], message: dict[str, Any]) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence."""
+    """Anthropic's stop_reason and stop_sequence: a reply cut short (max_tokens, or the loop guard) says
+    max_tokens even when it holds calls, as a cut one may have been followed by more."""
+    last = outs[-1] if outs else None
+    if last is not None and cut_short(last):
+        return "max_tokens", None
     if message.get("tool_calls"):
         return "tool_use", None
-    last = outs[-1] if outs else None
-    if last is not None and cut_short(last):  # max_tokens, or the loop guard
-        return "max_tokens", None
     if last is not None and isinstance(last.stop_reason, str):
         return "stop_sequence", last.stop_reason
     return "end_turn", None

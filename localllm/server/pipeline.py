@@ -51,7 +51,7 @@ def check_choice_tokens(body: SamplingRequest, max_model_len: int, limit: int) -
     if n == 1:
         return
     given = body.max_new_tokens() if hasattr(body, "max_new_tokens") else body.max_tokens
-    per_choice = given or body.DEFAULT_MAX_TOKENS or max_model_len
+    per_choice = given or body.default_max_tokens() or max_model_len
     if n * per_choice > limit:
         raise APIError(
             f"n x max_tokens is {n:,} x {per_choice:,}, over the limit of {limit:,} tokens a request "
@@ -111,8 +111,10 @@ def chat_prompt_ids(
     max_tokens: int | None = None,
     tools: ToolPlan | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    continue_final: bool = False,
 ) -> list[int]:
-    from localllm.tokenizer.chat_template import apply_chat_template
+    """The prompt's token ids; `continue_final`: the last (assistant) message left open, to go on."""
+    from localllm.tokenizer.chat_template import apply_chat_template, open_final_message
 
     if state.template is None:
         raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
@@ -121,8 +123,16 @@ def chat_prompt_ids(
     extra = {**(template_kwargs or {}), **extra}
     # The bound applies to the rendered text (a template may drop or add text); rendering is cheap.
     rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt, **extra)
+    try:
+        if continue_final:
+            rendered = open_final_message(rendered, dicts[-1].get("content") or "")
+    except LocalLLMError as e:
+        raise APIError(str(e), param="messages") from None
     check_prompt_chars(state, len(rendered), max_tokens, "messages")
-    return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt, **extra)
+    tokenizer, template = state.llm.tokenizer, state.template
+    return apply_chat_template(
+        tokenizer, template, dicts, add_generation_prompt, continue_final=continue_final, **extra
+    )
 
 
 # Where templates look for an earlier assistant turn's thinking: Qwen3's and most `reasoning_content`,
@@ -159,7 +169,14 @@ async def chat_prompt_length(state: ServerState, body: ChatCompletionRequest) ->
     check_request(state, body)
     tools = tool_plan(body, state.template.source) if state.template is not None else None
     ids = await run_in_threadpool(
-        chat_prompt_ids, state, body.messages, True, None, tools, body.template_kwargs()
+        chat_prompt_ids,
+        state,
+        body.messages,
+        body.generation_prompt(),
+        None,
+        tools,
+        body.template_kwargs(),
+        bool(body.continue_final_message),
     )
     return len(ids)
 
@@ -171,7 +188,14 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     tools = tool_plan(body, state.template.source) if state.template is not None else None
     max_tokens, extra = body.max_new_tokens(), body.template_kwargs()
     prompt_ids = await run_in_threadpool(
-        chat_prompt_ids, state, body.messages, True, max_tokens, tools, extra
+        chat_prompt_ids,
+        state,
+        body.messages,
+        body.generation_prompt(),
+        max_tokens,
+        tools,
+        extra,
+        bool(body.continue_final_message),
     )
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)

@@ -93,9 +93,28 @@ class SamplingRequest(_Request):
     guided_grammar: str | None = Field(None, description="Extension: a GBNF or Lark grammar.")
     guided_choice: list[str] | None = Field(None, description="Extension: one of these strings.")
     grammar: str | None = Field(None, description="Extension (llama-server): a GBNF or Lark grammar.")
+    # llama-server's and vLLM's fields that map exactly onto what this server does (docs/server.md's
+    # dialect table); the values that would ask for something else are refused in DIALECT.
+    n_predict: int | None = Field(None, ge=-1, description="llama-server: max_tokens (-1: no limit).")
+    cache_prompt: bool | None = Field(None, description="llama-server: true is what is always done.")
+    id_slot: int | None = Field(None, description="llama-server: -1 (any slot) only.")
+    timings_per_token: bool | None = Field(None, description="llama-server: false only.")
+    return_progress: bool | None = Field(None, description="llama-server: false only.")
+    min_tokens: int | None = Field(None, ge=0, description="vLLM: no end-of-text before this many tokens.")
+    skip_special_tokens: bool | None = Field(None, description="vLLM: false keeps special tokens' text.")
 
     # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    # dialect field -> (the values honoured, why another cannot be)
+    DIALECT: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        "cache_prompt": (
+            (None, True),
+            "prefix caching is always on here; it cannot be turned off per request",
+        ),
+        "id_slot": ((None, -1), "there are no slots to pin a request to (the prefix cache is shared)"),
+        "timings_per_token": ((None, False), "per-token timings are not reported"),
+        "return_progress": ((None, False), "prompt progress is not streamed"),
+    }
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None  # OpenAI's when the client gives none (None: no limit)
 
     def check_supported(self) -> None:
@@ -105,6 +124,34 @@ class SamplingRequest(_Request):
             value = getattr(self, name)
             if not any(value == ok for ok in accepted):
                 raise APIError(f"'{name}' is not supported by this server yet", param=name)
+        for name, (accepted, why) in self.DIALECT.items():
+            value = getattr(self, name)
+            if not any(value == ok and type(value) is type(ok) for ok in accepted):
+                raise APIError(f"'{name}': {value!r} cannot be honoured: {why}", param=name)
+        self.fold_n_predict()
+        limit = self.given_max_tokens()
+        if self.min_tokens and limit is not None and limit >= 0 and self.min_tokens > limit:
+            raise APIError(
+                f"min_tokens ({self.min_tokens}) is more than max_tokens ({limit})", param="min_tokens"
+            )
+
+    def given_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def fold_n_predict(self) -> None:
+        """llama-server's n_predict as max_tokens (-1: no limit, as when none is given to chat)."""
+        if self.n_predict is None:
+            return
+        given = self.given_max_tokens()
+        if given is not None and given != self.n_predict:
+            raise APIError("give max_tokens or n_predict, not both", param="n_predict")
+        if self.n_predict == 0 and not isinstance(self, CompletionRequest):
+            raise APIError("n_predict must be at least 1 here (or -1: no limit)", param="n_predict")
+        self.max_tokens = None if self.n_predict == -1 else self.n_predict
+
+    def default_max_tokens(self) -> int | None:
+        """max_tokens when none is given: the endpoint's default, none after n_predict -1."""
+        return None if self.n_predict == -1 else self.DEFAULT_MAX_TOKENS
 
     def check_n(self) -> None:
         """Hook for fields tied to n (completions' best_of)."""
@@ -137,9 +184,11 @@ class SamplingRequest(_Request):
             "stop": self.stop_strings(),
             "ignore_eos": bool(self.ignore_eos),
             "logprobs": logprobs,
+            "min_tokens": self.min_tokens,
+            "skip_special_tokens": self.skip_special_tokens,
         }
         return resolve_sampling(
-            given, model_defaults, {**OPENAI_DEFAULTS, "max_tokens": self.DEFAULT_MAX_TOKENS}
+            given, model_defaults, {**OPENAI_DEFAULTS, "max_tokens": self.default_max_tokens()}
         )
 
     def stop_strings(self) -> list[str]:
@@ -191,6 +240,9 @@ class ChatCompletionRequest(SamplingRequest):
     reasoning_budget: int | None = Field(
         None, ge=-1, description="Extension: reasoning tokens before thinking is closed (-1: no limit)."
     )
+    # vLLM's assistant prefill: the reply continues the final assistant message instead of a new turn
+    continue_final_message: bool | None = Field(None, description="vLLM: continue the last assistant turn.")
+    add_generation_prompt: bool | None = Field(None, description="vLLM: false renders no new turn's header.")
     # OpenAI features not implemented yet
     audio: Any = _refused()
     modalities: Any = _refused()
@@ -214,6 +266,23 @@ class ChatCompletionRequest(SamplingRequest):
         if kind not in RESPONSE_FORMATS:
             message = f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}; got {kind!r}"
             raise APIError(message, param="response_format")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise APIError(
+                    "continue_final_message and add_generation_prompt cannot both be true",
+                    param="continue_final_message",
+                )
+            if self.messages[-1].role != "assistant":
+                raise APIError("continue_final_message needs an assistant message last", param="messages")
+
+    def given_max_tokens(self) -> int | None:
+        return self.max_new_tokens()
+
+    def generation_prompt(self) -> bool:
+        """Whether the template renders the header of a new assistant turn (not when continuing one)."""
+        if self.add_generation_prompt is not None:
+            return self.add_generation_prompt
+        return not self.continue_final_message
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -362,7 +431,9 @@ def finish_reason(out: StepOutput) -> str | None:
 # "repetition" cut the reply short, as max_tokens would, so clients see "length" (the openai client's
 # parse() then raises LengthFinishReasonError rather than parsing a cut reply). The engine's own reason
 # goes beside it in `native_finish_reason` (OpenRouter's name for a backend's own reason).
-WIRE_FINISH_REASONS = {"repetition": "length"}
+# Likewise "closed_to_fit": budget steering (structured/matcher.py) ended a constrained document early, so
+# its values are not all the model's: parse() must not accept it.
+WIRE_FINISH_REASONS = {"repetition": "length", "closed_to_fit": "length"}
 
 
 def cut_short(out: StepOutput) -> bool:
@@ -380,7 +451,7 @@ def finish_fields(reason: str | None) -> dict[str, Any]:
 
 def is_stop_token(out: StepOutput) -> bool:
     """The final output that carries the end-of-text token itself (not part of the completion)."""
-    return out.finished and out.finish_reason == "stop" and isinstance(out.stop_reason, int)
+    return out.finished and isinstance(out.stop_reason, int)  # set only when a stop token ended it
 
 
 def token_logprobs(outs: list[StepOutput]) -> list[TokenLogprob]:

@@ -116,9 +116,10 @@ def response_body(
 
 
 def finish(response: dict[str, Any], run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
-    """The response completed (or incomplete: cut at max_output_tokens) with its output and usage."""
+    """The response completed (or incomplete: cut at max_output_tokens, whatever it holds) with its
+    output and usage."""
     message = reply_message(run, outs)
-    truncated = bool(outs) and cut_short(outs[-1]) and not message.get("tool_calls")
+    truncated = bool(outs) and cut_short(outs[-1])
     return {
         **response,
         "status": "incomplete" if truncated else "completed",
@@ -176,6 +177,7 @@ async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]
                     yield chunk
         done = finish(response, run, outs)
         if live.items:
+            live.settle(sum(item["type"] == "function_call" for item in done["output"]))
             done["output"] = live.items
             chunks = live.close()
         else:  # nothing was streamed (an empty reply): its items whole
@@ -244,6 +246,13 @@ class _LiveItems:
         self.open = True
         added = {**item, "arguments": "", "status": "in_progress"}
         return self.event("response.output_item.added", output_index=len(self.items) - 1, item=added)
+
+    def settle(self, complete_calls: int) -> None:
+        """Mark the function calls streamed past the reply's `complete_calls` (one a length limit cut
+        while it was written) incomplete: their arguments stop where the reply did."""
+        calls = [item for item in self.items if item["type"] == "function_call"]
+        for item in calls[complete_calls:]:
+            item["status"] = "incomplete"
 
     def close(self) -> list[bytes]:
         """The open item's done events."""

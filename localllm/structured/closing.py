@@ -1,11 +1,16 @@
 """Ending a constrained reply as a complete document instead of cutting it.
 
-When the loop guard sees a constrained reply repeat itself, or the reply's token budget (max_tokens, the
-context) is about to run out inside the document, a cut would leave invalid JSON. Instead the
+When the loop guard sees a constrained reply repeat itself, a cut would leave invalid JSON. Instead the
 sequence's mask narrows to closing tokens wherever the grammar allows one: inside a string, a quote
 (optionally followed by `}` / `]`); elsewhere, tokens made only of `}` and `]`, else a comma (it ends
 a number and moves on to the next required key). Where the grammar allows none of them, the model goes
 on as before, under the grammar.
+
+When the token budget (max_tokens, the context) runs short, `closing_token` is the shortest way to the
+document's end, one token at a time (the same closers, then the shortest whole values, else the longest
+token the grammar allows: forced text such as a required key goes fastest in long tokens). Following
+it from a state counts the tokens the document still needs at least; the model's own token is replaced
+by it only when taking the model's would leave fewer tokens than that (matcher.Constraint.steer).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 _QUOTE = re.compile(rb'"[\]}]*')
 _CLOSE = re.compile(rb"[\]}]+")
 _COMMA = re.compile(rb", ?")
+_SHORT = re.compile(rb'""|-?[0-9]|null|true|false|\[\]|\{\}')  # whole values in one token
 
 
 class Closers:
@@ -27,6 +33,8 @@ class Closers:
         self.quote = np.zeros(vocab_size, dtype=bool)
         self.close = np.zeros(vocab_size, dtype=bool)
         self.comma = np.zeros(vocab_size, dtype=bool)
+        self.short = np.zeros(vocab_size, dtype=bool)
+        self.lengths = np.zeros(vocab_size, dtype=np.int32)  # bytes per token (control tokens: 0)
         for i in range(min(vocab_size, tokenizer.vocab_size)):
             if tokenizer.is_control(i):
                 continue
@@ -34,6 +42,8 @@ class Closers:
             self.quote[i] = _QUOTE.fullmatch(data) is not None
             self.close[i] = _CLOSE.fullmatch(data) is not None
             self.comma[i] = _COMMA.fullmatch(data) is not None
+            self.short[i] = _SHORT.fullmatch(data) is not None
+            self.lengths[i] = len(data)
 
 
 class StringState:
@@ -58,6 +68,11 @@ class StringState:
             elif not self.inside and byte in b"}]":
                 self.depth = max(self.depth - 1, 0)
 
+    def copy(self) -> StringState:
+        other = StringState()
+        other.inside, other.depth, other._escaped = self.inside, self.depth, self._escaped
+        return other
+
     def closing_cost(self) -> int:
         """Tokens it takes at least to end the document from here: a quote, then a bracket per level."""
         return self.depth + self.inside
@@ -70,3 +85,18 @@ def narrow(allowed: np.ndarray, closers: Closers, inside_string: bool) -> np.nda
         if narrowed.any():
             return narrowed
     return allowed
+
+
+def closing_token(allowed: np.ndarray, closers: Closers, inside_string: bool) -> int | None:
+    """The next token of the shortest way to the document's end: the longest closer the grammar allows
+    (it closes the most), else the longest whole value, else the longest token allowed at all."""
+    kinds = (closers.quote,) if inside_string else (closers.close, closers.comma, closers.short)
+    for wanted in kinds:
+        ids = np.flatnonzero(allowed & wanted[: allowed.shape[0]])
+        if ids.size:
+            return int(ids[np.argmax(closers.lengths[ids])])
+    ids = np.flatnonzero(allowed)
+    ids = ids[ids < closers.lengths.shape[0]]
+    if not ids.size:
+        return None
+    return int(ids[np.argmax(closers.lengths[ids])])

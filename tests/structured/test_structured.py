@@ -95,12 +95,45 @@ FREE_DICT = {
 @pytest.mark.parametrize("seed", [0, 2, 3])
 def test_budget_running_out_closes_the_document(engine: LLMEngine, seed: int) -> None:
     """A reply that would reach max_tokens inside its document (the random model writes a long string)
-    is steered to close it in time: valid JSON, finish_reason "stop" (before: cut, "length")."""
+    is steered to close it in time: valid JSON, and a finish reason that says the steering changed it
+    ("closed_to_fit", "length" on the wire), not "stop": its values are not all the model's."""
     text, reason = run(
         engine, StructuredSpec.json_schema(FREE_DICT), max_tokens=64, temperature=1.0, seed=seed
     )
-    assert reason == "stop", text
+    assert reason == "closed_to_fit", text
     assert set(json.loads(text)) >= {"name", "items"}
+
+
+FITTING = [
+    PET_SCHEMA,
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]},
+    {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["a", "bb"]}, "maxItems": 3},
+            "n": {"type": "integer", "maximum": 99},
+        },
+        "required": ["tags", "n"],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", FITTING)
+def test_a_document_that_fits_is_never_steered(engine: LLMEngine, schema: dict) -> None:
+    """Budget steering changes nothing while the budget can hold the document as the model writes it:
+    with max_tokens exactly the tokens the unconstrained-by-budget reply took, the reply is the same,
+    and "stop". One token less cannot hold it: it ends steered (valid) or cut, never "stop"."""
+    spec = StructuredSpec.json_schema(schema)
+    params = {"temperature": 0.0, "structured": spec}
+    free = engine.generate(["hello"], SamplingParams(max_tokens=400, **params))[0]
+    assert free.finish_reason == "stop", free.text
+    n = len(free.token_ids)
+    exact = engine.generate(["hello"], SamplingParams(max_tokens=n, **params))[0]
+    assert (exact.text, exact.finish_reason) == (free.text, "stop")
+    short = engine.generate(["hello"], SamplingParams(max_tokens=n - 1, **params))[0]
+    assert short.finish_reason in ("closed_to_fit", "length"), short.text
+    if short.finish_reason == "closed_to_fit":
+        json.loads(short.text)
 
 
 def test_regex_and_gbnf_and_lark(engine: LLMEngine) -> None:
@@ -273,7 +306,16 @@ def test_tool_parameters_with_defs_work_for_every_tool_choice(srv: Running, choi
 
     tool = openai.pydantic_function_tool(Forecast, name="forecast")
     assert "$defs" in json.dumps(tool["function"]["parameters"])
-    body = chat(srv, tools=[tool], tool_choice=choice, temperature=1.0, seed=2, max_tokens=150)
+    # one call: parallel ones may go on until max_tokens cuts the reply, which then says "length"
+    body = chat(
+        srv,
+        tools=[tool],
+        tool_choice=choice,
+        temperature=1.0,
+        seed=2,
+        max_tokens=150,
+        parallel_tool_calls=False,
+    )
     for call in body["choices"][0]["message"].get("tool_calls") or []:
         if call["function"]["name"] == "forecast":
             Forecast.model_validate_json(call["function"]["arguments"])
