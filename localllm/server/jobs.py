@@ -22,7 +22,7 @@ from localllm.errors import KVCacheFullError
 from localllm.sampling_params import SamplingParams
 from localllm.server.errors import APIError, stream_error_of
 from localllm.server.metrics import RequestTracker, ServerMetrics
-from localllm.server.protocol import usage_totals
+from localllm.server.replies import usage_totals
 from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
 
 if TYPE_CHECKING:

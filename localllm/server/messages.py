@@ -24,7 +24,8 @@ from localllm.engine.output import StepOutput
 from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.pipeline import chat_prompt_length, start_chat
-from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_choice, chat_request, cut_short
+from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_request
+from localllm.server.replies import chat_choice, cut_short
 from localllm.server.state import server_state
 from localllm.server.streaming import live_deltas, sse_event
 

@@ -25,7 +25,7 @@ from localllm.engine.output import StepOutput
 from localllm.server.errors import stream_error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.pipeline import start_chat
-from localllm.server.protocol import chat_choice, cut_short
+from localllm.server.replies import chat_choice, cut_short
 from localllm.server.responses_protocol import (
     ResponsesRequest,
 )

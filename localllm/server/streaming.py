@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.engine.output import StepOutput
 from localllm.server.errors import error_body
-from localllm.server.protocol import (
+from localllm.server.replies import (
     chat_logprobs,
     completion_choice,
     completion_logprobs,

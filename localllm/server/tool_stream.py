@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localllm.engine.output import StepOutput
-from localllm.server.protocol import cut_short, finish_reason
+from localllm.server.replies import cut_short, finish_reason
 from localllm.structured.call_scanner import ARGS_KEYS, CallScanner
 from localllm.structured.tools import maybe_bare_call, new_call_id
 
