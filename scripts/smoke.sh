@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-python}
 TMP=$(mktemp -d)
+export LOCALLLM_HOME=$TMP/home  # a throwaway home: serve's disk tier writes KV blocks there
 trap 'kill $SERVER 2>/dev/null || true; rm -rf "$TMP"' EXIT
 SERVER=
 $PY -c "import sys; sys.path.insert(0, 'tests/support'); from pathlib import Path; \
