@@ -154,7 +154,8 @@ def spec_counts(base: str, headers: dict[str, str]) -> dict[str, float] | None:
         return None
     counts = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
+        sample, _, value = line.rpartition(" ")
+        name = sample.partition("{")[0]  # samples carry a model_name label; a server serves one model
         if name in SPEC_METRICS:
             counts[SPEC_METRICS[name]] = float(value)
     if len(counts) < len(SPEC_METRICS):

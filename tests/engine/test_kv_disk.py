@@ -67,7 +67,7 @@ def test_metrics_show_the_disk_tier():
     disk = DiskStats(hits=7, writes=9, dropped=1, bad=2, evicted=3)
     text = ServerMetrics(lambda: EngineStats(0, 0, 0.0, 0, 0, 0, None, disk)).render()[0].decode()
     for name, value in (("hits", 7), ("writes", 9), ("dropped", 1), ("bad_files", 2), ("evictions", 3)):
-        assert f"localllm:kv_disk_{name}_total {value}.0" in text
+        assert f'localllm:kv_disk_{name}_total{{model_name="default"}} {value}.0' in text
 
 
 def test_the_disk_tier_is_off_unless_asked_for(tiny_model_path, index_dir):

@@ -353,9 +353,10 @@ def test_metrics_report_drafted_and_accepted(tiny_model_path, index_dir, monkeyp
     engine.generate(prompts(2, seed=8), GREEDY)
     stats = engine.spec.stats
     text = ServerMetrics(engine.stats).render()[0].decode()
-    assert f"localllm:spec_decode_num_draft_tokens_total {float(stats.drafted_tokens)}" in text
-    assert f"localllm:spec_decode_num_accepted_tokens_total {float(stats.accepted_tokens)}" in text
-    assert f"localllm:spec_decode_draft_acceptance_rate {stats.acceptance_rate}" in text
+    LABEL = '{model_name="default"}'  # every sample carries the served model's name
+    assert f"localllm:spec_decode_num_draft_tokens_total{LABEL} {float(stats.drafted_tokens)}" in text
+    assert f"localllm:spec_decode_num_accepted_tokens_total{LABEL} {float(stats.accepted_tokens)}" in text
+    assert f"localllm:spec_decode_draft_acceptance_rate{LABEL} {stats.acceptance_rate}" in text
     import httpx
 
     from localllm.bench import serving
