@@ -197,9 +197,16 @@ else:
 """
 
 
+def _default_signals() -> None:
+    # A suite started under nohup or in the background (`cmd &`) passes SIGHUP/SIGINT on ignored, and
+    # an ignored signal rightly stays ignored: give the writer the dispositions a terminal gives it.
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start_writer(kind: str, src: Path, out: Path) -> subprocess.Popen:
     command = [sys.executable, "-c", WRITER, kind, str(src), str(out)]
-    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     started = Path(f"{out}.started")
     deadline = time.monotonic() + 60
     while not started.exists():
