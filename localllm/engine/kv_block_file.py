@@ -74,7 +74,7 @@ def encode(fingerprint: bytes, key: bytes, token_ids: Sequence[int], k: np.ndarr
     """The file's parts, in order (written one after the other: no joined copy of the block)."""
     tokens = token_bytes(token_ids)
     tokens += b"\0" * (_padded(len(tokens)) - len(tokens))
-    kb, vb = memoryview(np.ascontiguousarray(k)).cast("B"), memoryview(np.ascontiguousarray(v)).cast("B")
+    kb, vb = np.ascontiguousarray(k).data.cast("B"), np.ascontiguousarray(v).data.cast("B")
     total = _sum_parts(tokens, kb, vb)
     head = HEADER.pack(MAGIC, FORMAT_VERSION, len(token_ids), fingerprint, key, len(kb), len(vb), total)
     return [head, tokens, kb, vb]

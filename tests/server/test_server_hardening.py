@@ -255,7 +255,8 @@ class Slow(LLMEngine):
 
 cfg = EngineConfig(model=sys.argv[1], backend="numpy", threads=1, index_dir=Path(sys.argv[3]), max_num_seqs=8)
 limits = ConnectionLimits(**json.loads(sys.argv[5]))
-run_server(lambda: Slow(cfg), ServerConfig(model_id="tiny", port=int(sys.argv[2])), "info", limits)
+config = ServerConfig(model_id="tiny", port=int(sys.argv[2]), drain_timeout=0)  # SIGTERM: at once
+run_server(lambda: Slow(cfg), config, "info", limits)
 """
 
 
