@@ -146,7 +146,7 @@ class LLM:
         `.reasoning` (at most `reasoning_budget` tokens of it); `chat_template_kwargs` reach the
         template (e.g. {"enable_thinking": False}); an assistant message's `reasoning_content` is given
         to it too, and the template decides whether to show it."""
-        from localllm.engine.reasoning import with_reasoning
+        from localllm.reasoning import with_reasoning
 
         given = constrained(params, **constraint)
         resolved = given if isinstance(given, SamplingParams) else self.engine.sampling_params(given)

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from localllm.engine.reasoning import ReasoningSpec
 from localllm.errors import LocalLLMError
+from localllm.reasoning import ReasoningSpec
 from localllm.structured.spec import StructuredSpec
 
 # The keys a model may set defaults for (models.toml `[models.NAME.defaults]`, GGUF general.sampling.*).
@@ -76,7 +76,7 @@ class SamplingParams:
     # regex may be sampled, and the request ends when the output is complete (localllm.structured).
     structured: StructuredSpec | None = None
     # Thinking kept out of the answer: the reply's reasoning goes to `reasoning` of each output, its
-    # answer to `text`; a budget forces the model's end-of-thinking marker (localllm.engine.reasoning).
+    # answer to `text`; a budget forces the model's end-of-thinking marker (localllm.reasoning).
     reasoning: ReasoningSpec | None = None
 
     def __post_init__(self) -> None:

@@ -87,8 +87,8 @@ def chat(
 def _chat_command(o: SimpleNamespace) -> None:
     from localllm.chat.session import ChatSession
     from localllm.engine.async_engine import AsyncEngine
-    from localllm.engine.reasoning import with_reasoning
     from localllm.loading.file import GGUFFile
+    from localllm.reasoning import with_reasoning
     from localllm.sampling_params import CHAT_DEFAULTS
     from localllm.tokenizer.chat_template import require_chat_template
 

@@ -79,7 +79,7 @@ def run(
 def _run_command(o: SimpleNamespace) -> None:
     from localllm.chat.display import ThinkingWriter
     from localllm.engine.engine import LLMEngine
-    from localllm.engine.reasoning import with_reasoning
+    from localllm.reasoning import with_reasoning
     from localllm.tokenizer.chat_template import chat_template_source
 
     flags = c.sampling_flags(vars(o))

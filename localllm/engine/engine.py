@@ -19,10 +19,10 @@ from localllm.engine.detokenizer import Detokenizer
 from localllm.engine.loaded_model import LoadedModel
 from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.output import RequestOutput, SampledToken, StepOutput, TokenLogprob
-from localllm.engine.reasoning import ReasoningState, marker_ids
 from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
 from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
+from localllm.reasoning import ReasoningState, marker_ids
 from localllm.sampler import make_generator
 from localllm.sampling_params import (
     BUILTIN_DEFAULTS,

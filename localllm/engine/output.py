@@ -39,7 +39,7 @@ class StepOutput:
     elapsed: float  # seconds from arrival to this output
     stop_reason: str | int | None = None  # the stop string or token that ended it
     # With a reasoning format (SamplingParams.reasoning): `text` is the answer's new text and this the
-    # thinking's (engine/reasoning.py); reasoning_tokens counts the reasoning tokens so far.
+    # thinking's (localllm/reasoning.py); reasoning_tokens counts the reasoning tokens so far.
     reasoning: str = ""
     reasoning_tokens: int = 0
 

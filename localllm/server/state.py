@@ -15,8 +15,8 @@ from fastapi import Request
 
 from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.engine import LLMEngine
-from localllm.engine.reasoning import ReasoningSpec, detect_reasoning
 from localllm.errors import LocalLLMError
+from localllm.reasoning import ReasoningSpec, detect_reasoning
 from localllm.server.cache_breaks import CacheBreaks
 from localllm.server.errors import APIError, draining, shutting_down
 from localllm.server.jobs import Submitter

@@ -1,4 +1,4 @@
-"""Thinking kept out of the answer (engine/reasoning.py): the parsers split any chunking of a reply the
+"""Thinking kept out of the answer (localllm/reasoning.py): the parsers split any chunking of a reply the
 same way, and the engine, driving tiny models whose replies are scripted token by token, puts the
 reasoning in `reasoning` and never a think tag in `text`, whether the reply ends, is cut by
 max_tokens, or has its reasoning budget spent (the end marker is then forced)."""
@@ -13,7 +13,7 @@ from tiny_think import reply_ids, script_replies, write_harmony_model, write_thi
 
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
-from localllm.engine.reasoning import (
+from localllm.reasoning import (
     HARMONY,
     THINK,
     ReasoningSpec,

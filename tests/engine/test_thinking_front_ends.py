@@ -18,7 +18,7 @@ from localllm.chat.repl import ChatRepl, answer_once
 from localllm.chat.session import ChatSession
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
-from localllm.engine.reasoning import with_reasoning
+from localllm.reasoning import with_reasoning
 from localllm.sampling_params import SamplingParams
 from localllm.tokenizer.chat_template import require_chat_template
 
