@@ -32,6 +32,7 @@ from .simd_x86 import (
     _pointers,
     _prefetch,
     _store_all,
+    pair_sums_codegen,
 )
 
 _TABLE = [int(v) for v in MXFP4_VALUES] * 2  # vpshufb looks up within each 128-bit half
@@ -103,20 +104,4 @@ def mxfp4_unpack_pairs_avx2(typingctx, q_addr, p_addr):
 @intrinsic
 def mxfp4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
     """mxfp4_block_sums_avx2's sums from unpacked value pairs (mxfp4_unpack_pairs_avx2)."""
-
-    def codegen(context, builder, signature, args):
-        pp, xp, s0, s1 = _pointers(builder, args)
-        acc: dict = {}
-        for j in range(16):
-            xv = _ipair_broadcast(builder, xp, j)
-            for h in range(2):
-                products = {}
-                for part in ("lo", "hi"):
-                    ptr = builder.gep(pp, [_const(_i32, _pairs_slot(j, h, part))])
-                    w = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
-                    products[part] = _signed_pmadd(builder, w, xv)
-                _accumulate(builder, acc, (j // 8, h), products)
-        _store_all(builder, acc, s0, s1)
-        return context.get_dummy_value()
-
-    return _SIG, codegen
+    return _SIG, pair_sums_codegen(_signed_pmadd)

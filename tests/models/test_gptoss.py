@@ -10,11 +10,19 @@ top-1 agreement of at least 95%, free-running greedy equal up to llama.cpp's fir
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 import pytest
-from arch_conformance import compare, engine, failures, greedy, greedy_problem, load_fixture, teacher_forced
+from arch_conformance import (
+    assert_fixture_file,
+    compare,
+    engine,
+    failures,
+    greedy,
+    greedy_problem,
+    load_fixture,
+    teacher_forced,
+)
 from tiny_gptoss import GPTOSS_VARIANTS, write_gptoss_variant
 
 from localllm.kernels import attention, layers, matmul, moe
@@ -32,9 +40,7 @@ def files(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("variant", list(GPTOSS_VARIANTS))
 def test_file_is_the_one_llama_cpp_ran(files, variant: str) -> None:
-    fixture = load_fixture(variant)
-    assert hashlib.sha256(files[variant].read_bytes()).hexdigest() == fixture["sha256"], "regenerate"
-    assert fixture["calibration"]["median_margin"] > 3.0
+    assert_fixture_file(files[variant], variant)
 
 
 def test_specs_read_from_the_file(files) -> None:

@@ -7,6 +7,7 @@ far localllm's float32 NumPy oracle lands from llama.cpp on the same file).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,15 @@ DATA = ARCH_DATA
 
 def load_fixture(variant: str) -> dict:
     return json.loads((DATA / f"{variant}.json").read_text())
+
+
+def assert_fixture_file(path: Path, variant: str) -> dict:
+    """`path` is the very file llama.cpp ran for `variant`'s fixture, and the fixture is peaky (most next
+    tokens are clear, so agreement means something); returns the fixture."""
+    ref = load_fixture(variant)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == ref["sha256"], "regenerate the fixtures"
+    assert ref["calibration"]["median_margin"] > 3.0
+    return ref
 
 
 def engine(path: Path, backend: str = "numba", fuse: bool = True) -> Any:
