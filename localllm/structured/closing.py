@@ -54,7 +54,7 @@ class Closers:
 
 class StringState:
     """Whether the JSON written so far is inside a string (unescaped quotes toggle it), and how many
-    objects and arrays are open (the fewest tokens that can still close the document)."""
+    objects and arrays are open."""
 
     def __init__(self) -> None:
         self.inside = False
@@ -78,10 +78,6 @@ class StringState:
         other = StringState()
         other.inside, other.depth, other._escaped = self.inside, self.depth, self._escaped
         return other
-
-    def closing_cost(self) -> int:
-        """Tokens it takes at least to end the document from here: a quote, then a bracket per level."""
-        return self.depth + self.inside
 
 
 def narrow(allowed: np.ndarray, closers: Closers, inside_string: bool) -> np.ndarray:

@@ -21,8 +21,8 @@ from localllm.structured.sandbox import GrammarSandbox
 from localllm.structured.spec import StructuredSpec
 
 CLOSING_TOKENS = 64  # tokens a looping reply gets to close its document before the guard cuts it
-# How many tokens the document still needs at least is counted again after each token while the budget
-# is within this many tokens of it (one token can open a value that needs many more), less often before.
+# The tokens the document still takes to end are counted again after each token while the budget is
+# within this many tokens of them (one token can open a value that needs many more), less often before.
 STEER_WINDOW = 16
 MAX_CLOSING_PATH = 256  # steps counted at most: a document needing more is treated as needing that many
 CLOSED_TO_FIT = "closed_to_fit"  # the finish reason of a document the budget steering changed
@@ -163,7 +163,7 @@ class Constraint:
         self.eos_id = eos_id  # what a failed matcher allows, so the request ends
         self.tokens_left = budget  # None: no budget to close before
         self.steered: str | None = None  # CLOSED_TO_FIT or "repetition" once steering changed the reply
-        self._needed = 0  # tokens the document needed at least, when last counted
+        self._needed = 0  # tokens the document took to end, when last counted
         self._recount_in = 0  # tokens until it is counted again
         self._sim_bits = np.zeros_like(self.bits)
 
@@ -218,7 +218,7 @@ class Constraint:
 
     def steer(self, token_id: int) -> int:
         """The token to take after the model sampled `token_id` (before accept): that one, unless
-        taking it would leave fewer tokens than the document then needs at least to end; then the next
+        taking it would leave fewer tokens than the document then takes to end; then the next
         token of the shortest way to its end (closing.closing_token), and the reply counts as steered.
         So a document that fits is never touched, and one that does not closes instead of being cut."""
         left = self.tokens_left
@@ -240,9 +240,10 @@ class Constraint:
         return steer
 
     def _tokens_to_end(self, matcher: Any, state: StringState, limit: int) -> int | None:
-        """Tokens the document needs at least from `matcher`'s state (consumed as it goes), following
-        closing_token; None when that is more than `limit`. An end that is allowed but not forced
-        takes one more token: the end-of-text."""
+        """Tokens the document takes to end from `matcher`'s state (consumed as it goes) along the
+        shortest way closing_token finds (a greedy estimate: a longer way than the model's own makes the
+        steering start early); None when that is more than `limit`. An end that is allowed but not
+        forced takes one more token: the end-of-text."""
         steps = 0
         while not matcher.is_stopped():
             if matcher.is_accepting():
