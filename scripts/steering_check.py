@@ -49,6 +49,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0, help="with --seed: reproducible too")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--factors", default=",".join(map(str, FACTORS)), help="budgets, x the answer's length"
+    )
     args = parser.parse_args(argv)
 
     from structured_parse import CASES
@@ -68,10 +71,11 @@ def main(argv: list[str]) -> int:
         )
 
     refs = llm.engine.generate(prompts, [params(s, ROOM) for s in specs])
-    jobs = [(i, f, max(1, round(f * len(ref.token_ids)))) for i, ref in enumerate(refs) for f in FACTORS]
+    factors = [float(f) for f in args.factors.split(",")]
+    jobs = [(i, f, max(1, round(f * len(ref.token_ids)))) for i, ref in enumerate(refs) for f in factors]
     outs = llm.engine.generate([prompts[i] for i, _, _ in jobs], [params(specs[i], b) for i, _, b in jobs])
     totals: Counter[str] = Counter()
-    by_factor: dict[float, Counter[str]] = {f: Counter() for f in FACTORS}
+    by_factor: dict[float, Counter[str]] = {f: Counter() for f in factors}
     for i, (schema, _) in enumerate(CASES):
         ref = refs[i]
         if ref.finish_reason != "stop":  # no answer of the model's own to compare with

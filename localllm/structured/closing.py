@@ -16,6 +16,7 @@ by it only when taking the model's would leave fewer tokens than that (matcher.C
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -89,11 +90,13 @@ def narrow(allowed: np.ndarray, closers: Closers, inside_string: bool) -> np.nda
     return allowed
 
 
-def closing_token(allowed: np.ndarray, closers: Closers, inside_string: bool) -> int | None:
+def closing_token(
+    allowed: np.ndarray, closers: Closers, inside_string: bool, closes_after: Callable[[int], bool]
+) -> int | None:
     """The next token of the shortest way to the document's end: the longest closer the grammar allows
-    (it closes the most; one that also writes the comma to a required key next saves a token, but a
-    pure closer of the same length ends more), else the longest whole value, else the longest token
-    allowed at all."""
+    (it closes the most; one that also writes a comma saves a token where the grammar wants one next,
+    that is where `closes_after(closer)` says no bracket may follow it), else the longest whole value,
+    else the longest token allowed at all."""
     lengths = closers.lengths
     if inside_string:
         kinds = ((closers.quote, closers.quote_on),)
@@ -102,7 +105,7 @@ def closing_token(allowed: np.ndarray, closers: Closers, inside_string: bool) ->
     for pure, onward in kinds:
         best = _longest(allowed, pure, lengths)
         ahead = _longest(allowed, onward, lengths) if onward is not None else None
-        if ahead is not None and (best is None or lengths[ahead] > lengths[best]):
+        if ahead is not None and (best is None or not closes_after(best)):
             best = ahead
         if best is not None:
             return best

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -233,7 +234,9 @@ class Constraint:
         if needed is not None:
             self._needed, self._recount_in = needed, max(8, (left - 1 - needed) // 4)
             return token_id
-        steer = closing_token(self.allowed(), self._closers, self._string.inside)
+        steer = closing_token(
+            self.allowed(), self._closers, self._string.inside, self._closes_after(self._matcher)
+        )
         if steer is None or steer == token_id:
             return token_id
         self.steered, self._recount_in = CLOSED_TO_FIT, 0
@@ -255,12 +258,27 @@ class Constraint:
                 return steps
             matcher.unsafe_compute_mask_ptr(self._sim_bits.ctypes.data, self._sim_bits.nbytes)
             flags = np.unpackbits(self._sim_bits.view(np.uint8), bitorder="little")[: self.vocab_size]
-            token = closing_token(flags.view(bool), self._closers, state.inside)
+            token = closing_token(flags.view(bool), self._closers, state.inside, self._closes_after(matcher))
             if token is None or not matcher.consume_token(token):
                 return None
             state.feed(self._lltok.decode_bytes([token]))
             steps += 1
         return steps if steps <= limit else None
+
+    def _closes_after(self, matcher: Any) -> Callable[[int], bool]:
+        """Whether, after a token from `matcher`'s state, a closing bracket may come next."""
+
+        def closes(token: int) -> bool:
+            after = matcher.deep_copy()
+            if not after.consume_token(token):
+                return False
+            if after.is_stopped() or after.is_accepting():
+                return True
+            after.unsafe_compute_mask_ptr(self._sim_bits.ctypes.data, self._sim_bits.nbytes)
+            flags = np.unpackbits(self._sim_bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+            return bool((flags.view(bool) & self._closers.close[: self.vocab_size]).any())
+
+        return closes
 
     @property
     def is_finished(self) -> bool:
