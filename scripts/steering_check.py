@@ -3,8 +3,9 @@
     python scripts/steering_check.py [MODEL] [--threads N]   (MODEL: a registry name or a GGUF path,
                                                                 default smollm2-135m-instruct)
 
-For each of the 20 schema prompts of tests/fixtures/structured_parse.py it asks greedily (temperature 0)
-for the schema-constrained answer with room to spare (the reference: its tokens are the answer's
+For each of the 20 schema prompts of tests/fixtures/structured_parse.py it asks (greedily, or sampled
+with a seed: each position's draw depends only on the seed and the position, so a run repeats) for the
+schema-constrained answer with room to spare (the reference: its tokens are the answer's
 length N), then again with max_tokens at 0.5x, 0.75x, 1x, 1.25x, 1.5x, 2x and 3x N, all in one batch.
 Each reply is sorted by what it says and what it holds against the reference:
 
@@ -46,6 +47,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=0.0, help="with --seed: reproducible too")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--factors", default=",".join(map(str, FACTORS)), help="budgets, x the answer's length"
+    )
     args = parser.parse_args(argv)
 
     from structured_parse import CASES
@@ -60,13 +66,16 @@ def main(argv: list[str]) -> int:
     specs = [StructuredSpec.json_schema(schema.model_json_schema()) for schema, _ in CASES]
 
     def params(spec: StructuredSpec, max_tokens: int) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, structured=spec)
+        return SamplingParams(
+            temperature=args.temperature, seed=args.seed, max_tokens=max_tokens, structured=spec
+        )
 
     refs = llm.engine.generate(prompts, [params(s, ROOM) for s in specs])
-    jobs = [(i, f, max(1, round(f * len(ref.token_ids)))) for i, ref in enumerate(refs) for f in FACTORS]
+    factors = [float(f) for f in args.factors.split(",")]
+    jobs = [(i, f, max(1, round(f * len(ref.token_ids)))) for i, ref in enumerate(refs) for f in factors]
     outs = llm.engine.generate([prompts[i] for i, _, _ in jobs], [params(specs[i], b) for i, _, b in jobs])
     totals: Counter[str] = Counter()
-    by_factor: dict[float, Counter[str]] = {f: Counter() for f in FACTORS}
+    by_factor: dict[float, Counter[str]] = {f: Counter() for f in factors}
     for i, (schema, _) in enumerate(CASES):
         ref = refs[i]
         if ref.finish_reason != "stop":  # no answer of the model's own to compare with

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,8 +22,8 @@ from localllm.structured.sandbox import GrammarSandbox
 from localllm.structured.spec import StructuredSpec
 
 CLOSING_TOKENS = 64  # tokens a looping reply gets to close its document before the guard cuts it
-# How many tokens the document still needs at least is counted again after each token while the budget
-# is within this many tokens of it (one token can open a value that needs many more), less often before.
+# The tokens the document still takes to end are counted again after each token while the budget is
+# within this many tokens of them (one token can open a value that needs many more), less often before.
 STEER_WINDOW = 16
 MAX_CLOSING_PATH = 256  # steps counted at most: a document needing more is treated as needing that many
 CLOSED_TO_FIT = "closed_to_fit"  # the finish reason of a document the budget steering changed
@@ -163,7 +164,7 @@ class Constraint:
         self.eos_id = eos_id  # what a failed matcher allows, so the request ends
         self.tokens_left = budget  # None: no budget to close before
         self.steered: str | None = None  # CLOSED_TO_FIT or "repetition" once steering changed the reply
-        self._needed = 0  # tokens the document needed at least, when last counted
+        self._needed = 0  # tokens the document took to end, when last counted
         self._recount_in = 0  # tokens until it is counted again
         self._sim_bits = np.zeros_like(self.bits)
 
@@ -218,7 +219,7 @@ class Constraint:
 
     def steer(self, token_id: int) -> int:
         """The token to take after the model sampled `token_id` (before accept): that one, unless
-        taking it would leave fewer tokens than the document then needs at least to end; then the next
+        taking it would leave fewer tokens than the document then takes to end; then the next
         token of the shortest way to its end (closing.closing_token), and the reply counts as steered.
         So a document that fits is never touched, and one that does not closes instead of being cut."""
         left = self.tokens_left
@@ -233,16 +234,19 @@ class Constraint:
         if needed is not None:
             self._needed, self._recount_in = needed, max(8, (left - 1 - needed) // 4)
             return token_id
-        steer = closing_token(self.allowed(), self._closers, self._string.inside)
+        steer = closing_token(
+            self.allowed(), self._closers, self._string.inside, self._closes_after(self._matcher)
+        )
         if steer is None or steer == token_id:
             return token_id
         self.steered, self._recount_in = CLOSED_TO_FIT, 0
         return steer
 
     def _tokens_to_end(self, matcher: Any, state: StringState, limit: int) -> int | None:
-        """Tokens the document needs at least from `matcher`'s state (consumed as it goes), following
-        closing_token; None when that is more than `limit`. An end that is allowed but not forced
-        takes one more token: the end-of-text."""
+        """Tokens the document takes to end from `matcher`'s state (consumed as it goes) along the
+        shortest way closing_token finds (a greedy estimate: a longer way than the model's own makes the
+        steering start early); None when that is more than `limit`. An end that is allowed but not
+        forced takes one more token: the end-of-text."""
         steps = 0
         while not matcher.is_stopped():
             if matcher.is_accepting():
@@ -254,12 +258,27 @@ class Constraint:
                 return steps
             matcher.unsafe_compute_mask_ptr(self._sim_bits.ctypes.data, self._sim_bits.nbytes)
             flags = np.unpackbits(self._sim_bits.view(np.uint8), bitorder="little")[: self.vocab_size]
-            token = closing_token(flags.view(bool), self._closers, state.inside)
+            token = closing_token(flags.view(bool), self._closers, state.inside, self._closes_after(matcher))
             if token is None or not matcher.consume_token(token):
                 return None
             state.feed(self._lltok.decode_bytes([token]))
             steps += 1
         return steps if steps <= limit else None
+
+    def _closes_after(self, matcher: Any) -> Callable[[int], bool]:
+        """Whether, after a token from `matcher`'s state, a closing bracket may come next."""
+
+        def closes(token: int) -> bool:
+            after = matcher.deep_copy()
+            if not after.consume_token(token):
+                return False
+            if after.is_stopped() or after.is_accepting():
+                return True
+            after.unsafe_compute_mask_ptr(self._sim_bits.ctypes.data, self._sim_bits.nbytes)
+            flags = np.unpackbits(self._sim_bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+            return bool((flags.view(bool) & self._closers.close[: self.vocab_size]).any())
+
+        return closes
 
     @property
     def is_finished(self) -> bool:
