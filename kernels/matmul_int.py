@@ -85,6 +85,8 @@ AVX2_QUADS = HAVE_AVX2 and not HAVE_AVX512
 QUADS = HAVE_VNNI or AVX2_QUADS
 QUAD_ROWS = 3
 QUAD_ROWS_Q6 = 2
+# The fifth-bit kinds: AVX2 has no fast direct kernel for them (high_bit_sums is a portable loop).
+QUAD_ROWS_FIVE = 1 if AVX2_QUADS else QUAD_ROWS
 # Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB
 # (AVX2: 64 KiB, which stays in a smaller L2 and ran the sums a quarter faster).
 Q6_BLOCKS = 8 if AVX2_QUADS else 64
@@ -486,7 +488,7 @@ def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs
     s32 = sums[: min(x8.shape[0], ROW_CHUNK) * nb * R].reshape((-1, nb, R))
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
         t1 = min(x8.shape[0], t0 + ROW_CHUNK)
-        direct = t1 - t0 < QUAD_ROWS if QUADS else t1 - t0 <= DIRECT_ROWS
+        direct = t1 - t0 < (QUAD_ROWS_FIVE if five else QUAD_ROWS) if QUADS else t1 - t0 <= DIRECT_ROWS
         if direct:
             for ti in range(t0, t1):
                 nibble_sums(q3, x8p[ti], slo[ti - t0], shi[ti - t0])
