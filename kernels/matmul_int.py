@@ -87,6 +87,10 @@ QUAD_ROWS = 3
 QUAD_ROWS_Q6 = 2
 # The fifth-bit kinds: AVX2 has no fast direct kernel for them (high_bit_sums is a portable loop).
 QUAD_ROWS_FIVE = 1 if AVX2_QUADS else QUAD_ROWS
+# The SIMD kernel family this CPU runs (what `bench` reports).
+KERNEL_FAMILY = (
+    "avx512-vnni" if HAVE_VNNI else "avx512" if HAVE_AVX512 else "avx2" if HAVE_AVX2 else "portable"
+)
 # Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB
 # (AVX2: 64 KiB, which stays in a smaller L2 and ran the sums a quarter faster).
 Q6_BLOCKS = 8 if AVX2_QUADS else 64
