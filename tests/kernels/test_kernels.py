@@ -438,9 +438,10 @@ def exact_quad_sums(q3, qh, xr, kind: str) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["q4", "q5", "q6"])
 def test_quad_sums_equal_portable_ones(kind: str) -> None:
-    """Many rows over one unpacking into quads (AVX512-VNNI `vpdpbusd`; elsewhere the portable loop
-    per row) give the portable twin's int32 sums bit for bit, and numpy's, extremes included; the
-    twin also equals the int16 kernels' partials combined (what the lone-row path hands on)."""
+    """Many rows over one unpacking into quads (AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw`; else the
+    portable loop per row) give the portable twin's int32 sums bit for bit, and numpy's, extremes
+    included; the twin also equals the int16 kernels' partials combined (what the lone-row path hands
+    on)."""
     rng = np.random.default_rng(19)
     nb, rows = 5, 6
     q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
