@@ -85,19 +85,22 @@ def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _softmax_rows(sc, rows, lo, hi, total) -> None:
-    """Each row's visible scores -> exp(s - max), and their sum in total[row]."""
+def _softmax_rows(sc, rows, lo, hi, total, sink) -> None:
+    """Each row's visible scores -> exp(s - max), and their sum in total[row].  sink: per row, an
+    attention-sink logit (gpt-oss) that joins the max and the sum without a value; empty: none."""
     for row in range(rows):
         n = hi[row] - lo[row]
         mx = sc[row, 0]
         for j in range(n):
             mx = max(mx, sc[row, j])
+        if sink.size:
+            mx = max(mx, sink[row])
         t = f32(0.0)
         for j in range(n):
             e = fast_exp(sc[row, j] - mx)
             sc[row, j] = e
             t += e
-        total[row] = t
+        total[row] = t + (fast_exp(sink[row] - mx) if sink.size else f32(0.0))
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -119,11 +122,12 @@ def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, softcap, out, scratch):
+def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, softcap, sinks, out,
+                scratch):  # fmt: skip
     """Queries i0 .. i0+nq-1 (positions pos0 ..) of every query head of KV head kh.  keys/values
     are the cache as (blocks * block_size * kv_heads, D) rows (plain 2-D indexing vectorises
-    reliably; 4-D indexing did not)."""
-    qc, sc, acc, total, lo, hi = scratch
+    reliably; 4-D indexing did not).  sinks: (n_heads,) sink logits, or empty."""
+    qc, sc, acc, total, lo, hi, sink = scratch
     group = q.shape[1] // kvh
     rows = nq * group
     _row_bounds(rows, group, pos0, window, lo, hi)
@@ -131,8 +135,10 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
         h = kh * group + row % group
         for d in range(q.shape[2]):
             qc[row, d] = q[i0 + row // group, h, d] * scale
+        if sinks.size:
+            sink[row] = sinks[h]
     _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc)
-    _softmax_rows(sc, rows, lo, hi, total)
+    _softmax_rows(sc, rows, lo, hi, total, sink[:rows] if sinks.size else sink[:0])
     _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc)
     for row in range(rows):
         h = kh * group + row % group
@@ -142,7 +148,8 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, items, out, first, step):
+def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, first,
+                 step):  # fmt: skip
     """Items first, first + step, ... of `items` (see work_items)."""
     D, bs, kvh = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     keys, values = k_cache.reshape(-1, D), v_cache.reshape(-1, D)
@@ -157,24 +164,39 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
         np.empty(rows, np.float32),
         np.empty(rows, np.int64),
         np.empty(rows, np.int64),
+        np.empty(rows, np.float32),
     )
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
         pos0 = ctx[s] - (qsl[s + 1] - qsl[s]) + (i0 - qsl[s])  # position of query i0
         cap = f32(softcap)
-        attend_item(
-            q, keys, values, bs, kvh, tables[s], kh, i0, nq, pos0, f32(scale), window, cap, out, scratch
-        )
+        attend_item(q, keys, values, bs, kvh, tables[s], kh, i0, nq, pos0, f32(scale), window, cap, sinks,
+                    out, scratch)  # fmt: skip
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, out, nth) -> None:
+def paged_attention_sinks_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, out,
+                              nth) -> None:  # fmt: skip
+    """paged_attention_par with attention sinks: sinks (n_heads,) float32 logits (empty: none)."""
     items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     for c in prange(nth):
-        attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, items, out, c, nth)
+        attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, c, nth)
+
+
+@njit(cache=True, nogil=True)
+def paged_attention_sinks_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks,
+                                 out) -> None:  # fmt: skip
+    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
+    attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, 0, 1)
+
+
+@njit(cache=True, nogil=True)
+def paged_attention_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, out, nth) -> None:
+    none = np.empty(0, np.float32)
+    paged_attention_sinks_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, none, out, nth)
 
 
 @njit(cache=True, nogil=True)
 def paged_attention_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, out) -> None:
-    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
-    attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, items, out, 0, 1)
+    none = np.empty(0, np.float32)
+    paged_attention_sinks_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, none, out)

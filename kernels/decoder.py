@@ -40,7 +40,12 @@ F_ROPE = 7  # index of the layer's rotation in Step.cos / Step.sin
 F_EXPERTS = 8  # experts used per token (0: the dense FFN only)
 F_RENORM = 9  # renormalise the routed experts' weights
 F_SHARED = 10  # the dense FFN runs too, as a shared expert under a sigmoid gate
-N_FLAGS = 11
+F_SINKS = 11  # attention sinks (Extras.sinks)
+F_O_BIAS = 12  # output projection bias (Extras.bo)
+F_EXPERT_BIAS = 13  # router and expert biases (Extras.router_b, *_exps_b)
+F_OAI = 14  # gpt-oss's clamped SwiGLU for the experts and the dense FFN
+F_V_NORM = 15  # RMSNorm over each head of v (weights StackWeights.v_norm)
+N_FLAGS = 16
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -70,6 +75,21 @@ class StackWeights(NamedTuple):
     down_exps: np.ndarray
     shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
     moe_stats: np.ndarray  # (2,) int64 counters, see moe.STAT_BYTES
+    attn_temp: np.ndarray  # (L, 2) float64: attention temperature scale (0: off) and length
+    v_norm: np.ndarray  # (L, head_dim): v's norm weights (F_V_NORM)
+    out_scale: np.ndarray  # (L,) float32: the layer's output times this (1: none)
+    extras: Extras
+
+
+class Extras(NamedTuple):
+    """Per-layer arrays of the rarer features (gpt-oss); 0-wide where no layer has one."""
+
+    sinks: np.ndarray  # (L, n_heads) attention-sink logits
+    bo: np.ndarray  # (L, dim)
+    router_b: np.ndarray  # (L, experts)
+    gate_exps_b: np.ndarray  # (L, experts, expert_ffn)
+    up_exps_b: np.ndarray
+    down_exps_b: np.ndarray  # (L, experts, dim)
 
 
 class Dims(NamedTuple):
@@ -142,6 +162,13 @@ def _add_rows(x, y) -> None:
 
 
 @njit(cache=True)
+def _scale_rows(x, s) -> None:
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[t, j] = x[t, j] * s
+
+
+@njit(cache=True)
 def _add_bias(x, bias) -> None:
     for t in range(x.shape[0]):
         for j in range(x.shape[1]):
@@ -155,14 +182,14 @@ def _heads_norm(x, weight, eps, out) -> None:
 
 
 @njit(cache=True)
-def _attend(q, k_cache, v_cache, step, scale, window, softcap, out, nth) -> None:
+def _attend(q, k_cache, v_cache, step, scale, window, softcap, sinks, out, nth) -> None:
     ctx = step.ctx
     work = q.shape[0] * q.shape[1] * q.shape[2] * (ctx.max() if ctx.size else 0)
-    args = (q, k_cache, v_cache, step.qsl, ctx, step.block_tables, scale, window, softcap, out)
+    args = (q, k_cache, v_cache, step.qsl, ctx, step.block_tables, scale, window, softcap, sinks, out)
     if nth > 1 and work >= ATTN_PARALLEL_MIN:
-        attention.paged_attention_par(*args, nth)
+        attention.paged_attention_sinks_par(*args, nth)
     else:
-        attention.paged_attention_serial(*args)
+        attention.paged_attention_sinks_serial(*args)
 
 
 @njit(cache=True)
@@ -180,11 +207,19 @@ def _rotations(step, buf) -> None:
 def _qkv(il, w, dims, buf, nth):
     """q, k, v of buf.h, with biases and q/k norms; returns the (q, k) to rotate."""
     _project(w.qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v), nth)
+    return _qkv_finish(il, w, dims, buf)
+
+
+@njit(cache=True)
+def _qkv_finish(il, w, dims, buf):
+    """_qkv after its projection (kernels/hybrid_decoder.py projects a gate with q, k, v)."""
     T = buf.h.shape[0]
     if w.flags[il, F_BIAS]:
         _add_bias(buf.q.reshape(T, -1), w.bq[il])
         _add_bias(buf.k.reshape(T, -1), w.bk[il])
         _add_bias(buf.v.reshape(T, -1), w.bv[il])
+    if w.flags[il, F_V_NORM]:  # in place: each row is read before it is written
+        _heads_norm(buf.v, w.v_norm[il], dims.eps, buf.v)
     if not w.flags[il, F_QK_NORM]:
         return buf.q, buf.k
     _heads_norm(buf.q, w.q_norm[il], dims.eps, buf.att)
@@ -193,18 +228,45 @@ def _qkv(il, w, dims, buf, nth):
 
 
 @njit(cache=True)
+def _temperature(q, positions, scale, length) -> None:
+    """q[t] *= 1 + scale * ln(floor(pos_t / length) + 1): the attention temperature (LayerSpec)."""
+    for t in range(q.shape[0]):
+        f = np.float32(np.log(np.floor(np.float64(positions[t]) / length) + 1.0) * scale + 1.0)
+        for h in range(q.shape[1]):
+            for j in range(q.shape[2]):
+                q[t, h, j] = q[t, h, j] * f
+
+
+@njit(cache=True)
 def _attention_block(il, x, w, dims, step, kv, buf, nth):
     """x += [post-norm] o_proj(attention(rope(q, k), v)) of rms_norm(x), k/v stored in the cache."""
     layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
     q, k = _qkv(il, w, dims, buf, nth)
+    _rope_attend(il, w, dims, step, kv, q, k, buf, nth)
+    _attention_out(il, x, w, dims, buf, nth)
+
+
+@njit(cache=True)
+def _rope_attend(il, w, dims, step, kv, q, k, buf, nth) -> None:
+    """Rotate q and k, store k/v in the cache, attend: the attention in buf.att."""
     k_cache, v_cache = kv[0][il], kv[1][il]
     r = w.flags[il, F_ROPE]
     dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
     layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
                          buf.q, buf.k)  # fmt: skip
+    if w.attn_temp[il, 0] != 0.0:
+        _temperature(buf.q, step.positions, w.attn_temp[il, 0], w.attn_temp[il, 1])
     window, cap = w.flags[il, F_WINDOW], w.softcap[il]
-    _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, buf.att, nth)
+    sinks = w.extras.sinks[il] if w.flags[il, F_SINKS] else w.extras.sinks[il, :0]
+    _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, sinks, buf.att, nth)
+
+
+@njit(cache=True)
+def _attention_out(il, x, w, dims, buf, nth) -> None:
+    """x += [post-norm] o_proj(buf.att) [+ its bias]."""
     _project(w.o[il], w.gemm, w.quantize, buf.att.reshape(x.shape[0], -1), (buf.o,), nth)
+    if w.flags[il, F_O_BIAS]:
+        _add_bias(buf.o, w.extras.bo[il])
     _residual(x, buf.o, w.flags[il, F_POST_ATTN], w.post_attn_norm[il], dims.eps, buf.h)
 
 
@@ -242,6 +304,8 @@ def _dense_ffn(il, w, buf, nth):
     _project(w.gate_up[il], w.gemm, w.quantize, buf.h, (buf.gate, buf.up), nth)
     if w.flags[il, F_GELU]:
         layers.geglu_rows(buf.gate, buf.up, buf.act)
+    elif w.flags[il, F_OAI]:
+        layers.swiglu_oai_rows(buf.gate, buf.up, buf.act)
     else:
         layers.swiglu_rows(buf.gate, buf.up, buf.act)
     _down(il, w, buf, nth)
@@ -251,8 +315,14 @@ def _dense_ffn(il, w, buf, nth):
 def _moe_ffn(il, w, buf, nth):
     """buf.down = the routed experts' weighted sum of h = buf.h (in buf.o, free after attention), plus
     the dense FFN times sigmoid(h . shexp_gate) where the layer has a shared expert."""
-    moe.moe_ffn(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
-                w.flags[il, F_EXPERTS], w.flags[il, F_RENORM] != 0, buf.o, w.moe_stats, nth)  # fmt: skip
+    x, biased = w.extras, w.flags[il, F_EXPERT_BIAS] != 0
+    rb = x.router_b[il] if biased else x.router_b[il, :0]
+    gb, ub, db = x.gate_exps_b[il], x.up_exps_b[il], x.down_exps_b[il]
+    if not biased:
+        gb, ub, db = gb[:0], ub[:0], db[:0]
+    renorm, oai = w.flags[il, F_RENORM] != 0, w.flags[il, F_OAI] != 0
+    moe.moe_ffn_ext(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
+                    w.flags[il, F_EXPERTS], renorm, oai, rb, gb, ub, db, buf.o, w.moe_stats, nth)  # fmt: skip
     T = buf.h.shape[0]
     if not w.flags[il, F_SHARED]:
         buf.down[:] = buf.o
@@ -286,6 +356,8 @@ def decoder_stack(x, w, dims, step, kv, nth):
     for il in range(w.flags.shape[0]):
         _attention_block(il, x, w, dims, step, kv, buf, nth)
         _ffn_block(il, x, w, dims, buf, nth)
+        if w.out_scale[il] != 1.0:
+            _scale_rows(x, w.out_scale[il])
     # keep the buffers alive past the kernels that only saw their addresses
     return buf.q.size + buf.k.size + buf.v.size + buf.o.size + buf.gate.size + buf.up.size + buf.down.size \
         + buf.act2.size + buf.down2.size  # fmt: skip

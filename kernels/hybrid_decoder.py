@@ -85,21 +85,10 @@ def _gated_attention_block(il, x, w, dims, step, kv, rec, rb, buf, nth):
     """decoder._attention_block with q's gate projected beside q, k, v and applied to the attention."""
     layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
     dk._project(rec.gated_qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v, rb.gate), nth)
-    q, k = buf.q, buf.k
-    if w.flags[il, dk.F_QK_NORM]:
-        dk._heads_norm(buf.q, w.q_norm[il], dims.eps, buf.att)
-        dk._heads_norm(buf.k, w.k_norm[il], dims.eps, buf.kn)
-        q, k = buf.att, buf.kn
-    k_cache, v_cache = kv[0][il], kv[1][il]
-    r = w.flags[il, dk.F_ROPE]
-    dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
-    layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
-                         buf.q, buf.k)  # fmt: skip
-    dk._attend(buf.q, k_cache, v_cache, step, dims.attn_scale, w.flags[il, dk.F_WINDOW], w.softcap[il],
-               buf.att, nth)  # fmt: skip
+    q, k = dk._qkv_finish(il, w, dims, buf)
+    dk._rope_attend(il, w, dims, step, kv, q, k, buf, nth)
     _sigmoid_mul(buf.att, rb.gate)
-    dk._project(w.o[il], w.gemm, w.quantize, buf.att.reshape(x.shape[0], -1), (buf.o,), nth)
-    dk._residual(x, buf.o, w.flags[il, dk.F_POST_ATTN], w.post_attn_norm[il], dims.eps, buf.h)
+    dk._attention_out(il, x, w, dims, buf, nth)
 
 
 @njit(cache=True)
@@ -131,6 +120,8 @@ def hybrid_stack(x, w, dims, step, kv, rec, rd, rs, nth):
         else:
             dk._attention_block(il, x, w, dims, step, kv, buf, nth)
         dk._ffn_block(il, x, w, dims, buf, nth)
+        if w.out_scale[il] != 1.0:
+            dk._scale_rows(x, w.out_scale[il])
     # keep the buffers alive past the kernels that only saw their addresses
     return buf.q.size + buf.k.size + buf.v.size + buf.o.size + buf.gate.size + buf.up.size + buf.down.size \
         + buf.act2.size + buf.down2.size + rb.gate.size + rb.qkv.size + rb.z.size + rb.beta.size \

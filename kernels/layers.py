@@ -79,6 +79,19 @@ def swiglu_rows(gate, up, out) -> None:
             out[i, j] = g / (f32(1.0) + fast_exp(-g)) * up[i, j]
 
 
+_OAI_ALPHA, _OAI_LIMIT = f32(1.702), f32(7.0)  # models/spec.py's OAI_ALPHA, OAI_LIMIT (llama.cpp's)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def swiglu_oai_rows(gate, up, out) -> None:
+    """gpt-oss's clamped SwiGLU: g = min(gate, 7), u = clip(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)."""
+    for i in range(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            g = min(gate[i, j], _OAI_LIMIT)
+            u = min(max(up[i, j], -_OAI_LIMIT), _OAI_LIMIT)
+            out[i, j] = g / (f32(1.0) + fast_exp(-_OAI_ALPHA * g)) * (u + f32(1.0))
+
+
 _SQRT_2_OVER_PI = f32(np.sqrt(2.0 / np.pi))
 
 

@@ -30,12 +30,14 @@ from numba.extending import overload
 from . import blockscales as bs
 from . import dequant as dq
 from . import matmul_int as mi
+from . import matmul_mxfp4 as mx
 from . import matmul_row as mr
 from .gemm import GEMM_ARGV_LEN, call_gemm
 from .packing import (
     BF16,
     F16,
     F32,
+    MXFP4,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -183,6 +185,14 @@ def _q6_fields(buf, n, k):
 
 
 @njit(cache=True)
+def _mxfp4_fields(buf, n, k):
+    """MXFP4's exponents (nt, nb, R) and codes (nt, nb, 16, R)."""
+    _, e, _, q = _flat(MXFP4, buf, n, k)
+    nt, nb = (n + R - 1) // R, k // 32
+    return e.reshape(nt, nb, R), q.reshape(nt, nb, 16, R)
+
+
+@njit(cache=True)
 def tile_views(kind, buf, n, k):
     """All tiles' fields as matmul_row.row_nibbles takes them, indexed [t]: (f0, sm, qh, qs).  Built
     once per range call: building them per tile cost a sizeable share of a decode tile's time."""
@@ -212,6 +222,8 @@ def _int_views_impl(kind, buf, n, k):
         return lambda kind, buf, n, k: _q8_fields(buf, n, k)
     if kv == Q6_K:
         return lambda kind, buf, n, k: _q6_fields(buf, n, k)
+    if kv == MXFP4:
+        return lambda kind, buf, n, k: _mxfp4_fields(buf, n, k)
     return lambda kind, buf, n, k: tile_views(kv, buf, n, k)
 
 
@@ -250,6 +262,13 @@ def _int_tile_impl(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc,
                 mi.tile_q6_k(d[t], sc[t], qh2[t], qs[t], x8, dx, hs, acc, s16, sums, pairs)
 
         return q6
+    if kv == MXFP4:
+
+        def mxfp4(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
+            e, qs = views  # s32: (2, R) int32 here (fused_limit), room for the (2, R) int16 sums
+            mx.tile_mxfp4(e[t], qs[t], xq[4], xq[1], acc, carray(ptr_i16(s32.ctypes.data), (2, R)), pairs)
+
+        return mxfp4
     fields, fused_rows = NIBBLE_FIELDS[kv], mr.NIBBLE_ROWS.get(kv, 0)
 
     def nibbles(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
@@ -288,6 +307,13 @@ def _deq_tile_impl(kind, buf, n, k, t, r0, r1, out):
             dq.deq_q6_k(d, sc, qh2, qs, t, r0, r1, out)
 
         return q6
+    if kv == MXFP4:
+
+        def mxfp4(kind, buf, n, k, t, r0, r1, out):
+            e, qs = _mxfp4_fields(buf, n, k)
+            mx.deq_mxfp4(e, qs, t, r0, r1, out)
+
+        return mxfp4
     fields = NIBBLE_FIELDS[kv]
 
     def nibbles(kind, buf, n, k, t, r0, r1, out):

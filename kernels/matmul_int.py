@@ -34,6 +34,14 @@ from .simd_x86 import (
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
 )
+from .simd_x86_quads import (
+    q4_quad_sums_avx2,
+    q4_unpack_quads_avx2,
+    q5_quad_sums_avx2,
+    q5_unpack_quads_avx2,
+    q6_quad_sums_avx2,
+    q6_unpack_quads_avx2,
+)
 from .simd_x512 import (
     BIT_TABLES,
     HAVE_AVX512,
@@ -70,11 +78,22 @@ ROW_CHUNK = 16
 # chunk's size.  QUAD_ROWS is where one tile's quad sums overtook the direct kernel's (Q6_K earlier:
 # its direct kernel takes two passes a row); see docs/benchmarks.md, Design measurements.  Batched
 # decode and speculative verify steps (2-16 rows) gain most.
-QUADS = HAVE_VNNI
+# AVX2 without AVX-512 unpacks into the same quads (simd_x86_quads: `vpmaddubsw` + `vpmaddwd`); its
+# int16 nibble kernels need a separate pass for fifth bits or crumbs, so there the quads win from one
+# row for the fifth-bit kinds and Q6_K (docs/benchmarks.md, Design measurements).
+AVX2_QUADS = HAVE_AVX2 and not HAVE_AVX512
+QUADS = HAVE_VNNI or AVX2_QUADS
 QUAD_ROWS = 3
 QUAD_ROWS_Q6 = 2
-# Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB.
-Q6_BLOCKS = 64
+# The fifth-bit kinds: AVX2 has no fast direct kernel for them (high_bit_sums is a portable loop).
+QUAD_ROWS_FIVE = 1 if AVX2_QUADS else QUAD_ROWS
+# The SIMD kernel family this CPU runs (what `bench` reports).
+KERNEL_FAMILY = (
+    "avx512-vnni" if HAVE_VNNI else "avx512" if HAVE_AVX512 else "avx2" if HAVE_AVX2 else "portable"
+)
+# Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB
+# (AVX2: 64 KiB, which stays in a smaller L2 and ran the sums a quarter faster).
+Q6_BLOCKS = 8 if AVX2_QUADS else 64
 
 
 @njit(cache=True)
@@ -326,7 +345,8 @@ def q8_sums_portable(q4, xr, s32) -> None:
 def quad_sums_rows(q3, qh3, x8, t0, t1, s32, quads) -> None:
     """s32[ti - t0, b, r] = sum over block b of q * x8[ti] for rows t0..t1-1 (plain-order x8), q the
     nibble plus 16 x fifth bit where qh3 has blocks: nibble_sums32_portable's sums, each weight
-    block unpacked once for all the rows (AVX512-VNNI; else the portable loop per row).
+    block unpacked once for all the rows (AVX512-VNNI, or AVX2 without AVX-512; else the portable
+    loop per row).
     quads: QUADS_BYTES uint8 scratch.  (Numba only.)"""
     raise NotImplementedError
 
@@ -353,6 +373,23 @@ def _quad_sums_rows_impl(q3, qh3, x8, t0, t1, s32, quads):
                     quad_sums_vnni(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
 
         return vnni
+    if AVX2_QUADS:
+
+        def avx2(q3, qh3, x8, t0, t1, s32, quads):
+            q, h, p, x = q3.ctypes.data, qh3.ctypes.data, quads.ctypes.data, x8.ctypes.data
+            k, row, s = x8.shape[1], s32.shape[1] * R * 4, s32.ctypes.data
+            if qh3.shape[0] > 0:
+                for b in range(q3.shape[0]):
+                    q5_unpack_quads_avx2(q + b * 16 * R, h + b * 4 * R, p)
+                    for ti in range(t0, t1):
+                        q5_quad_sums_avx2(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
+            else:
+                for b in range(q3.shape[0]):
+                    q4_unpack_quads_avx2(q + b * 16 * R, 0, p)
+                    for ti in range(t0, t1):
+                        q4_quad_sums_avx2(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
+
+        return avx2
 
     def portable(q3, qh3, x8, t0, t1, s32, quads):
         for ti in range(t0, t1):
@@ -383,7 +420,7 @@ def nibble_sums32_portable(q3, qh3, xr, s32) -> None:
 def q6_sums_rows(q3, qh2, x8, b0, t0, t1, s32, quads) -> None:
     """For Q6_K blocks b0..b0 + len(q3) - 1 and rows t0..t1-1: s32[ti - t0, b - b0] = the two halves'
     sums of (nibble + 16 x crumb) * x8[ti] (q6_sums32_portable's), each block unpacked once
-    (AVX512-VNNI; else the portable loop per row).  (Numba only.)"""
+    (AVX512-VNNI, or AVX2 without AVX-512; else the portable loop per row).  (Numba only.)"""
     raise NotImplementedError
 
 
@@ -401,6 +438,18 @@ def _q6_sums_rows_impl(q3, qh2, x8, b0, t0, t1, s32, quads):
                     quad_sums_split_vnni(p, x + ti * k + b * 32, s + (ti - t0) * row + b * 2 * R * 4)
 
         return vnni
+    if AVX2_QUADS:
+
+        def avx2(q3, qh2, x8, b0, t0, t1, s32, quads):
+            q, h, p, s = q3.ctypes.data, qh2.ctypes.data, quads.ctypes.data, s32.ctypes.data
+            k, row = x8.shape[1], s32.shape[1] * 2 * R * 4
+            x = x8.ctypes.data + b0 * 32
+            for b in range(q3.shape[0]):
+                q6_unpack_quads_avx2(q + b * 16 * R, h + b * 8 * R, p)
+                for ti in range(t0, t1):
+                    q6_quad_sums_avx2(p, x + ti * k + b * 32, s + (ti - t0) * row + b * 2 * R * 4)
+
+        return avx2
 
     def portable(q3, qh2, x8, b0, t0, t1, s32, quads):
         for ti in range(t0, t1):
@@ -443,7 +492,7 @@ def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs
     s32 = sums[: min(x8.shape[0], ROW_CHUNK) * nb * R].reshape((-1, nb, R))
     for t0 in range(0, x8.shape[0], ROW_CHUNK):
         t1 = min(x8.shape[0], t0 + ROW_CHUNK)
-        direct = t1 - t0 < QUAD_ROWS if QUADS else t1 - t0 <= DIRECT_ROWS
+        direct = t1 - t0 < (QUAD_ROWS_FIVE if five else QUAD_ROWS) if QUADS else t1 - t0 <= DIRECT_ROWS
         if direct:
             for ti in range(t0, t1):
                 nibble_sums(q3, x8p[ti], slo[ti - t0], shi[ti - t0])
@@ -506,7 +555,7 @@ def tile_q8_0(d, q3, x8, dx, acc, s32) -> None:
 def tile_q6_k(d, sc, qh2, q3, x8, dx, hs, acc, s16, sums, quads) -> None:
     """w = d * sc16 * (q - 32), q = nibble + 16 * crumb, one int8 scale per 16 elements.
     d (ns, R) fp16 bits, sc (nb, 2, R) int8, qh2 (nb, 8, R), q3 (nb, 16, R).  Per Q6_BLOCKS blocks
-    and chunk of rows: int32 sums of q * x per half block (one row at a time, or with VNNI one
+    and chunk of rows: int32 sums of q * x per half block (one row at a time, or with quads one
     unpacking per block for many rows), then the float step, from one place in the code."""
     slo, shi, clo, chi = s16[0, 0], s16[1, 0], s16[2, 0], s16[3, 0]
     nb, T = q3.shape[0], x8.shape[0]
@@ -543,11 +592,12 @@ def _combine_half(s, c, out) -> None:
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
 def _scale_q6(d, sc, dx, hs, b0, b1, s32, acc) -> None:
+    # int32 throughout (every value fits): Numba's int64 arithmetic kept LLVM from vectorising the lanes
     for b in range(b0, b1):
-        h0, h1 = 32 * hs[2 * b], 32 * hs[2 * b + 1]
+        h0, h1 = i32(32 * hs[2 * b]), i32(32 * hs[2 * b + 1])
         dxb = dx[b]
         for r in range(R):
-            lo = s32[b - b0, 0, r] - h0
-            hi = s32[b - b0, 1, r] - h1
-            s = f32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi)
+            lo = i32(s32[b - b0, 0, r] - h0)
+            hi = i32(s32[b - b0, 1, r] - h1)
+            s = f32(i32(i32(sc[b, 0, r]) * lo + i32(sc[b, 1, r]) * hi))
             acc[r] = fma_f32(f16_to_f32(d[b >> 3, r]) * dxb, s, acc[r])

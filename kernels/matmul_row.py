@@ -16,7 +16,7 @@ from __future__ import annotations
 from numba import carray, errors, njit, types
 from numba.extending import overload
 
-from .packing import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .packing import MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, ptr_i16
 from .simd_x86 import (
@@ -27,6 +27,7 @@ from .simd_x86 import (
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
 )
+from .simd_x86_quads import q6_quad_sums_avx2, q6_unpack_quads_avx2
 from .simd_x512 import (
     BIT_TABLES,
     HAVE_AVX512,
@@ -51,9 +52,12 @@ FUSED_MAX_ROWS = 8
 FUSED_MAX_ROWS_Q6_Q8 = 16
 # The fifth-bit kinds' unpack-once kernel shares the fifth bits' work too: fused only up to 4 rows there.
 FUSED_MAX_ROWS_Q5 = 4
-# Q6_K from this many rows unpacks each block once (VNNI quads): as fast as the fused form at 2 rows,
-# faster from 3 (docs/benchmarks.md, Design measurements)
-Q6_QUAD_ROWS = 2
+# Q6_K from this many rows unpacks each block once into quads: with VNNI as fast as the fused form at
+# 2 rows, faster from 3; with AVX2 only (simd_x86_quads) faster from one row, whose split and crumb
+# passes cost more than the unpacking (docs/benchmarks.md, Design measurements)
+AVX2_ONLY = HAVE_AVX2 and not HAVE_AVX512
+Q6_QUADS = HAVE_VNNI or AVX2_ONLY
+Q6_QUAD_ROWS = 2 if HAVE_VNNI else 1
 FIVE_BIT = (Q5_0, Q5_1, Q5_K)
 # The 4/5-bit kinds with a kernel here on this CPU, and up to how many rows each takes it.
 NIBBLE_ROWS = dict.fromkeys((Q4_0, Q4_1, Q4_K) if HAVE_AVX2 else (), FUSED_MAX_ROWS)
@@ -62,6 +66,8 @@ FUSED_Q6_Q8 = HAVE_AVX2
 _NIBBLE_BLOCK = q4_block_sums_avx512 if HAVE_AVX512 else q4_block_sums_avx2
 _SPLIT_BLOCK = q4_block_sums_split_avx512 if HAVE_AVX512 else q4_block_sums_split_avx2
 _CRUMB_BLOCK = crumb_sums_avx512 if HAVE_AVX512 else crumb_sums_avx2
+_Q6_UNPACK = q6_unpack_quads_vnni if HAVE_VNNI else q6_unpack_quads_avx2
+_Q6_SUMS = quad_sums_split_vnni if HAVE_VNNI else q6_quad_sums_avx2
 _Q8_BLOCK = q8_block_sums_vnni if HAVE_VNNI else q8_block_sums_avx2
 _Q8_BLOCK16 = q8_block_sums16_vnni if HAVE_VNNI else q8_block_sums16_avx512
 if not HAVE_AVX512:
@@ -155,14 +161,14 @@ def row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s4) -> None:
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, quads) -> None:
-    """row_q6_k for 2+ rows with AVX512-VNNI: each block unpacked once into quads (QUADS_BYTES of
-    scratch) for all the rows, whose sums (2, R) int32 equal row_q6_k's lo and hi."""
+    """row_q6_k for Q6_QUAD_ROWS+ rows (AVX512-VNNI, or AVX2 only): each block unpacked once into
+    quads (QUADS_BYTES of scratch) for all the rows, whose sums (2, R) int32 equal row_q6_k's lo and hi."""
     q, h, x, s, k = q3.ctypes.data, qh2.ctypes.data, xr.ctypes.data, s32.ctypes.data, xr.shape[1]
     p = quads.ctypes.data
     for b in range(q3.shape[0]):
-        q6_unpack_quads_vnni(q + b * 16 * R, h + b * 8 * R, p)
+        _Q6_UNPACK(q + b * 16 * R, h + b * 8 * R, p)
         for ti in range(xr.shape[0]):
-            quad_sums_split_vnni(p, x + ti * k + b * 32, s)
+            _Q6_SUMS(p, x + ti * k + b * 32, s)
             h0, h1 = i32(32 * hs[ti, 2 * b]), i32(32 * hs[ti, 2 * b + 1])
             dxb = dx[ti, b]
             for r in range(R):
@@ -216,6 +222,8 @@ def _fused_limit_impl(kind):
     if not isinstance(kind, types.IntegerLiteral):
         raise errors.TypingError("fused_limit: the weight kind must be a compile-time constant")
     kv = kind.literal_value
+    if kv == MXFP4:  # matmul_mxfp4 takes every row count itself: no general-kernel scratch
+        return lambda kind: 1 << 30
     limit = FUSED_MAX_ROWS_Q6_Q8 if FUSED_Q6_Q8 else 0
     if kv not in (Q6_K, Q8_0):
         limit = NIBBLE_ROWS.get(kv, 0)
@@ -242,8 +250,8 @@ def _fused_q8_0_impl(d, q4, xr, dx, acc, s32):
 
 
 def fused_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs) -> bool:
-    """row_q6_k (one row, or no VNNI) or row_q6_k_quads where they apply; s32 (2, R) int32 and pairs
-    (QUADS_BYTES uint8) scratch.  (Numba only.)"""
+    """row_q6_k (AVX-512 without VNNI, or one row with it) or row_q6_k_quads where they apply; s32
+    (2, R) int32 and pairs (QUADS_BYTES uint8) scratch.  (Numba only.)"""
     raise NotImplementedError
 
 
@@ -251,7 +259,7 @@ def fused_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs) -> bool:
 def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
     if not FUSED_Q6_Q8:
         return lambda d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs: False
-    quads = HAVE_VNNI
+    quads = Q6_QUADS
 
     def impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
         T = xr.shape[0]

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import matmul
-from .layers import swiglu_rows
+from .layers import swiglu_oai_rows, swiglu_rows
 from .packing import TILE_ROWS as R
 from .simd import call_range_kernel, f32
 
@@ -126,10 +126,23 @@ def moe_ffn(h, router, gate, up, down, gemm, quantize, k, renorm, out, stats, nt
     """out (T, dim) = for each token, the sum over its k routed experts of weight * down(silu(gate(h))
     * up(h)). router: a (1, 5) launch table of the (experts, dim) router; gate, up, down: (experts, 5)
     tables, one row per expert. stats[STAT_BYTES] += the expert bytes launched, stats[STAT_ROWS] += T."""
+    none1, none2 = np.empty(0, np.float32), np.empty((0, 0), np.float32)
+    moe_ffn_ext(h, router, gate, up, down, gemm, quantize, k, renorm, False, none1, none2, none2, none2, out,
+                stats, nth)  # fmt: skip
+
+
+@njit(cache=True)
+def moe_ffn_ext(h, router, gate, up, down, gemm, quantize, k, renorm, oai, rb, gb, ub, db, out, stats, nth):
+    """moe_ffn with gpt-oss's parts: rb (E,) added to the router logits, gb / ub (E, f) and db (E, dim)
+    added to each expert's gate / up / down outputs (empty arrays: none), and with oai the clamped
+    SwiGLU (layers.swiglu_oai_rows) instead of SwiGLU."""
     T, d = h.shape
     E = router[0, 3]
     logits = np.empty((T, E), np.float32)
     matmul.launch_many(router, gemm, quantize, h, np.array([[logits.ctypes.data, E]], np.int64), nth)
+    if rb.size:
+        for t in range(T):
+            logits[t] += rb
     ids = np.empty((T, k), np.int64)
     weights = np.empty((T, k), np.float32)
     route(logits, k, renorm, ids, weights)
@@ -141,14 +154,31 @@ def moe_ffn(h, router, gate, up, down, gemm, quantize, k, renorm, out, stats, nt
     table, rows, cols = _expert_launch(starts, (gate, up), np.array([0, f], np.int64))
     gu = np.empty((T * k, 2 * f), np.float32)
     launch_segments(table, rows, cols, gemm, quantize, xg, gu, nth)
+    _add_expert_rows(starts, gb, gu[:, :f])
+    _add_expert_rows(starts, ub, gu[:, f:])
     act = np.empty((T * k, f), np.float32)
-    swiglu_rows(gu[:, :f], gu[:, f:], act)
+    if oai:
+        swiglu_oai_rows(gu[:, :f], gu[:, f:], act)
+    else:
+        swiglu_rows(gu[:, :f], gu[:, f:], act)
     table2, rows2, cols2 = _expert_launch(starts, (down,), np.zeros(1, np.int64))
     dn = np.empty((T * k, d), np.float32)
     launch_segments(table2, rows2, cols2, gemm, quantize, act, dn, nth)
+    _add_expert_rows(starts, db, dn)
     _combine(weights, slot, dn, out)
     stats[STAT_BYTES] += table[:, 2].sum() + table2[:, 2].sum()
     stats[STAT_ROWS] += T
+
+
+@njit(cache=True)
+def _add_expert_rows(starts, bias, y) -> None:
+    """y[r] += bias[e] for the rows r of each expert e (starts as group_by_expert's); empty bias: none."""
+    if bias.size == 0:
+        return
+    for e in range(starts.shape[0] - 1):
+        for r in range(starts[e], starts[e + 1]):
+            for c in range(y.shape[1]):
+                y[r, c] += bias[e, c]
 
 
 @njit(cache=True)

@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .reference import swiglu_oai
+
 RENORM_MIN = np.float32(6.103515625e-5)
 
 
@@ -22,18 +24,24 @@ def route(logits: np.ndarray, k: int, renorm: bool) -> tuple[np.ndarray, np.ndar
 
 
 def moe_ffn(
-    h: np.ndarray, router: np.ndarray, experts: Callable[[int], Sequence[np.ndarray]], k: int, renorm: bool
-) -> np.ndarray:
-    """sum over each token's routed experts of weight * down(silu(gate(h)) * up(h)); router (E, dim)
-    float, experts(e) -> (gate, up, down) float matrices of expert e (only routed ones are asked)."""
-    ids, weights = route(h @ router.T, k, renorm)
+    h: np.ndarray, router: np.ndarray, experts: Callable[[int], Sequence[np.ndarray]], k: int, renorm: bool,
+    biases: Callable[[int], Sequence[np.ndarray]] | None = None, router_bias: np.ndarray | None = None,
+    activation: str = "silu",
+) -> np.ndarray:  # fmt: skip
+    """sum over each token's routed experts of weight * down(act(gate(h), up(h))); router (E, dim)
+    float, experts(e) -> (gate, up, down) float matrices of expert e (only routed ones are asked).
+    gpt-oss: biases(e) -> expert e's (gate, up, down) output biases, router_bias (E,) added to the
+    logits, activation "swiglu_oai" (reference.swiglu_oai) instead of SwiGLU."""
+    logits = h @ router.T
+    ids, weights = route(logits if router_bias is None else logits + router_bias, k, renorm)
     out = np.zeros_like(h, dtype=np.float32)
     for e in np.unique(ids):
         gate, up, down = experts(int(e))
+        bg, bu, bd = (np.float32(0),) * 3 if biases is None else biases(int(e))
         t, j = np.nonzero(ids == e)
-        g, u = h[t] @ gate.T, h[t] @ up.T
-        act = g / (np.float32(1.0) + np.exp(-g)) * u
-        np.add.at(out, t, weights[t, j][:, None] * (act @ down.T))
+        g, u = h[t] @ gate.T + bg, h[t] @ up.T + bu
+        act = swiglu_oai(g, u) if activation == "swiglu_oai" else g / (np.float32(1.0) + np.exp(-g)) * u
+        np.add.at(out, t, weights[t, j][:, None] * (act @ down.T + bd))
     return out
 
 

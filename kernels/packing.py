@@ -30,7 +30,8 @@ TILE_ROWS = 64  # rows per tile = lanes per weight block; 64 is faster than 32 (
 # Kernel ids ("kinds").  Lane kinds (repacked, integer kernels) first, then row kinds.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = range(8)
 F32, F16, BF16, Q2_K, Q3_K = range(8, 13)
-LANE_KINDS = frozenset(range(8))
+MXFP4 = 13  # a lane kind added after the row kinds (ids are only names: nothing orders them)
+LANE_KINDS = frozenset((*range(8), MXFP4))
 
 # GGML type id -> kind.
 KIND_OF_GGML = {
@@ -47,6 +48,7 @@ KIND_OF_GGML = {
     12: Q4_K,
     13: Q5_K,
     14: Q6_K,
+    39: MXFP4,
 }
 # Bytes per block and elements per block of each kind, as stored in the file (from quant's type table).
 _FILE_BLOCK = {
@@ -65,6 +67,7 @@ def layout(kind: int, n: int, k: int) -> tuple[int, int, int, int]:
       Q5_0 d | qh(nt,nb,2,R)u16 | qs           Q5_1 dm | qh | qs
       Q8_0 d | qs(nt,nb,8,R,4)i8 (quads)       Q4_K dd(nt,ns,2,R)u16 | sm(nt,nb,2,R)u8 | qs
       Q5_K dd | qh | sm | qs                   Q6_K d(nt,ns,R)u16 | sc(nt,nb,2,R)i8 | qh2(nt,nb,8,R) | qs
+      MXFP4 (no f0) | e(nt,nb,R)u8 E8M0 exponents | qs (E2M1 codes, nibbles as Q4_0)
     Returns (o1, o2, o3, total): field i spans [o_i, o_{i+1}); unused fields are empty.
     """
     R = TILE_ROWS
@@ -87,6 +90,8 @@ def layout(kind: int, n: int, k: int) -> tuple[int, int, int, int]:
         sizes = (4 * ns * R, 4 * per_tile, 2 * per_tile, 16 * per_tile)
     elif kind == Q6_K:
         sizes = (2 * ns * R, 2 * per_tile, 8 * per_tile, 16 * per_tile)
+    elif kind == MXFP4:
+        sizes = (0, per_tile, 0, 16 * per_tile)
     else:
         return 0, 0, 0, 0
     o1 = nt * sizes[0]
@@ -284,6 +289,12 @@ def _q6_k(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
     ]
 
 
+def _mxfp4(raw: np.ndarray, n: int, k: int) -> list[np.ndarray]:
+    """The file's block is e then 16 nibble bytes in Q4_0's order: both fields tile as they are."""
+    b = _blocks(raw, _LANE_BLOCK_BYTES[MXFP4])
+    return [_tiles(b[..., 0], n), _tiles(b[..., 1:17], n)]
+
+
 _LANE_PACKERS = {
     Q4_0: _q4_0,
     Q4_1: _q4_1,
@@ -293,6 +304,7 @@ _LANE_PACKERS = {
     Q4_K: _q4_k,
     Q5_K: _q5_k,
     Q6_K: _q6_k,
+    MXFP4: _mxfp4,
 }
 _LANE_BLOCK_BYTES = {kind: _FILE_BLOCK[kind][0] for kind in LANE_KINDS}
 _LANE_ELEMS = {

@@ -75,6 +75,14 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clip(up, -limit, limit),
+    g * sigmoid(alpha * g) * (u + 1)."""
+    g = np.minimum(gate, np.float32(limit))
+    u = np.clip(up, np.float32(-limit), np.float32(limit))
+    return g / (np.float32(1.0) + np.exp(np.float32(-alpha) * g)) * (u + np.float32(1.0))
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     c = np.float32(np.sqrt(2.0 / np.pi))
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x**3)))
@@ -110,12 +118,14 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal grouped-query attention for a mixed batch of prefill chunks and decodes.
 
     Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], which are the last tokens of
     its context_lens[s] cached positions. A query at position p sees positions <= p, and with a sliding
     window only those > p - sliding_window. softcap > 0 maps scores to softcap * tanh(score / softcap).
+    sinks (n_heads,): a logit per head that joins each softmax's denominator (gpt-oss), no value.
     """
     out = np.zeros_like(q, dtype=np.float32)
     n_heads, kv_heads = q.shape[1], k_cache.shape[2]
@@ -136,8 +146,13 @@ def paged_attention(
             if softcap > 0:
                 scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
             scores = np.where(mask, scores, -np.inf)
-            scores -= scores.max(axis=1, keepdims=True)
-            p = np.exp(scores)
-            p /= p.sum(axis=1, keepdims=True)
+            top = scores.max(axis=1, keepdims=True)
+            if sinks is not None:
+                top = np.maximum(top, np.float32(sinks[h]))
+            p = np.exp(scores - top)
+            total = p.sum(axis=1, keepdims=True)
+            if sinks is not None:
+                total = total + np.exp(np.float32(sinks[h]) - top)
+            p /= total
             out[q0:q1, h, :] = p @ values[:, kh, :]
     return out

@@ -11,6 +11,8 @@ its low nibble is element j, its high nibble element j + 16.
 
 from __future__ import annotations
 
+from typing import Any
+
 import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
@@ -249,10 +251,10 @@ def q4_unpack_pairs_avx2(typingctx, q_addr, p_addr):
     return types.void(types.int64, types.int64), codegen
 
 
-@intrinsic
-def q4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
-    """q4_block_sums_avx2 from unpacked pairs (q4_unpack_pairs_avx2): the same integer sums
-    (x interleaved likewise)."""
+def pair_sums_codegen(product: Any) -> Any:
+    """Codegen of a block's integer sums from unpacked value pairs (the `_pairs_slot` layout that
+    q4_unpack_pairs_avx2 and the MXFP4 unpacker write): `product(builder, pairs, xv)` multiplies one
+    vector of weight pairs by the broadcast activations (unsigned Q4 nibbles, or signed MXFP4 values)."""
 
     def codegen(context, builder, signature, args):
         pp, xp, s0, s1 = _pointers(builder, args)
@@ -264,12 +266,23 @@ def q4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
                 for part in ("lo", "hi"):
                     ptr = builder.gep(pp, [_const(_i32, _pairs_slot(j, h, part))])
                     pairs = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
-                    products[part] = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [pairs, xv])
+                    products[part] = product(builder, pairs, xv)
                 _accumulate(builder, acc, (j // 8, h), products)
         _store_all(builder, acc, s0, s1)
         return context.get_dummy_value()
 
-    return _SIG, codegen
+    return codegen
+
+
+def _unsigned_pmadd(builder: ir.IRBuilder, pairs: ir.Value, xv: ir.Value) -> ir.Value:
+    return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [pairs, xv])
+
+
+@intrinsic
+def q4_pair_sums_avx2(typingctx, p_addr, x_addr, s0_addr, s1_addr):
+    """q4_block_sums_avx2 from unpacked pairs (q4_unpack_pairs_avx2): the same integer sums
+    (x interleaved likewise)."""
+    return _SIG, pair_sums_codegen(_unsigned_pmadd)
 
 
 # ---- Q8_0 weights x int16 activations: the precise output projection ------------------------------

@@ -17,6 +17,10 @@ ARCHITECTURES = {
     "qwen35": "localllm.models.qwen35",
     "qwen35moe": "localllm.models.qwen35moe",
     "qwen3next": "localllm.models.qwen35moe",
+    "gpt-oss": "localllm.models.gptoss",
+    "smollm3": "localllm.models.smollm3",
+    "mistral3": "localllm.models.mistral3",
+    "gemma4": "localllm.models.gemma4",
 }
 
 # GGUF tensor names (llama.cpp's) of a layer's weights; an architecture may rename some.
@@ -53,4 +57,11 @@ TENSOR_NAMES: dict[str, str] = {
     "ssm_a": "ssm_a",
     "ssm_norm": "ssm_norm.weight",
     "ssm_out": "ssm_out.weight",
+    # gpt-oss: attention sinks (one logit per head) and the biases of the output and the experts
+    "sinks": "attn_sinks.weight",
+    "bo": "attn_output.bias",
+    "router_b": "ffn_gate_inp.bias",
+    "gate_exps_b": "ffn_gate_exps.bias",
+    "up_exps_b": "ffn_up_exps.bias",
+    "down_exps_b": "ffn_down_exps.bias",
 }

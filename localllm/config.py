@@ -64,6 +64,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     index_dir: Path | None = None  # where parsed GGUF indexes and repacked weights are cached
     max_default_ctx: int = DEFAULT_CONTEXT
+    # The prefix cache's disk tier (engine/kv_disk.py): its budget in MiB (0: off) and its directory
+    # (None: LOCALLLM_HOME/kv-cache, from index_dir's parent).
+    kv_disk_mb: int = 0
+    kv_disk_dir: Path | None = None
     cache_type_k: str = "f16"  # KV cache element types (llama.cpp's --cache-type-k/-v): f16 or f32
     cache_type_v: str = "f16"
     # The model's models.toml defaults (only the sampling keys are read): what a request that leaves a
@@ -86,7 +90,7 @@ class EngineConfig:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} {getattr(self, name)} is not supported (choose f16 or f32)"
                 )
-        for name in ("threads", "ctx_size", "kv_cache_mb", "num_kv_blocks"):
+        for name in ("threads", "ctx_size", "kv_cache_mb", "num_kv_blocks", "kv_disk_mb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
         if self.prompt_lookup and self.draft_model:

@@ -133,12 +133,26 @@ class LLM:
 
         return embed_token_ids(self.engine, embedding_inputs(self.engine, inputs), pooling, normalize)
 
-    def chat(self, messages: list[dict[str, str]], params: Params = None, **constraint: Any) -> RequestOutput:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: Params = None,
+        reasoning_budget: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **constraint: Any,
+    ) -> RequestOutput:
         """One assistant reply to `messages`, through the chat template (`json_schema=`, `grammar=` or
-        `regex=` constrain it, as in `generate`)."""
-        return self.engine.generate([self.apply_chat_template(messages)], constrained(params, **constraint))[
-            0
-        ]
+        `regex=` constrain it, as in `generate`). A thinking model's reasoning comes back apart, in
+        `.reasoning` (at most `reasoning_budget` tokens of it); `chat_template_kwargs` reach the
+        template (e.g. {"enable_thinking": False}); an assistant message's `reasoning_content` is given
+        to it too, and the template decides whether to show it."""
+        from localllm.reasoning import with_reasoning
+
+        given = constrained(params, **constraint)
+        resolved = given if isinstance(given, SamplingParams) else self.engine.sampling_params(given)
+        resolved = with_reasoning(resolved, self.chat_template, self.tokenizer, reasoning_budget)
+        ids = self.apply_chat_template(messages, **(chat_template_kwargs or {}))
+        return self.engine.generate([ids], resolved)[0]
 
     @functools.cached_property
     def chat_template(self) -> Any:
@@ -147,10 +161,10 @@ class LLM:
 
         return require_chat_template(self.engine.gguf.metadata, self.name, configured=self._template_source)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
         from localllm.tokenizer.chat_template import apply_chat_template
 
-        return apply_chat_template(self.tokenizer, self.chat_template, messages)
+        return apply_chat_template(self.tokenizer, self.chat_template, messages, True, **template_kwargs)
 
 
 def constrained(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from localllm.errors import LocalLLMError
+from localllm.reasoning import ReasoningSpec
 from localllm.structured.spec import StructuredSpec
 
 # The keys a model may set defaults for (models.toml `[models.NAME.defaults]`, GGUF general.sampling.*).
@@ -63,6 +64,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # End-of-text and stop_token_ids cannot end the reply before this many tokens (vLLM's min_tokens;
+    # stop strings and a grammar's end still can).
+    min_tokens: int = 0
     logprobs: int | None = None  # number of top alternatives to return per token; 0 = only the chosen
     skip_special_tokens: bool = True
     # End a reply that keeps repeating one span (finish_reason "repetition"); off with ignore_eos, which
@@ -71,6 +75,9 @@ class SamplingParams:
     # Constrained decoding: only tokens that keep the output valid for this JSON schema / grammar /
     # regex may be sampled, and the request ends when the output is complete (localllm.structured).
     structured: StructuredSpec | None = None
+    # Thinking kept out of the answer: the reply's reasoning goes to `reasoning` of each output, its
+    # answer to `text`; a budget forces the model's end-of-thinking marker (localllm.reasoning).
+    reasoning: ReasoningSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -83,6 +90,10 @@ class SamplingParams:
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]")
         _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1")
+        _check(self.min_tokens >= 0, "min_tokens must be >= 0")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be <= max_tokens"
+        )
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]")
         _check(all(s for s in self.stop), "stop strings must not be empty")
         _check(len(self.stop) <= MAX_STOPS, f"at most {MAX_STOPS} stop strings may be given")

@@ -34,6 +34,10 @@ BLOCK_Q5_K = np.dtype(
     [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", K_SCALE_SIZE), ("qh", "u1", 32), ("qs", "u1", 128)]
 )
 BLOCK_Q6_K = np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")])
+BLOCK_MXFP4 = np.dtype([("e", "u1"), ("qs", "u1", 16)])  # e: E8M0 exponent; qs: E2M1 nibbles (q4_0 order)
+
+# The 16 E2M1 codes as integers twice their value (ggml's kvalues_mxfp4): code 8 is -0.
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 
 # Shift amounts, shaped to broadcast over a trailing (k, 32) or (k, 1) axis pair.
 _NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8).reshape(2, 1)
@@ -168,6 +172,19 @@ def dequant_q6_k(blocks: np.ndarray) -> np.ndarray:
     return _per_16(dl, q.astype(np.float32).reshape(*lead, QK_K))
 
 
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """E8M0 exponent bytes -> float32 2**(e - 128): the block scale halved, since MXFP4_VALUES are
+    doubled.  Built from the bits (e < 2 are subnormal), as ggml_e8m0_to_fp32_half."""
+    e = e.astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def dequant_mxfp4(blocks: np.ndarray) -> np.ndarray:
+    q = MXFP4_VALUES[_nibbles(blocks["qs"])]
+    return e8m0_half(blocks["e"])[..., None] * q.astype(np.float32)
+
+
 Dequantizer = Callable[[np.ndarray], np.ndarray]
 
 _LAYOUTS: dict[str, tuple[np.dtype, Dequantizer]] = {
@@ -181,6 +198,7 @@ _LAYOUTS: dict[str, tuple[np.dtype, Dequantizer]] = {
     "Q4_K": (BLOCK_Q4_K, dequant_q4_k),
     "Q5_K": (BLOCK_Q5_K, dequant_q5_k),
     "Q6_K": (BLOCK_Q6_K, dequant_q6_k),
+    "MXFP4": (BLOCK_MXFP4, dequant_mxfp4),
 }
 
 # Type name -> (block layout, elements per block, dequantizer).  Elements per block come from the

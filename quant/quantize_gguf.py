@@ -24,19 +24,21 @@ import numpy as np
 
 from ..errors import LocalLLMError
 from ..partial_file import partial_output
-from . import dequantize, is_supported, quantize_k, quantize_legacy, type_name
+from . import dequantize, is_supported, quantize_k, quantize_legacy, quantize_mxfp4, type_name
 from .ggml import BLOCK_KERNELS
 from .types import QUANT_BY_NAME
 
-QUANTIZERS = {**quantize_legacy.QUANTIZERS, **quantize_k.QUANTIZERS}
+QUANTIZERS = {**quantize_legacy.QUANTIZERS, **quantize_k.QUANTIZERS, **quantize_mxfp4.QUANTIZERS}
 FLOAT_TARGETS = ("F32", "F16")
 # llama.cpp's mixes: their base type, some tensors raised to Q6_K (see choose_type); Q4_K/Q5_K name them
 MIXES = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}
-ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize reads them
-TARGETS = (*QUANTIZERS, *MIXES, *FLOAT_TARGETS)
+# llama.cpp's MXFP4_MOE: expert tensors (3-D) MXFP4, every other quantized tensor Q8_0
+MOE_MIX = "MXFP4_MOE"
+ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "MXFP4": MOE_MIX}  # as llama-quantize reads them
+TARGETS = (*QUANTIZERS, *MIXES, MOE_MIX, *FLOAT_TARGETS)
 # llama_ftype of a file of that type (general.file_type)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
-FILE_TYPES |= {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FILE_TYPES |= {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, MOE_MIX: 38}
 # llama.cpp's stand-in when rows are not whole 256-element super-blocks
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 FLOAT_SOURCES = ("F32", "F16", "BF16")
@@ -95,6 +97,9 @@ def choose_type(
     among those of its role (_role) in the file, and how many there are."""
     if not _quantizable(name, shape):
         return "F32"
+    if target == MOE_MIX:
+        target = "MXFP4" if len(shape) == 3 else "Q8_0"
+        return target if shape[-1] % QUANT_BY_NAME[target].block_size == 0 else "F32"
     mix, target = target, MIXES.get(target, target)
     if target not in FLOAT_TARGETS and (name == "output.weight" or (tied and name == "token_embd.weight")):
         target = "Q8_0" if target == "Q8_0" else "Q6_K"  # the most sensitive tensor: llama.cpp keeps it high

@@ -46,6 +46,8 @@ QUANT_TYPES: dict[int, QuantType] = {
         QuantType("Q5_K", 13, QK_K, 176, int_kernel=True),
         QuantType("Q6_K", 14, QK_K, 210, int_kernel=True),
         QuantType("BF16", 30, 1, 2),
+        # 32 E2M1 (4-bit float) values sharing one E8M0 (power-of-two) scale; gpt-oss's experts
+        QuantType("MXFP4", 39, 32, 17, int_kernel=True),
     )
 }
 

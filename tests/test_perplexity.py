@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from perplexity_text import TEXT  # noqa: F401
 from typer.testing import CliRunner
 
 from localllm.cli import perplexity as _perplexity  # noqa: F401  (registers the command)
@@ -16,16 +17,6 @@ from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine, score_tokens
 from localllm.errors import LocalLLMError
 from localllm.perplexity import NLLStats, make_chunks, perplexity, read_text, token_nlls
-
-TEXT = (
-    "The river ran past the old mill, where the wheel had not turned in years. Children came in the "
-    "summer to throw stones into the water and to listen to the frogs. In the autumn the leaves fell "
-    "into the stream and were carried down to the town, where the baker's daughter collected the red "
-    "ones and pressed them between the pages of her books. Nobody remembered who had built the mill, "
-    "but everybody agreed that it should be left standing, because the swallows nested under its roof "
-    "and the town would not have been the same without them. When the snow came, the wheel wore a "
-    "white cap and the water under the ice kept talking to itself all winter long.\n"
-)
 
 
 @pytest.fixture(scope="module")

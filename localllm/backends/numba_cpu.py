@@ -8,6 +8,7 @@ specialisation, which `warmup()` compiles (or loads from Numba's cache) before t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,6 +107,18 @@ class NumbaBackend(Backend):
         from localllm.backends.weight_cache import WeightCache
 
         return WeightCache(gf, cache_dir)
+
+    def numerics(self) -> str:
+        """Numba's version, the kernels' sources, the CPU they are compiled for, and the path a step takes
+        (the fused stack or op by op): any of them may change the last bits of the K/V computed."""
+        import llvmlite.binding as llvm
+
+        from localllm.kernels.cache import sources_digest
+
+        cpu = numba.config.CPU_NAME or llvm.get_host_cpu_name()
+        features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+        digest = hashlib.sha256(f"{cpu}|{features}".encode()).hexdigest()[:12]
+        return f"numba {numba.__version__}|kernels {sources_digest()}|cpu {digest}|fused {self.fuse_layers}"
 
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return _f32(dequantize(raw, ggml_type)).reshape(-1)  # a copy: F32 file data is read-only
@@ -240,6 +253,9 @@ class NumbaBackend(Backend):
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return self._gated(layers.geglu_rows, gate, up)
 
+    def swiglu_oai(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._gated(layers.swiglu_oai_rows, gate, up)
+
     @staticmethod
     def _gated(kernel, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         bounds.check_same(gate.shape, up.shape, "gate and up")
@@ -262,17 +278,21 @@ class NumbaBackend(Backend):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
     ) -> np.ndarray:
         q3 = _f32(q)
         qsl, ctx, tables = _i64(query_start_loc), _i64(context_lens), _i64(block_tables)
         bounds.check_attention(q3.shape, k_cache.shape, qsl, ctx, tables)
         out = np.empty_like(q3)
-        args = (q3, k_cache, v_cache, qsl, ctx, tables, float(scale), int(window), float(softcap), out)
+        s = np.empty(0, np.float32) if sinks is None else _f32(sinks).reshape(-1)
+        if s.size not in (0, q3.shape[1]):
+            raise ValueError(f"paged_attention: {s.size} sinks for {q3.shape[1]} heads")
+        args = (q3, k_cache, v_cache, qsl, ctx, tables, float(scale), int(window), float(softcap), s, out)
         work = q3.shape[0] * q3.shape[1] * q3.shape[2] * (int(ctx.max()) if ctx.size else 0)
         if self.threads > 1 and work >= _ATTN_PARALLEL_MIN:
-            attention.paged_attention_par(*args, self.threads)
+            attention.paged_attention_sinks_par(*args, self.threads)
         else:
-            attention.paged_attention_serial(*args)
+            attention.paged_attention_sinks_serial(*args)
         return out
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
@@ -291,8 +311,13 @@ class NumbaBackend(Backend):
         groups = ((lw.router,), lw.gate_exps, lw.up_exps, lw.down_exps)
         tables = [matmul.group_table(ws, use_int) for ws in groups]
         out = np.empty_like(h2)
-        moe.moe_ffn(h2, *tables, gemm, use_int, spec.experts_used, spec.expert_renorm, out, self.moe_stats,
-                    self.threads)  # fmt: skip
+        no1, no2 = np.empty(0, np.float32), np.empty((0, 0), np.float32)
+        rb = _f32(lw.router_b).reshape(-1) if spec.router_bias else no1
+        expert_b = (lw.gate_exps_b, lw.up_exps_b, lw.down_exps_b)
+        gb, ub, db = (_f32(b) if spec.expert_bias else no2 for b in expert_b)
+        moe.moe_ffn_ext(h2, *tables, gemm, use_int, spec.experts_used, spec.expert_renorm,
+                        spec.activation == "swiglu_oai", rb, gb, ub, db, out, self.moe_stats,
+                        self.threads)  # fmt: skip
         return out
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:

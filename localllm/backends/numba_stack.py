@@ -31,9 +31,11 @@ EXECUTED = frozenset(
     {"rope.dim", "rope.base", "rope.freq_scale", "rope.neox", "rope.factors", "rope.attn_factor",
      "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
-     "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert",
-     # run by numba_hybrid.HybridPlan (kernels/hybrid_decoder.py), which plan_for picks for them
-     "mixer", "attn_gate", "ssm_conv", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "ssm_interleaved"}
+     "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert", "attn_sinks", "o_bias",
+     "router_bias", "expert_bias"}
+    | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length", "v_from_k", "v_norm", "out_scale"}
+    # run by numba_hybrid.HybridPlan (kernels/hybrid_decoder.py), which plan_for picks for them
+    | {"mixer", "attn_gate", "ssm_conv", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "ssm_interleaved"}
 )  # fmt: skip
 
 
@@ -85,7 +87,32 @@ def _flags(specs: tuple[LayerSpec, ...], layers: list[Any], ropes: list[RopeSpec
         flags[il, dk.F_ROPE] = ropes.index(s.rope)
         flags[il, dk.F_EXPERTS], flags[il, dk.F_RENORM] = s.experts_used, s.expert_renorm
         flags[il, dk.F_SHARED] = s.shared_expert
+        flags[il, dk.F_SINKS], flags[il, dk.F_O_BIAS] = s.attn_sinks, s.o_bias
+        flags[il, dk.F_EXPERT_BIAS] = s.router_bias or s.expert_bias
+        flags[il, dk.F_OAI] = s.activation == "swiglu_oai"
+        flags[il, dk.F_V_NORM] = s.v_norm
     return flags
+
+
+def _stack_any(arrays: list[Any], ndim: int) -> np.ndarray:
+    """Per-layer arrays of one shape as (layers, *shape) float32, zeros where a layer has none; a
+    0-wide array (of ndim + 1 dimensions, as the kernels are typed) where no layer has one."""
+    shape = next((np.shape(a) for a in arrays if a is not None), (0,) * ndim)
+    out = np.zeros((len(arrays), *shape), np.float32)
+    for i, a in enumerate(arrays):
+        if a is not None:
+            out[i] = a
+    return out
+
+
+def _extras(specs: tuple[LayerSpec, ...], layers: list[Any]) -> dk.Extras:
+    """The rarer per-layer arrays (a 0-wide one, which the kernels skip, where no layer has it); a
+    layer whose spec leaves one off gets zeros (F_EXPERT_BIAS covers router and expert biases)."""
+    on = {"sinks": ("attn_sinks", 1), "bo": ("o_bias", 1), "router_b": ("router_bias", 1)}
+    on |= {f: ("expert_bias", 2) for f in ("gate_exps_b", "up_exps_b", "down_exps_b")}
+    pairs = list(zip(specs, layers, strict=True))
+    return dk.Extras(*(_stack_any([getattr(x, f) if getattr(s, flag) else None for s, x in pairs], ndim)
+                       for f, (flag, ndim) in on.items()))  # fmt: skip
 
 
 def _int16_tables(layers: list[Any], flags: np.ndarray) -> np.ndarray:
@@ -134,6 +161,9 @@ class DecoderPlan:
             flags, np.array([s.attn_softcap for s in a.layers], np.float32), 0, True,
             *(_tables(g, True) for g in groups[4:]), _stack([x.shexp_gate for x in L], a.dim),
             np.zeros(2, np.int64),
+            np.array([(s.attn_temp_scale, s.attn_temp_length) for s in a.layers], np.float64),
+            _stack([x.v_norm for x in L], hd), np.array([s.out_scale for s in a.layers], np.float32),
+            _extras(a.layers, L),
         )  # fmt: skip
         two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
         dims = dk.Dims(

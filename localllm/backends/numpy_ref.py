@@ -70,6 +70,7 @@ class NumpyBackend(Backend):
     rms_norm = staticmethod(ref.rms_norm)
     swiglu = staticmethod(ref.swiglu)
     geglu = staticmethod(ref.geglu)
+    swiglu_oai = staticmethod(ref.swiglu_oai)
     paged_attention = staticmethod(ref.paged_attention)
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
@@ -81,8 +82,14 @@ class NumpyBackend(Backend):
         def expert(e: int) -> tuple[np.ndarray, ...]:
             return tuple(w[e].dequantized() for w in (lw.gate_exps, lw.up_exps, lw.down_exps))
 
+        def biases(e: int) -> tuple[np.ndarray, ...]:
+            return tuple(b[e] for b in (lw.gate_exps_b, lw.up_exps_b, lw.down_exps_b))
+
         x, router = h.astype(np.float32), lw.router.dequantized()
-        return moe_reference.moe_ffn(x, router, expert, spec.experts_used, spec.expert_renorm)
+        return moe_reference.moe_ffn(
+            x, router, expert, spec.experts_used, spec.expert_renorm, biases if spec.expert_bias else None,
+            lw.router_b if spec.router_bias else None, spec.activation,
+        )  # fmt: skip
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return moe_reference.sigmoid_gate(h.astype(np.float32), weight)

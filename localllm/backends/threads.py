@@ -21,7 +21,7 @@ from localllm.recent_median import push_lower_median
 
 # A thread count's running step time is the median of its last RECENT steps: one step that another
 # tenant's time slice delayed 3x cannot flip the choice (a running average did, where the two counts are
-# within ~1.3x of each other: Qwen 1.5B at 20.7 vs 26 ms), while a sustained slowdown does in 3 steps.
+# close: docs/benchmarks.md, Design measurements), while a sustained slowdown does in 3 steps.
 RECENT = 5
 FIRST_PROBE, MAX_PROBE = 8, 256  # steps between re-measurements: start, and cap while the choice holds
 INHERIT_UP_TO = 16  # step sizes (exact buckets) that start from a measured neighbour's choice

@@ -79,8 +79,9 @@ def _print_ratios_md(ratios: list) -> None:
 
 
 def _system_line(info: dict) -> str:
+    kernels = f", {info['kernels']} kernels" if info.get("kernels") else ""
     return (
-        f"{info['cpu']}, {info['physical_cores']} cores; localllm {info['localllm_version']} "
+        f"{info['cpu']}, {info['physical_cores']} cores{kernels}; localllm {info['localllm_version']} "
         f"({info['git_revision']}), {info['date']}; model sha256 {info.get('model_sha256', '?')[:12]}"
     )
 

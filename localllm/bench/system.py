@@ -54,6 +54,10 @@ def system_info(model_path: Path | None, backend: str, threads: int) -> dict[str
         "git_revision": git_revision(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if backend == "numba":
+        from localllm.kernels.matmul_int import KERNEL_FAMILY
+
+        info["kernels"] = KERNEL_FAMILY  # which SIMD kernels ran: AVX-512 VNNI, AVX-512, AVX2, portable
     if model_path is not None:
         from localllm.download import sha256_file
 

@@ -16,12 +16,17 @@ the line; Ctrl-D or /exit leaves.
 from __future__ import annotations
 
 import dataclasses
-import re
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from localllm.chat.display import (
+    LiveReply,
+    PlainReply,
+    dropped_notice,
+    format_stats,
+    plural,
+)
 from localllm.chat.session import ChatSession, Prompt, StreamFn, TurnStats
 from localllm.errors import LocalLLMError
 from localllm.printable import printable
@@ -47,6 +52,7 @@ COMMANDS = [
     ("/save FILE", "save the conversation as JSON"),
     ("/load FILE", "replace the conversation with one saved by /save"),
     ("/regen", "answer the last message again (replaces the last reply)"),
+    ("/think [on|off]", "a thinking model: let it think (shown dimmed) or answer at once"),
     ("//TEXT", "send a message that starts with a slash"),
 ]
 KEYS = [
@@ -86,15 +92,6 @@ SETTABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "loop_guard": ("loop_guard", _on_off),
 }
 SHOWN = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repeat_penalty", "loop_guard")
-
-_MARKDOWN = re.compile(
-    r"(^|\n)\s{0,3}(#{1,6}\s|```|~~~|[-*+]\s|\d+[.)]\s|>\s|\|.*\|)"  # headings, fences, lists, quotes, tables
-    r"|\*\*[^*\n]+\*\*|__[^_\n]+__|`[^`\n]+`|\[[^\]\n]+\]\([^)\s]+\)"  # bold, inline code, links
-)
-
-
-def looks_like_markdown(text: str) -> bool:
-    return bool(_MARKDOWN.search(text))
 
 
 class Quit(Exception):
@@ -158,112 +155,6 @@ def read_message(read: Reader) -> str:
 # ---------------------------------------------------------------------------------------- output
 
 
-class PlainReply:
-    """The reply written as it comes (a pipe, a file, or a terminal we do not draw on)."""
-
-    def __init__(self, out: TextIO):
-        self.out = out
-        self.text = ""
-
-    def __enter__(self) -> PlainReply:
-        return self
-
-    def add(self, text: str) -> None:
-        self.text += text
-        self.out.write(text)
-        self.out.flush()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.out.write("\n")
-        self.out.flush()
-
-
-class _Tail:
-    """The last lines of a text that fit on the screen (what a streaming reply shows)."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __rich_console__(self, console: Any, options: Any) -> Iterable[Any]:
-        from rich.segment import Segment
-        from rich.text import Text
-
-        lines = console.render_lines(Text(self.text), options.update(height=None), pad=False)
-        for line in lines[-max(1, console.height - 2) :]:
-            yield from line
-            yield Segment.line()
-
-
-class LiveReply:
-    """The reply streamed into a Rich Live region, then drawn whole (as Markdown where it helps)."""
-
-    def __init__(self, console: Any, markdown: bool = True, min_interval: float = 0.05):
-        self.console = console
-        self.markdown = markdown
-        self.min_interval = min_interval
-        self.text = ""
-        self._last = 0.0
-        self.live: Any = None
-
-    def __enter__(self) -> LiveReply:
-        from rich.live import Live
-
-        self.live = Live(
-            console=self.console,
-            auto_refresh=False,
-            vertical_overflow="visible",
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self.live.start()
-        return self
-
-    def add(self, text: str) -> None:
-        self.text += text
-        now = time.monotonic()
-        if now - self._last >= self.min_interval:
-            self._last = now
-            self.live.update(_Tail(printable(self.text, multiline=True)), refresh=True)
-
-    def __exit__(self, *exc: Any) -> None:
-        from rich.markdown import Markdown
-        from rich.text import Text
-
-        shown = printable(self.text, multiline=True)
-        final = Markdown(shown) if self.markdown and looks_like_markdown(shown) else Text(shown)
-        self.live.update(final)
-        self.live.stop()
-
-
-def format_stats(stats: TurnStats) -> str:
-    """One line per reply, like mlx-lm's: speed, time to first token, context, cache hits."""
-    ttft = _seconds(stats.ttft)
-    limit = f" (max {stats.max_tokens})" if stats.max_tokens else ""
-    line = (
-        f"{stats.generated_tokens} tokens{limit}, {stats.decode_tokens_per_s:.1f} tok/s | "
-        f"first token {ttft} | "
-        f"prompt {stats.prompt_tokens} tokens, {stats.cached_tokens} cached | "
-        f"context {stats.context_used}/{stats.context_size}"
-    )
-    if stats.interrupted:
-        line += " | interrupted"
-    elif stats.finish_reason == "length":
-        full = stats.context_used >= stats.context_size
-        line += " | stopped: the context is full" if full else " | stopped at max_tokens (/set max_tokens N)"
-    elif stats.finish_reason == "repetition":
-        line += " | stopped: the reply kept repeating itself (/set loop_guard off lets it run)"
-    return line
-
-
-def dropped_notice(prompt: Prompt, has_system: bool) -> str:
-    turns = "oldest turn" if prompt.dropped_turns == 1 else f"{prompt.dropped_turns} oldest turns"
-    kept = "; the system prompt is kept" if has_system else ""
-    return (
-        f"context full: dropped the {turns} ({_plural(prompt.dropped_messages, 'message')}, "
-        f"{prompt.dropped_tokens} tokens) to make room{kept}."
-    )
-
-
 # ---------------------------------------------------------------------------------------- the loop
 
 
@@ -287,6 +178,8 @@ class ChatRepl:
         self.read = read
         self.about = about or {}
         self.live = console.is_terminal if live is None else live
+        self.show_thinking = True
+        self._budget = params.reasoning.budget if params.reasoning is not None else None
 
     # -- output helpers
     def say(self, text: str, style: str = "dim") -> None:
@@ -334,6 +227,8 @@ class ChatRepl:
         try:
             with renderer:
                 for out in reply:
+                    if out.reasoning and self.show_thinking:
+                        renderer.add_thinking(out.reasoning)
                     if out.text:
                         renderer.add(out.text)
         except KeyboardInterrupt:
@@ -365,6 +260,7 @@ class ChatRepl:
             "/save": self.cmd_save,
             "/load": self.cmd_load,
             "/regen": self.cmd_regen,
+            "/think": self.cmd_think,
         }.get(name.lower())
         if handler is None:
             raise LocalLLMError(f"unknown command {name}; /help lists the commands.")
@@ -420,7 +316,7 @@ class ChatRepl:
         session, history = self.session, self.session.history
         lines = [f"{k}: {v}" for k, v in self.about.items()]
         lines.append(
-            f"conversation: {_plural(session.turns, 'turn')}, {_plural(len(session.messages), 'message')}; "
+            f"conversation: {plural(session.turns, 'turn')}, {plural(len(session.messages), 'message')}; "
             f"context {session.context_used}/{session.max_model_len} tokens"
         )
         if history:
@@ -446,17 +342,35 @@ class ChatRepl:
         if not arg:
             raise LocalLLMError("/save needs a file name, e.g. /save chat.json.")
         path = self.session.save(arg)
-        self.say(f"saved {_plural(len(self.session.messages), 'message')} to {path}.")
+        self.say(f"saved {plural(len(self.session.messages), 'message')} to {path}.")
 
     def cmd_load(self, arg: str) -> None:
         if not arg:
             raise LocalLLMError("/load needs a file name, e.g. /load chat.json.")
         count = self.session.load(arg)
-        turns = _plural(self.session.turns, "turn")
-        self.say(f"loaded {_plural(count, 'message')} from {Path(arg).expanduser()} ({turns}).")
+        turns = plural(self.session.turns, "turn")
+        self.say(f"loaded {plural(count, 'message')} from {Path(arg).expanduser()} ({turns}).")
 
     def cmd_regen(self, arg: str) -> None:
         self.turn(self.session.prepare_regen(self.params.max_tokens))
+
+    def cmd_think(self, arg: str) -> None:
+        """/think off: the template's thinking switch off (Qwen3's enable_thinking) and a budget of 0,
+        which closes any block the model opens at once; /think on: back to the model's own way."""
+        spec = self.params.reasoning
+        if spec is None:
+            raise LocalLLMError("this model does not think apart (its chat template has no thinking format).")
+        if not arg:
+            self.say(f"thinking is {'on' if self.show_thinking else 'off'}.")
+            return
+        try:
+            on = _on_off(arg)
+        except ValueError:
+            raise LocalLLMError("/think takes on or off.") from None
+        self.show_thinking = on
+        self.params = dataclasses.replace(self.params, reasoning=spec.with_budget(self._budget if on else 0))
+        self.session.template_kwargs = {} if on else {"enable_thinking": False}
+        self.say(f"thinking {'on' if on else 'off'}; it applies from the next reply.")
 
 
 def answer_once(
@@ -468,23 +382,15 @@ def answer_once(
     prompt = session.prepare(text, params.max_tokens)
     if prompt.dropped_turns:
         print(dropped_notice(prompt, session.system is not None), file=err)
-    with PlainReply(out) as renderer:
+    with PlainReply(out, err) as renderer:  # the thinking to stderr, the answer to stdout
         for output in session.respond(stream, prompt, params):
+            if output.reasoning:
+                renderer.add_thinking(output.reasoning)
             if output.text:
                 renderer.add(output.text)
     stats = session.history[-1]
     print(format_stats(stats), file=err)
     return stats
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _show(value: Any) -> str:

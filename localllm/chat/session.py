@@ -96,6 +96,7 @@ class ChatSession:
         self.messages: list[dict[str, Any]] = []
         self.history: list[TurnStats] = []  # every reply's stats, for /stats
         self.last_prompt: Prompt | None = None
+        self.template_kwargs: dict[str, Any] = {}  # more template variables (/think off: enable_thinking)
         self._checkpoints: list[tuple[str, list[int]]] = []
         if system:
             self.set_system(system)
@@ -199,8 +200,8 @@ class ChatSession:
         reusing the ids of the longest remembered text that starts it."""
         from localllm.tokenizer.chat_template import apply_chat_template
 
-        plain = [{"role": m["role"], "content": m["content"]} for m in messages]
-        text = self.template.render(plain, add_generation_prompt=True)
+        plain = [_for_template(m) for m in messages]
+        text = self.template.render(plain, add_generation_prompt=True, **self.template_kwargs)
         for known_text, known_ids in sorted(self._checkpoints, key=lambda c: -len(c[0])):
             if text.startswith(known_text):
                 rest = self.tokenizer.encode(text[len(known_text) :], add_special=False, parse_special=True)
@@ -208,7 +209,7 @@ class ChatSession:
                 # SentencePiece space prefix can then differ from tokenizing the whole text
                 if not rest or self.tokenizer.is_special(rest[0]):
                     return text, known_ids + rest
-        return text, apply_chat_template(self.tokenizer, self.template, plain)
+        return text, apply_chat_template(self.tokenizer, self.template, plain, True, **self.template_kwargs)
 
     def _remember(self, text: str, ids: list[int]) -> None:
         self._checkpoints = [c for c in self._checkpoints if c[0] != text][-(MAX_CHECKPOINTS - 1) :]
@@ -221,6 +222,7 @@ class ChatSession:
         the consumer closing the iterator) - it joins the conversation. An engine error before any
         output puts the conversation back as it was before `prepare`."""
         parts: list[str] = []
+        thoughts: list[str] = []
         token_ids: list[int] = []
         last: StepOutput | None = None
         failed = False
@@ -229,6 +231,7 @@ class ChatSession:
             for out in outputs:
                 last = out
                 parts.append(out.text)
+                thoughts.append(out.reasoning)
                 if out.token_id is not None:
                     token_ids.append(out.token_id)
                 yield out
@@ -242,7 +245,7 @@ class ChatSession:
             if failed and last is None:
                 self.messages = prompt.undo
             else:
-                self._record(prompt, "".join(parts), token_ids, last, params.max_tokens)
+                self._record(prompt, "".join(parts), token_ids, last, params.max_tokens, "".join(thoughts))
 
     def _record(
         self,
@@ -251,6 +254,7 @@ class ChatSession:
         token_ids: list[int],
         last: StepOutput | None,
         max_tokens: int | None = None,
+        reasoning: str = "",
     ) -> None:
         stats = TurnStats(len(prompt.ids), context_size=self.max_model_len, max_tokens=max_tokens)
         if last is not None:
@@ -259,6 +263,8 @@ class ChatSession:
             stats.ttft, stats.elapsed = last.ttft, last.elapsed
             stats.finish_reason = last.finish_reason if last.finished else None
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning:  # kept apart; the template decides whether later prompts show it
+            message["reasoning_content"] = reasoning
         if stats.interrupted:
             message["interrupted"] = True
         self.messages.append(message)
@@ -266,7 +272,7 @@ class ChatSession:
         body = list(token_ids)
         if last is not None and last.finish_reason == "stop" and isinstance(last.stop_reason, int) and body:
             body.pop()  # the end-of-turn token: the template writes its own
-        if body and self.tokenizer.decode(body, skip_special=True) == text:
+        if body and not reasoning and self.tokenizer.decode(body, skip_special=True) == text:
             self._remember(prompt.text + text, prompt.ids + body)
 
     # ------------------------------------------------------------------ files
@@ -315,10 +321,25 @@ def parse_messages(data: Any, origin: str) -> list[dict[str, Any]]:
         if m["role"] == "system" and i != 0:
             raise LocalLLMError(f"message {i + 1} in {origin} is a system message; only the first may be.")
         message = {"role": m["role"], "content": m["content"]}
+        if (
+            m["role"] == "assistant"
+            and isinstance(m.get("reasoning_content"), str)
+            and m["reasoning_content"]
+        ):
+            message["reasoning_content"] = m["reasoning_content"]
         if m.get("interrupted"):
             message["interrupted"] = True
         messages.append(message)
     return messages
+
+
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the template gets it: role and content, and an assistant's thinking under the
+    names templates read (Qwen3's reasoning_content, gpt-oss's thinking)."""
+    plain = {"role": message["role"], "content": message["content"]}
+    if message.get("reasoning_content"):
+        plain["reasoning_content"] = plain["thinking"] = message["reasoning_content"]
+    return plain
 
 
 def _copy(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -148,7 +148,7 @@ def _check_serve_flags(dataset: str, dataset_path: Path | None, plot: Path | Non
 @contextmanager
 def _target(url: str | None, model: str | None, launch: tuple) -> Iterator[tuple[str, Path | None]]:
     """The server root to load, and the model file when we know it (for its sha256)."""
-    from localllm.bench import serving
+    from localllm.bench import server_process, serving
 
     if url:
         local = Path(model) if model and Path(model).is_file() else None
@@ -160,12 +160,14 @@ def _target(url: str | None, model: str | None, launch: tuple) -> Iterator[tuple
     path, _ = c.resolve(model)
 
     def command(port: int) -> list[str]:
-        return serving.serve_command(path, port, backend, threads, parallel, ctx_size, shlex.split(extra))
+        return server_process.serve_command(
+            path, port, backend, threads, parallel, ctx_size, shlex.split(extra)
+        )
 
     print(
         f"starting localllm serve {path.name} (backend {backend}, parallel {parallel}) ...", file=sys.stderr
     )
-    with serving.local_server(command) as base:
+    with server_process.local_server(command) as base:
         yield base, path
 
 

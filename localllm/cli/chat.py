@@ -51,6 +51,7 @@ def chat(
     loop_guard: c.LoopGuard = True,
     json_schema: c.JsonSchemaFile = None,
     grammar: c.GrammarFile = None,
+    reasoning_budget: c.ReasoningBudget = None,
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
@@ -87,6 +88,7 @@ def _chat_command(o: SimpleNamespace) -> None:
     from localllm.chat.session import ChatSession
     from localllm.engine.async_engine import AsyncEngine
     from localllm.loading.file import GGUFFile
+    from localllm.reasoning import with_reasoning
     from localllm.sampling_params import CHAT_DEFAULTS
     from localllm.tokenizer.chat_template import require_chat_template
 
@@ -106,6 +108,7 @@ def _chat_command(o: SimpleNamespace) -> None:
     )  # fmt: skip
     engine = _load(config, interactive)
     params = c.sampling_params(engine, flags, CHAT_DEFAULTS)  # to the end of its turn, or the limit
+    params = with_reasoning(params, template, engine.tokenizer, o.reasoning_budget)
     session = ChatSession(
         engine.tokenizer, template, engine.max_model_len, o.system or defaults.get("system")
     )

@@ -31,6 +31,24 @@ CacheTypeK = Annotated[
 CacheTypeV = Annotated[
     str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for values: f16 or f32.")
 ]
+KvDiskMb = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-disk-mb",
+        metavar="MIB",
+        help="Keep the prefix cache's blocks on disk too, up to this many MiB, so a restart (or another "
+        "process serving the same model) finds long prompts computed; 0 = off. "
+        "[default: off for run; serve: 4096, at most a quarter of the free disk]",
+    ),
+]
+KvDiskDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--kv-disk-dir",
+        metavar="DIR",
+        help="Where --kv-disk-mb keeps its files. [default: LOCALLLM_HOME/kv-cache]",
+    ),
+]
 Backend = Annotated[str, typer.Option("--backend", help="numba (CPU kernels), numpy (reference) or torch.")]
 Device = Annotated[
     str, typer.Option("--device", help="--backend torch: auto (CUDA, then MPS, then CPU), cuda, mps or cpu.")
@@ -107,6 +125,15 @@ GrammarFile = Annotated[
         "--grammar", help="Constrain the output to this GBNF or Lark grammar (a file).", metavar="FILE"
     ),
 ]
+ReasoningBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--reasoning-budget",
+        help="Tokens a thinking model may reason before its thinking is closed with its own end tag "
+        "(0: none; -1 or unset: no limit).",
+        min=-1,
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -147,6 +174,20 @@ def engine_config(
 
 
 F16_KV = ("f16", "f16")
+
+
+def kv_disk_options(mb: int | None, directory: Path | None, default_on: bool) -> dict[str, Any]:
+    """The EngineConfig fields of the prefix cache's disk tier: `mb` MiB in `directory` (None: the
+    defaults, which turn it on only where `default_on`: serve)."""
+    from localllm.engine.kv_disk import default_budget_mb, default_dir
+    from localllm.errors import ConfigError
+
+    if mb is not None and mb < 0:
+        raise ConfigError(f"--kv-disk-mb must be 0 (off) or more, not {mb}")
+    directory = Path(directory).expanduser() if directory is not None else default_dir(model_home())
+    if mb is None:
+        mb = default_budget_mb(directory) if default_on else 0
+    return {"kv_disk_mb": mb, "kv_disk_dir": directory}
 
 
 def kernels_compiled() -> bool:

@@ -21,7 +21,9 @@ class UsageProblem(Exception):
     """A command line that cannot work, in words that say what to type instead (exit status 2)."""
 
 
-_TYPER_OPTION_WORD = core.TyperOption.display_type_rich
+# Typer's own word for an option's value; the method exists in some Typer versions only (0.12-0.26 and
+# 0.28+ have it, 0.27 does not), so every patch below is applied only where its target exists.
+_TYPER_OPTION_WORD = getattr(core.TyperOption, "display_type_rich", None)
 # Typer's type labels -> click's words for them.
 _WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
 
@@ -31,6 +33,8 @@ def _value_word(self: Any, ctx: Any) -> str | None:
         return None
     if self.metavar is not None:
         return self.metavar
+    if _TYPER_OPTION_WORD is None:
+        return None
     word = _TYPER_OPTION_WORD(self, ctx)  # "<int>", "<list[str]>", "<numba|numpy>" (older Typer: "INTEGER")
     if not word:
         return None
@@ -51,10 +55,16 @@ def _usage_name(self: Any) -> str:
 
 
 def install() -> None:
-    """Patch Typer's parameter classes (only what exists in the installed version is used)."""
-    core.TyperOption.display_type_rich = _value_word
-    core.TyperArgument.display_type_rich = _argument_word
-    core.TyperArgument._usage_display_name = _usage_name
+    """Patch Typer's parameter classes where the installed version has what is patched; elsewhere its
+    own help stands (a help screen worded differently, never a crash)."""
+    patches = (
+        (core.TyperOption, "display_type_rich", _value_word),
+        (core.TyperArgument, "display_type_rich", _argument_word),
+        (core.TyperArgument, "_usage_display_name", _usage_name),
+    )
+    for cls, name, replacement in patches:
+        if hasattr(cls, name):
+            setattr(cls, name, replacement)
 
 
 def usage_error_line(error: Any) -> str:

@@ -16,7 +16,10 @@ def quantize(
     qtype: Annotated[
         str,
         typer.Option(
-            "--type", "-q", help="Q8_0, Q6_K, Q5_K_M, Q4_K_M (= Q5_K, Q4_K), Q5_1, Q5_0, Q4_1, Q4_0, F16, F32"
+            "--type",
+            "-q",
+            help="Q8_0, Q6_K, Q5_K_M, Q4_K_M (= Q5_K, Q4_K), Q5_1, Q5_0, Q4_1, Q4_0, "
+            "MXFP4_MOE (= MXFP4: experts MXFP4, the rest Q8_0), F16, F32",
         ),
     ] = "Q8_0",
     allow_requantize: Annotated[

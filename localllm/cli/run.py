@@ -42,12 +42,15 @@ def run(
     loop_guard: c.LoopGuard = True,
     json_schema: c.JsonSchemaFile = None,
     grammar: c.GrammarFile = None,
+    reasoning_budget: c.ReasoningBudget = None,
     threads: c.Threads = 0,
     ctx_size: c.CtxSize = 0,
     backend: c.Backend = "numba",
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    kv_disk_mb: c.KvDiskMb = None,
+    kv_disk_dir: c.KvDiskDir = None,
     quantize: c.Quantize = None,
     group_size: c.GroupSize = 32,
     prompt_lookup: c.PromptLookup = False,
@@ -66,12 +69,17 @@ def run(
       localllm run base-model.gguf "Write a haiku" --chat-template chatml
 
       localllm run ./Qwen2.5-0.5B-Instruct "Write a haiku" --quantize int4
+
+    A thinking model's reasoning (Qwen3's <think> block, gpt-oss's analysis channel) goes to stderr,
+    dimmed, and the answer to stdout; --json reports it apart as "reasoning".
     """
     _run_command(SimpleNamespace(**locals()))
 
 
 def _run_command(o: SimpleNamespace) -> None:
+    from localllm.chat.display import ThinkingWriter
     from localllm.engine.engine import LLMEngine
+    from localllm.reasoning import with_reasoning
     from localllm.tokenizer.chat_template import chat_template_source
 
     flags = c.sampling_flags(vars(o))
@@ -81,6 +89,7 @@ def _run_command(o: SimpleNamespace) -> None:
         model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v), o.quantize, o.group_size
     )
     spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
+    spec |= c.kv_disk_options(o.kv_disk_mb, o.kv_disk_dir, default_on=False)
     template = chat_template_source(o.chat_template, defaults.get("chat_template")) if o.chat else None
     config = c.engine_config(
         path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=1, cache_type_k=o.cache_type_k,
@@ -89,13 +98,18 @@ def _run_command(o: SimpleNamespace) -> None:
     with c.loading(o.backend, path):
         engine = LLMEngine(config)
     params = c.sampling_params(engine, flags)
-    prompt_ids = _prompt_ids(engine, prompt, o.chat, o.system or defaults.get("system"), template)
+    chat_template = _template(engine, o.chat, template)
+    prompt_ids = _prompt_ids(engine, prompt, o.system or defaults.get("system"), chat_template)
+    params = with_reasoning(params, chat_template, engine.tokenizer, o.reasoning_budget)
     outputs = []
+    thinking = ThinkingWriter(sys.stderr)  # the reasoning apart from the answer, on stderr
     for out in engine.stream(prompt_ids, params):
         outputs.append(out)
         if not o.as_json:
+            thinking.write(out.reasoning, bool(out.text))
             sys.stdout.write(out.text)
             sys.stdout.flush()
+    thinking.close()
     _report(outputs, prompt_ids, o.as_json, engine.spec.stats if engine.spec else None)
 
 
@@ -109,11 +123,17 @@ def _model_and_prompt(args: list[str]) -> tuple[str | None, str]:
     return (args[0], args[1]) if len(args) == 2 else (None, args[0])
 
 
-def _prompt_ids(engine, prompt: str, chat: bool, system: str | None, source: str | None) -> list[int]:
-    """The chat-templated prompt; the raw prompt with --raw or for a model with no template at all."""
-    from localllm.tokenizer.chat_template import apply_chat_template, resolve_chat_template
+def _template(engine, chat: bool, source: str | None):
+    """The chat template (None with --raw, or for a model with no template at all)."""
+    from localllm.tokenizer.chat_template import resolve_chat_template
 
-    template = resolve_chat_template(engine.gguf.metadata, configured=source) if chat else None
+    return resolve_chat_template(engine.gguf.metadata, configured=source) if chat else None
+
+
+def _prompt_ids(engine, prompt: str, system: str | None, template) -> list[int]:
+    """The chat-templated prompt; the raw prompt without a template."""
+    from localllm.tokenizer.chat_template import apply_chat_template
+
     if template is None:
         return engine.tokenize_prompt(prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -147,6 +167,8 @@ def _as_dict(result, spec=None) -> dict:
     extra = {"speculative": spec.as_dict()} if spec is not None else {}
     return {
         "text": result.text,
+        "reasoning": result.reasoning,  # a thinking model's thinking, kept out of "text"
+        "reasoning_tokens": result.reasoning_tokens,
         "token_ids": result.token_ids,
         "prompt_tokens": result.prompt_tokens,
         "cached_tokens": result.cached_tokens,

@@ -67,6 +67,17 @@ Alias = Annotated[
     typer.Option("--alias", help="Also serve the model under this name (repeatable), e.g. gpt-4o-mini."),
 ]
 WebUI = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at /.")]
+MetricsPublic = Annotated[
+    bool, typer.Option("--metrics-public", help="/metrics without the API key (for a router or Prometheus).")
+]
+DrainTimeout = Annotated[
+    float,
+    typer.Option(
+        "--drain-timeout",
+        help="SIGTERM: stop taking requests, finish the open ones for at most this many seconds, exit "
+        "(0 = end them at once, as Ctrl-C does).",
+    ),
+]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 Model = Annotated[
@@ -87,6 +98,8 @@ def serve(
     device: c.Device = "auto",
     cache_type_k: c.CacheTypeK = "f16",
     cache_type_v: c.CacheTypeV = "f16",
+    kv_disk_mb: c.KvDiskMb = None,
+    kv_disk_dir: c.KvDiskDir = None,
     prompt_lookup: c.PromptLookup = False,
     draft_model: c.DraftModel = None,
     draft_max: c.DraftMax = 8,
@@ -97,12 +110,15 @@ def serve(
     max_choice_tokens: MaxChoiceTokens = 65_536,
     cors_origins: CorsOrigins = None,
     chat_template: c.ChatTemplateOption = None,
+    reasoning_budget: c.ReasoningBudget = None,
     allowed_hosts: AllowedHosts = None,
     max_connections: MaxConnections = 4096,
     header_timeout: HeaderTimeout = 10.0,
     body_timeout: BodyTimeout = 60.0,
     max_body_mb: MaxBodyMb = 4.0,
     webui: WebUI = True,
+    metrics_public: MetricsPublic = False,
+    drain_timeout: DrainTimeout = 30.0,
     alias: Alias = None,
     log_level: LogLevel = "info",
 ) -> None:
@@ -110,7 +126,8 @@ def serve(
 
     OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models.
 
-    Also Anthropic's /v1/messages, /tokenize, /detokenize, /health, /metrics, a chat page at / (--no-webui).
+    Also Anthropic's /v1/messages, /tokenize, /detokenize, /health, /ready, /metrics (localllm's and vLLM's
+    names), POST /admin/drain, a chat page at / (--no-webui). SIGTERM drains (--drain-timeout).
 
     Examples:
 
@@ -139,6 +156,7 @@ def _serve_command(o: SimpleNamespace) -> None:
     limits = ConnectionLimits(o.max_connections, o.header_timeout, o.body_timeout)
     path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
     spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
+    spec |= c.kv_disk_options(o.kv_disk_mb, o.kv_disk_dir, default_on=True)
     engine_config = c.engine_config(
         path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=o.parallel, kv_cache_mb=o.kv_cache_mb,
         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, device=o.device, **spec,
@@ -155,9 +173,12 @@ def _serve_command(o: SimpleNamespace) -> None:
         max_embedding_tokens=o.max_embedding_tokens,
         max_choice_tokens=o.max_choice_tokens,
         chat_template=chat_template_source(o.chat_template, defaults.get("chat_template")),
+        reasoning_budget=o.reasoning_budget,
         host=o.host,
         port=o.port,
         webui=o.webui,
+        metrics_public=o.metrics_public,
+        drain_timeout=o.drain_timeout,
     )
     c.first_run_notice(o.backend)
     run_server(lambda: LLMEngine(engine_config), config, o.log_level, limits)
@@ -177,6 +198,7 @@ RANGES: dict[str, tuple[float, float | None, str]] = {
     "header_timeout": (0.1, None, "at least 0.1 s"),
     "body_timeout": (0.1, None, "at least 0.1 s"),
     "max_body_mb": (0.001, None, "at least 0.001"),
+    "drain_timeout": (0, None, "0 (at once) or more seconds"),
 }
 
 
@@ -209,8 +231,9 @@ def served_id(model: str | None, path: Path) -> str:
 
 
 def run_server(factory: Any, config: Any, log_level: str = "info", limits: Any = None) -> None:
-    """Run until SIGINT/SIGTERM (open streams end with an error event, then the engine stops); exits
-    with an error if the model fails to load."""
+    """Run until SIGINT (open streams end with an error event, then the engine stops) or SIGTERM (a
+    drain: open requests finish first, see localllm.server.runner); exits with an error if the model
+    fails to load."""
     from localllm.errors import LocalLLMError
     from localllm.server.app import create_app
     from localllm.server.connections import ConnectionLimits, raise_open_file_limit, usable_connections

@@ -2,17 +2,38 @@
 and for a model with recurrent layers each sequence's slot in the state pool (state_cache.py), taken
 with its first blocks and given back with them.
 
-A full block is keyed by a chained hash of (parent block's hash, its token ids), so a hit on a block
-implies its whole prefix matches; tokens are compared on a hit to rule out hash collisions. Freed blocks
-keep their contents and stay findable until they are reused, least recently freed first.
+A full block is keyed by a chained digest of (parent block's key, its token ids), rooted in the model
+fingerprint (block_identity.py), so a hit on a block implies its whole prefix matches; tokens are
+compared on a hit to rule out collisions. Freed blocks keep their contents and stay findable until they
+are reused, least recently freed first. With a disk tier (`tier`, kv_disk.py), a block that memory
+misses is looked for there and restored into a free block, and every block registered is handed to it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any, Protocol
 
+from localllm.engine.block_identity import block_hash
 from localllm.engine.sequence import Sequence
 from localllm.engine.state_cache import StateSlots, StateSnapshots
+
+__all__ = ["Block", "BlockManager", "BlockTier", "block_hash"]
+
+
+class BlockTier(Protocol):
+    """A second level of the prefix cache by block key (kv_disk.KVDiskTier): the block manager finds
+    blocks there when memory misses, and hands it every block it registers."""
+
+    stats: Any  # its counts, for monitoring (kv_disk.DiskStats)
+
+    def contains(self, key: bytes) -> bool: ...
+
+    def load(self, key: bytes, token_ids: tuple[int, ...], block_id: int) -> bool:
+        """Fill the pool's block `block_id` with the block keyed `key`; False (untouched) if it can't."""
+        ...
+
+    def store(self, key: bytes, token_ids: tuple[int, ...], block_id: int) -> None: ...
 
 
 class Block:
@@ -21,29 +42,28 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.hash: int | None = None
+        self.hash: bytes | None = None
         self.token_ids: tuple[int, ...] = ()
-
-
-def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent, token_ids))
 
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, fingerprint: bytes = b"",
         state_slots: StateSlots | None = None, snapshots: StateSnapshots | None = None,
     ):  # fmt: skip
         self.state_slots = state_slots
         self.snapshots = snapshots  # states at cached block boundaries (a model with recurrent layers)
         self.block_size = block_size
+        self.fingerprint = fingerprint  # the first block's parent key: the model's (block_identity.py)
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.hash_to_block_id: dict[int, int] = {}
+        self.hash_to_block_id: dict[bytes, int] = {}
         self.num_prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.num_prefix_hits = 0  # of which found
+        self.num_disk_hits = 0  # of which restored from the disk tier
+        self.tier: BlockTier | None = None  # the disk tier (kv_disk.KVDiskTier), when one is on
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,16 +77,18 @@ class BlockManager:
         return (num_tokens + self.block_size - 1) // self.block_size
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids holding a cached prefix of seq's tokens; the last token is always left to compute
-        so the step has logits to sample from."""
+        """Block ids holding a cached prefix of seq's tokens, in memory or restored from the disk tier;
+        the last token is always left to compute so the step has logits to sample from."""
         if not self.enable_prefix_caching:
             return []
         found: list[int] = []
         parent = None
         for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
-            parent = block_hash(parent, tokens)
+            parent = block_hash(parent, tokens, self.fingerprint)
             block_id = self.hash_to_block_id.get(parent)
+            if block_id is None and self.tier is not None:
+                block_id = self._restore(parent, tokens, found)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             found.append(block_id)
@@ -74,6 +96,23 @@ class BlockManager:
             keep = [i + 1 for i, b in enumerate(found) if self.snapshots.has(self.blocks[b].hash)]
             found = found[: max(keep, default=0)]
         return found
+
+    def _restore(self, key: bytes, tokens: tuple[int, ...], found: list[int]) -> int | None:
+        """A free block (never one of `found`) filled from the disk tier's file of `key`, kept free and
+        findable, as the most recently freed; None if the tier lacks it or no block is free."""
+        assert self.tier is not None
+        if not self.tier.contains(key):
+            return None
+        keep = set(found)
+        block_id = next((b for b in self.free_block_ids if b not in keep), None)
+        if block_id is None or not self.tier.load(key, tokens, block_id):
+            return None
+        block = self.blocks[self._forget(block_id)]
+        block.hash, block.token_ids = key, tokens
+        self.hash_to_block_id[key] = block_id
+        self.free_block_ids.move_to_end(block_id)
+        self.num_disk_hits += self.block_size
+        return block_id
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] | None = None) -> bool:
         """Grow seq's block table to hold num_computed + cached + new tokens; False if blocks run out."""
@@ -105,8 +144,10 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-                block.hash, block.token_ids = block_hash(parent, tokens), tokens
+                block.hash, block.token_ids = block_hash(parent, tokens, self.fingerprint), tokens
                 self.hash_to_block_id.setdefault(block.hash, block.block_id)
+                if self.tier is not None:
+                    self.tier.store(block.hash, tokens, block.block_id)
             parent = block.hash
 
     def snapshot(self, seq: Sequence) -> None:
@@ -162,7 +203,10 @@ class BlockManager:
 
     def _evict_one(self) -> int:
         """The least recently freed block, its cached contents forgotten."""
-        block_id = next(iter(self.free_block_ids))
+        return self._forget(next(iter(self.free_block_ids)))
+
+    def _forget(self, block_id: int) -> int:
+        """A free block no key finds any more (its contents are about to be overwritten)."""
         block = self.blocks[block_id]
         if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]

@@ -81,10 +81,12 @@ class StopChecker:
 class Detokenizer:
     """A request's tokens to printable text deltas, with its stop strings applied."""
 
-    def __init__(self, tokenizer: Any, stop: list[str], skip_special: bool = True):
+    def __init__(
+        self, tokenizer: Any, stop: list[str], skip_special: bool = True, keep: frozenset[int] = frozenset()
+    ):
         from localllm.tokenizer.stream import IncrementalDecoder
 
-        self.decoder = IncrementalDecoder(tokenizer, skip_special=skip_special)
+        self.decoder = IncrementalDecoder(tokenizer, skip_special=skip_special, keep=keep)
         self.stop = StopChecker(stop)
 
     def add(self, token_id: int) -> tuple[str, str | None]:

@@ -28,6 +28,7 @@ from localllm.errors import (
     KVCacheFullError,
     LocalLLMError,
 )
+from localllm.reasoning import ReasoningState, marker_ids
 from localllm.sampler import make_generator
 from localllm.sampling_params import (
     BUILTIN_DEFAULTS,
@@ -49,6 +50,7 @@ class _Request:
     detokenizer: Detokenizer
     stop_ids: frozenset[int]
     guard: LoopGuard | None = None
+    reasoning: ReasoningState | None = None  # splits thinking from the answer (params.reasoning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class EngineStats:
     prefix_cache_hits: int  # of which found
     num_preemptions: int
     spec: Any = None  # a copy of spec_decode.SpecStats; None without speculative decoding
+    kv_disk: Any = None  # a copy of kv_disk.DiskStats; None without the prefix cache's disk tier
 
 
 class LLMEngine:
@@ -136,11 +139,25 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.tokenizer.eog_ids
         )
-        detok = Detokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        if params.min_tokens:
+            seq.held_stops = sorted(t for t in stop_ids if 0 <= t < self.args.vocab_size)
+        reasoning, keep = None, frozenset[int]()
+        if params.reasoning is not None:
+            keep = marker_ids(params.reasoning, self.tokenizer)
+            reasoning = ReasoningState.start(params.reasoning, self.tokenizer, ids)
+            self._force_close(seq, reasoning)  # a budget of 0: closed before the first token
+        detok = Detokenizer(self.tokenizer, params.stop, params.skip_special_tokens, keep)
         guard = LoopGuard() if params.loop_guard and not params.ignore_eos else None
-        self.requests[request_id] = _Request(seq, detok, stop_ids, guard)
+        self.requests[request_id] = _Request(seq, detok, stop_ids, guard, reasoning)
         self.scheduler.add(seq)
         return request_id
+
+    @staticmethod
+    def _force_close(seq: Sequence, reasoning: ReasoningState) -> None:
+        """Once the reasoning budget is spent inside the reasoning, the next tokens are its closing
+        marker (not with a grammar, whose mask would refuse them)."""
+        if seq.constraint is None and reasoning.due():
+            seq.forced = list(reasoning.close_ids)
 
     @property
     def grammars(self) -> Any:
@@ -187,6 +204,7 @@ class LLMEngine:
             bm.num_prefix_hits,
             self.scheduler.num_preemptions,
             dataclasses.replace(spec.stats) if spec is not None else None,
+            dataclasses.replace(bm.tier.stats) if bm.tier is not None else None,
         )
 
     def has_unfinished(self) -> bool:
@@ -242,17 +260,21 @@ class LLMEngine:
     def _on_token(self, request: _Request, token: SampledToken, now: float) -> StepOutput:
         seq = request.seq
         seq.append_token(token.token_id)
+        if seq.forced and seq.forced[0] == token.token_id:
+            seq.forced.pop(0)
         seq.first_token_time = seq.first_token_time or now
         logprob = None
         if token.logprob is not None:
             logprob = TokenLogprob(token.token_id, token.logprob, token.top_logprobs or [])
+        done = "stop" if seq.constraint is None else seq.constraint.finish_reason  # steered: not "stop"
         if token.token_id in request.stop_ids:
-            return self._finish(request, "", "stop", token.token_id, logprob, now)
+            return self._finish(request, "", done, token.token_id, logprob, now)
         text, matched = request.detokenizer.add(token.token_id)
         if matched is not None:
             return self._finish(request, text, "stop", matched, logprob, now)
         if seq.constraint is not None and not _advance(seq.constraint, token.token_id):
-            return self._finish(request, text + request.detokenizer.finish(), "stop", None, logprob, now)
+            tail = text + request.detokenizer.finish()
+            return self._finish(request, tail, seq.constraint.finish_reason, None, logprob, now)
         if request.guard is not None and request.guard.add(token.token_id) and not _closes(seq):
             tail = text + request.detokenizer.finish()
             return self._finish(request, tail, "repetition", None, logprob, now)
@@ -261,7 +283,10 @@ class LLMEngine:
             seq.num_tokens >= self.max_model_len
         ):
             return self._finish(request, text + request.detokenizer.finish(), "length", None, logprob, now)
-        return self._output(request, text, token.token_id, logprob, now)
+        out = self._output(request, text, token.token_id, logprob, now)
+        if request.reasoning is not None:
+            self._force_close(seq, request.reasoning)
+        return out
 
     def _finish(
         self, request: _Request, text: str, reason: str, stop: Any, logprob: TokenLogprob | None, now: float
@@ -277,7 +302,11 @@ class LLMEngine:
     def _output(
         self, request: _Request, text: str, token_id: int | None, logprob: TokenLogprob | None, now: float
     ) -> StepOutput:
-        seq = request.seq
+        seq, reasoning, count = request.seq, "", 0
+        if request.reasoning is not None:
+            generated = token_id is not None and token_id not in request.stop_ids
+            reasoning, text = request.reasoning.split(text, generated, seq.is_finished)
+            count = request.reasoning.tokens
         return StepOutput(
             request_id=seq.request_id,
             text=text,
@@ -290,6 +319,8 @@ class LLMEngine:
             generated_tokens=seq.num_output_tokens,
             ttft=(seq.first_token_time - seq.arrival_time) if seq.first_token_time else None,
             elapsed=now - seq.arrival_time,
+            reasoning=reasoning,
+            reasoning_tokens=count,
         )
 
     def stream(self, prompt: str | list[int], params: Params = None) -> Iterator[StepOutput]:
@@ -369,7 +400,7 @@ def check_context_length(limit: int, num_prompt: int, max_tokens: int | None, wh
 def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[StepOutput]) -> RequestOutput:
     last = outs[-1]
     tokens = [o.token_id for o in outs if o.token_id is not None]
-    if last.finish_reason == "stop" and isinstance(last.stop_reason, int):
+    if isinstance(last.stop_reason, int):  # a stop token ended it (a steered document's too)
         tokens = tokens[:-1]  # the stop token is not part of the completion
     return RequestOutput(
         request_id=request_id,
@@ -381,6 +412,8 @@ def collect_request_output(request_id: str, prompt_ids: list[int], outs: list[St
         ttft=last.ttft,
         elapsed=last.elapsed,
         logprobs=[o.logprob for o in outs if o.logprob is not None],
+        reasoning="".join(o.reasoning for o in outs),
+        reasoning_tokens=last.reasoning_tokens,
     )
 
 

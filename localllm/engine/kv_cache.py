@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
     from localllm.models.spec import ModelArgs
@@ -48,6 +50,7 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.cache_types = layout.cache_types
+        self.backend = backend
         # (n_layers, num_blocks, block_size, kv_heads, head_dim) each
         self.k, self.v = backend.allocate_kv(
             layout.n_layers, num_blocks, block_size, layout.kv_heads, layout.head_dim, layout.cache_types
@@ -55,3 +58,14 @@ class KVCache:
 
     def layer(self, il: int) -> tuple[Any, Any]:
         return self.k[il], self.v[il]
+
+    def read_block(self, block_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of one block's keys and values, every layer's, in the pool's element types."""
+        return self.backend.kv_block_to_host(self.k, block_id), self.backend.kv_block_to_host(
+            self.v, block_id
+        )
+
+    def write_block(self, block_id: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Overwrite one block's keys and values, as read_block gave them."""
+        self.backend.kv_block_from_host(self.k, block_id, k)
+        self.backend.kv_block_from_host(self.v, block_id, v)

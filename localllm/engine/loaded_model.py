@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.config import EngineConfig
+from localllm.engine.block_identity import model_fingerprint
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.kv_cache import KVCache, KVLayout
 from localllm.engine.model_runner import ModelRunner
@@ -87,7 +88,12 @@ class LoadedModel:
             num_blocks = target.block_manager.num_blocks
         states, slots, snapshots = _state_pool(model, config, target)
         kv_cache = KVCache(backend, layout, num_blocks, config.block_size, states)
-        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, slots, snapshots)
+        fingerprint = model_fingerprint(gguf, backend, layout, max_model_len, config.block_size)
+        blocks = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, fingerprint, slots, snapshots
+        )
+        if target is None and config.kv_disk_mb and config.enable_prefix_caching:
+            blocks.tier = open_disk_tier(config, kv_cache, fingerprint)
         backend.warmup(model, layout.cache_types)
         return cls(gguf, model, tokenizer, max_model_len, kv_cache, blocks, ModelRunner(model, kv_cache), ids)
 
@@ -112,6 +118,24 @@ def _state_pool(
         layout.bytes_per_sequence / 2**20,
     )  # fmt: skip
     return cache, StateSlots(n), snaps
+
+
+def open_disk_tier(config: EngineConfig, kv_cache: KVCache, fingerprint: bytes) -> Any:
+    """The prefix cache's disk tier for this model (kv_disk.py), in config.kv_disk_dir or beside the
+    index cache (LOCALLLM_HOME/kv-cache)."""
+    from localllm.engine.kv_disk import KVDiskTier, default_dir
+
+    if config.kv_disk_dir is not None:
+        directory = Path(config.kv_disk_dir)
+    elif config.index_dir is not None:
+        directory = default_dir(Path(config.index_dir).parent)
+    else:
+        raise ConfigError("--kv-disk-mb needs a directory: give --kv-disk-dir")
+    tier = KVDiskTier(directory, config.kv_disk_mb * 2**20, kv_cache, fingerprint)
+    log.info(
+        "KV disk cache: %s (%d MiB budget, %d MiB used)", tier.dir, config.kv_disk_mb, tier.budget.used >> 20
+    )
+    return tier
 
 
 def context_length(gguf: GGUFFile, config: EngineConfig) -> int:

@@ -1,11 +1,10 @@
 """Grammar masks for a step computed on a helper thread while the forward pass runs.
 
 A constrained sequence's next-token mask depends only on the tokens it has already accepted, so it can
-be computed before the logits exist, and llguidance releases the GIL while it computes. Measured on
-SmolLM2 (localllm/bench/structured.py, 2 cores) it did not pay: 207.5 vs 209.2 tok/s in line at batch 1
-(a mask costs ~0.02 ms of a ~4.5 ms step, and the thread competes with the forward pass's own). So
-masks are computed in line unless `LOCALLLM_MASK_OVERLAP=1` (machines with cores to spare; both give
-the same tokens).
+be computed before the logits exist, and llguidance releases the GIL while it computes. On 2 cores it
+did not pay (a mask is a tiny part of a step, and the thread competes with the forward pass's own:
+docs/benchmarks.md, Design measurements). So masks are computed in line unless
+`LOCALLLM_MASK_OVERLAP=1` (machines with cores to spare; both give the same tokens).
 """
 
 from __future__ import annotations

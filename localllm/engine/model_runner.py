@@ -4,14 +4,16 @@ or after drafts (speculative decoding) the acceptance rule's kept drafts and one
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localllm.backends.base import SampleRow
 from localllm.engine.kv_cache import KVCache
 from localllm.engine.mask_prefetch import MaskPrefetcher
 from localllm.engine.output import SampledToken
 from localllm.engine.scheduler import ScheduledSeq
+from localllm.engine.sequence import Sequence
 from localllm.engine.spec_verify import verify_draft
 from localllm.models.base import ForwardBatch
 from localllm.sampler import apply_penalties, log_softmax, sample, token_generator, top_logprobs
@@ -68,7 +70,11 @@ class ModelRunner:
         the prompt's end), one sampled token, or a verify step's accepted drafts and one more token."""
         batch = self.prepare(scheduled)
         masks = self._masks.start(scheduled)  # grammar masks beside the forward pass, if overlap is on
-        logits = self.backend.to_numpy(self.model.forward(batch, self.kv_cache))
+        out = self.model.forward(batch, self.kv_cache)
+        if self.backend.samples_on_device and not any(item.draft for item in scheduled):
+            masks.wait()
+            return self._sample_on_device(scheduled, out)
+        logits = self.backend.to_numpy(out)
         masks.wait()
         results: list[list[SampledToken]] = []
         row = 0
@@ -84,6 +90,17 @@ class ModelRunner:
                 row += 1
         return results
 
+    def _sample_on_device(self, scheduled: list[ScheduledSeq], logits: Any) -> list[list[SampledToken]]:
+        """The backend samples where the logits are (the same rules and draws as _sample)."""
+        vocab = int(logits.shape[1])
+        rows = [_sample_row(item.seq, vocab) for item in scheduled if item.samples]
+        picked = iter(self.backend.sample(logits, rows))
+        out: list[list[SampledToken]] = []
+        for item in scheduled:
+            p = next(picked) if item.samples else None
+            out.append([SampledToken(p.token_id, p.logprob, p.top_logprobs)] if p is not None else [])
+        return out
+
     def hidden_states(self, scheduled: list[ScheduledSeq], rows: np.ndarray) -> np.ndarray:
         """One forward pass without logits: the final normed hidden states (len(rows), dim) at `rows`
         of the step's tokens (embeddings pool them)."""
@@ -94,11 +111,28 @@ class ModelRunner:
     @staticmethod
     def _sample(item: ScheduledSeq, logits: np.ndarray) -> SampledToken:
         seq, params = item.seq, item.seq.params
-        processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
-        if seq.constraint is not None:
-            processed = seq.constraint.mask_logits(processed)
-        token_id = sample(processed, params, token_generator(params.seed, seq.rng, seq.num_output_tokens))
+        if seq.forced:  # the engine closes a spent reasoning budget with the model's own end marker
+            token_id = seq.forced[0]
+        else:
+            processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+            if seq.held_stops and seq.num_output_tokens < params.min_tokens:
+                processed = np.array(processed, dtype=np.float32, copy=True)
+                processed[seq.held_stops] = -np.inf
+            if seq.constraint is not None:
+                processed = seq.constraint.mask_logits(processed)
+            generator = token_generator(params.seed, seq.rng, seq.num_output_tokens)
+            token_id = sample(processed, params, generator)
+            if seq.constraint is not None:  # near the budget's end: a token the document cannot afford
+                token_id = seq.constraint.steer(token_id)
         if params.logprobs is None:
             return SampledToken(token_id)
         lp = log_softmax(logits)  # the model's own distribution, before penalties and any grammar
         return SampledToken(token_id, float(lp[token_id]), top_logprobs(lp, params.logprobs))
+
+
+def _sample_row(seq: Sequence, vocab: int) -> SampleRow:
+    """A sequence's sampling as a backend samples it; a grammar's allowed tokens as a boolean mask."""
+    allowed = None
+    if seq.constraint is not None:
+        allowed = np.isfinite(seq.constraint.mask_logits(np.zeros(vocab, dtype=np.float32)))
+    return SampleRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.rng, allowed)

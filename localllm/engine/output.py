@@ -30,13 +30,18 @@ class StepOutput:
     token_id: int | None  # the token sampled in this step (None when only finishing)
     logprob: TokenLogprob | None
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "repetition" (the loop guard) | "abort"
+    # "stop" | "length" | "repetition" (the loop guard) | "closed_to_fit" (budget steering) | "abort"
+    finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
     generated_tokens: int
     ttft: float | None  # seconds from arrival to the first generated token
     elapsed: float  # seconds from arrival to this output
     stop_reason: str | int | None = None  # the stop string or token that ended it
+    # With a reasoning format (SamplingParams.reasoning): `text` is the answer's new text and this the
+    # thinking's (localllm/reasoning.py); reasoning_tokens counts the reasoning tokens so far.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -52,6 +57,8 @@ class RequestOutput:
     ttft: float | None
     elapsed: float
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning: str = ""  # the thinking, kept out of `text` (SamplingParams.reasoning)
+    reasoning_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:

@@ -33,7 +33,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.state_slot = -1  # its slot in the recurrent state pool (state_cache.py), -1: none
-        self.snapshot_key: int | None = None  # the block hash its last state snapshot is kept under
+        self.snapshot_key: bytes | None = None  # the block hash its last state snapshot is kept under
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache at first admission
         self.num_preemptions = 0
@@ -42,6 +42,8 @@ class Sequence:
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.constraint: Any = None  # structured.matcher.Constraint when params.structured is set
+        self.forced: list[int] = []  # tokens the next steps emit instead of sampling (a reasoning budget)
+        self.held_stops: list[int] = []  # stop token ids that may not come before params.min_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -195,5 +195,8 @@ class SpecDecoder:
 
 
 def _eligible(seq: Sequence) -> bool:
-    """Whether seq may draft: not a constrained one (its grammar masks one token per step)."""
-    return seq.constraint is None
+    """Whether seq may draft: not a constrained one (its grammar masks one token per step), nor one
+    whose next tokens are forced (a spent reasoning budget), nor one still short of its min_tokens."""
+    if seq.held_stops and seq.num_output_tokens < seq.params.min_tokens:
+        return False  # its stop tokens are masked until min_tokens: drafts are not verified that way
+    return seq.constraint is None and not seq.forced

@@ -112,7 +112,7 @@ class StateSnapshots:
         self.num_snapshots = num_snapshots
         n = len(cache.layout.layers)
         self.arrays = tuple(np.zeros((n, num_snapshots, *a.shape[2:]), np.float32) for a in cache.arrays)
-        self._where: OrderedDict[int, int] = OrderedDict()  # key -> snapshot index, least recent first
+        self._where: OrderedDict[bytes, int] = OrderedDict()  # key -> snapshot index, least recent first
         self._free = list(range(num_snapshots - 1, -1, -1))
         self.saved = self.restored = 0
 
@@ -120,10 +120,10 @@ class StateSnapshots:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
 
-    def has(self, key: int | None) -> bool:
+    def has(self, key: bytes | None) -> bool:
         return key is not None and key in self._where
 
-    def save(self, key: int, slot: int, replaces: int | None = None) -> None:
+    def save(self, key: bytes, slot: int, replaces: bytes | None = None) -> None:
         """Keep slot's state under key; `replaces`: the key this sequence saved before, now dropped."""
         if replaces is not None and replaces != key and replaces in self._where:
             self._free.append(self._where.pop(replaces))
@@ -136,7 +136,7 @@ class StateSnapshots:
         self._where[key] = index
         self.saved += 1
 
-    def restore(self, key: int, slot: int) -> None:
+    def restore(self, key: bytes, slot: int) -> None:
         """Copy the state kept under key into slot."""
         index = self._where[key]
         self._where.move_to_end(key)

@@ -52,6 +52,9 @@ FLOAT_HYPERPARAMETERS: dict[str, tuple[str | None, float, float]] = {
     "rope_scaling_factor": ("rope.scaling.factor", 0.0, 1e6),
 }
 EXTRA_INT_KEYS = {"attention.value_length": (1, 1 << 12)}  # read by no model, but must match head_dim
+# Keys llama.cpp also reads as one value per layer (get_key_or_arr): an array passes these checks when
+# each value does; a model that cannot run per-layer values refuses them by name (models/base.py).
+PER_LAYER_KEYS = frozenset({"attention.head_count", "attention.head_count_kv", "feed_forward_length"})
 
 # Tokenizer keys every architecture shares: key -> what its value must be.
 TOKENIZER_KEYS = {
@@ -159,7 +162,8 @@ def _check_hyperparameter_keys(metadata: Mapping[str, Any], arch: str) -> None:
     ints = {key: (lo, hi) for key, lo, hi in INT_HYPERPARAMETERS.values()} | EXTRA_INT_KEYS
     for key, (lo, hi) in ints.items():
         value = metadata.get(f"{arch}.{key}")
-        if value is not None and not (is_int(value) and lo <= value <= hi):
+        values = list(value) if key in PER_LAYER_KEYS and isinstance(value, (list, np.ndarray)) else [value]
+        if value is not None and not all(is_int(v) and lo <= v <= hi for v in values):
             raise ModelFormatError(
                 f"metadata key '{arch}.{key}' is {show(value)}; expected an integer from {lo:,} to {hi:,}"
             )

@@ -45,6 +45,7 @@ class GGUFFile:
             for p, ix, mm in zip(paths, indexes, self._mms, strict=True)
         ]
         self.data_offset, self.alignment = indexes[0].data_offset, indexes[0].alignment
+        self.header_digests = [ix.header_digest for ix in indexes]  # one per file (the KV fingerprint)
 
     @classmethod
     def open(cls, path: str | os.PathLike, index_dir: Path | None = None) -> GGUFFile:

@@ -22,13 +22,13 @@ def read_hyper(gf: GGUFFile) -> Hyper:
     if n_heads <= 0:
         raise ModelFormatError(f"{gf.path.name}: '{gf.architecture}.attention.head_count' must be positive")
     vocab = gf.arch_get("vocab_size") or len(gf.get("tokenizer.ggml.tokens", []))
-    embd = gf.tensors.get("token_embd.weight")
+    embd, kv_key = gf.tensors.get("token_embd.weight"), "attention.head_count_kv"
     return Hyper(
         vocab_size=int(vocab or (embd.shape[0] if embd else 0)),
         dim=dim,
         n_layers=int(_need(gf, "block_count")),
         n_heads=n_heads,
-        n_kv_heads=int(gf.arch_get("attention.head_count_kv", n_heads)),
+        n_kv_heads=int(_scalar(gf, kv_key, gf.arch_get(kv_key, n_heads))),
         head_dim=int(gf.arch_get("attention.key_length", dim // n_heads)),
         ffn_dim=int(_need(gf, "feed_forward_length")),
         norm_eps=float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
@@ -134,6 +134,16 @@ def _need(gf: GGUFFile, key: str) -> Any:
     value = gf.arch_get(key)
     if value is None:
         raise ModelFormatError(f"{gf.path.name} lacks the metadata key '{gf.architecture}.{key}'")
+    return _scalar(gf, key, value)
+
+
+def _scalar(gf: GGUFFile, key: str, value: Any) -> Any:
+    """value, refusing by name one value per layer (which the loading checks let through)."""
+    if isinstance(value, (list, np.ndarray)):
+        raise ModelFormatError(
+            f"{gf.path.name}: '{gf.architecture}.{key}' gives one value per layer, which localllm's "
+            f"{gf.architecture} model does not run yet"
+        )
     return value
 
 
@@ -180,6 +190,10 @@ class WeightLoader:
             raise ModelFormatError(f"{self.gf.path.name}: '{name}' should have 3 dimensions, not {raw.ndim}")
         ggml_type = self.gf.tensors[name].ggml_type
         return tuple(self.backend.prepare_weight(raw[e], ggml_type, self.cache) for e in range(raw.shape[0]))
+
+    def ones(self, n: int) -> Any:
+        """A float32 vector of n ones, as the backend holds vectors (a weightless norm's weight)."""
+        return self.backend.prepare_vector(np.ones(n, np.float32), 0)
 
     def vector(self, name: str) -> Any:
         return self.backend.prepare_vector(self.gf.raw(self._checked(name)), self.gf.tensors[name].ggml_type)

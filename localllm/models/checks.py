@@ -50,6 +50,7 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3); a Gated DeltaNet's conv input
     "blk.N.ffn_down.weight": ("dim", "ffn_dim"),
     "blk.N.post_ffw_norm.weight": ("dim",),
+    "blk.N.layer_output_scale.weight": ("one",),
     "blk.N.ffn_gate_inp.weight": ("experts", "dim"),
     "blk.N.ffn_gate_exps.weight": ("experts", "expert_ffn_dim", "dim"),
     "blk.N.ffn_up_exps.weight": ("experts", "expert_ffn_dim", "dim"),
@@ -65,6 +66,11 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.ssm_a": ("ssm_v_heads",),
     "blk.N.ssm_norm.weight": ("ssm_head_dim",),
     "blk.N.ssm_out.weight": ("dim", "ssm_inner"),
+    "blk.N.attn_sinks.weight": ("n_heads",),
+    "blk.N.ffn_gate_inp.bias": ("experts",),
+    "blk.N.ffn_gate_exps.bias": ("experts", "expert_ffn_dim"),
+    "blk.N.ffn_up_exps.bias": ("experts", "expert_ffn_dim"),
+    "blk.N.ffn_down_exps.bias": ("experts", "dim"),
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
@@ -149,8 +155,8 @@ def _layer_problems(args: ModelArgs, spec: LayerSpec) -> Iterable[str]:
 
 
 def _rope_problems(dim: Any, base: Any, freq_scale: Any, head_dim: int) -> Iterable[str]:
-    if not (is_int(dim) and 2 <= dim <= head_dim and dim % 2 == 0):
-        yield f"the rope dimension count is {show(dim)}; expected an even number, 2 to head dim {head_dim}"
+    if not (is_int(dim) and 0 <= dim <= head_dim and dim % 2 == 0):  # 0: a layer without RoPE
+        yield f"the rope dimension count is {show(dim)}; expected an even number, 0 to head dim {head_dim}"
     if not (is_number(base) and 0 < base <= 1e12):
         yield f"the rope base is {show(base)}; expected above 0, at most 1e12"
     if not (is_number(freq_scale) and 0 < freq_scale <= 1e6):
@@ -160,8 +166,10 @@ def _rope_problems(dim: Any, base: Any, freq_scale: Any, head_dim: int) -> Itera
 def _sizes(args: ModelArgs) -> dict[str, int]:
     return {
         "vocab_size": args.vocab_size,
+        "one": 1,
         "dim": args.dim,
         "head_dim": args.head_dim,
+        "n_heads": args.n_heads,
         "ffn_dim": args.ffn_dim,
         "n_heads*head_dim": args.n_heads * args.head_dim,
         "n_kv_heads*head_dim": args.n_kv_heads * args.head_dim,
@@ -194,7 +202,9 @@ def _expert_sizes(args: ModelArgs) -> dict[str, int]:
 
 
 def _rope_dim(args: ModelArgs) -> int:
-    return args.layers[0].rope.dim if args.layers else args.head_dim
+    """The rotated dims rope_freqs.weight serves: the first layer with factors (gemma4's full layers)."""
+    with_factors = [s.rope.dim for s in args.layers if s.rope.factors]
+    return with_factors[0] if with_factors else args.layers[0].rope.dim if args.layers else args.head_dim
 
 
 def _shape_table(names: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:

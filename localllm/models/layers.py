@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "wg", "ssm_qkv", "ssm_z",
                       "ssm_beta", "ssm_alpha", "ssm_out"})  # fmt: skip
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
+EXPERT_BIASES = ("gate_exps_b", "up_exps_b", "down_exps_b")  # (experts, rows): one bias row per expert
 
 
 @dataclass(slots=True)
@@ -48,6 +49,13 @@ class LayerWeights:
     up_exps: tuple = ()
     down_exps: tuple = ()
     shexp_gate: Any = None  # (dim,): the shared expert's sigmoid gate
+    sinks: Any = None  # (n_heads,) attention-sink logits
+    bo: Any = None  # (dim,) output projection bias
+    router_b: Any = None  # (experts,) router logit bias
+    gate_exps_b: Any = None  # (experts, expert_ffn_dim)
+    up_exps_b: Any = None
+    down_exps_b: Any = None  # (experts, dim)
+    v_norm: Any = None  # (head_dim,) ones: v's weightless RMSNorm (spec.v_norm)
     wg: Any = None  # (n_heads * head_dim, dim): the attention output gate (attn_gate)
     # Gated DeltaNet (models/gated_delta.py): input projections, conv taps (channels * taps floats),
     # dt bias, decay speeds a = -exp(A_log), the per-head output norm and the output projection
@@ -62,23 +70,17 @@ class LayerWeights:
     ssm_out: Any = None
 
 
-SSM_FIELDS = [
-    "ssm_qkv",
-    "ssm_z",
-    "ssm_beta",
-    "ssm_alpha",
-    "ssm_conv",
-    "ssm_dt",
-    "ssm_a",
-    "ssm_norm",
-    "ssm_out",
-]
+SSM_FIELDS = ("ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_conv", "ssm_dt", "ssm_a", "ssm_norm",
+              "ssm_out")  # fmt: skip
 
 
 def wanted(spec: LayerSpec) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
     names = ["attn_norm", "ffn_norm"]
-    names += SSM_FIELDS if spec.mixer == "gated_delta_net" else ["wq", "wk", "wv", "wo"]
+    if spec.mixer == "gated_delta_net":
+        names += list(SSM_FIELDS)
+    else:
+        names += ["wq", "wk", "wo"] + ([] if spec.v_from_k else ["wv"])
     names += ["wg"] if spec.attn_gate else []
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
@@ -87,6 +89,10 @@ def wanted(spec: LayerSpec) -> list[str]:
     names += ["q_norm", "k_norm"] if spec.qk_norm else []
     names += ["post_attn_norm"] if spec.post_attn_norm else []
     names += ["post_ffn_norm"] if spec.post_ffn_norm else []
+    names += ["sinks"] if spec.attn_sinks else []
+    names += ["bo"] if spec.o_bias else []
+    names += ["router_b"] if spec.router_bias else []
+    names += list(EXPERT_BIASES) if spec.expert_bias else []
     return names
 
 
@@ -124,8 +130,9 @@ def gathered_rows(args: ModelArgs) -> dict[str, tuple[str, np.ndarray]]:
 
 
 def load_layer(
-    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[Any, ...]]
-) -> LayerWeights:
+    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[Any, ...]],
+    head_dim: int = 0,
+) -> LayerWeights:  # fmt: skip
     values = {}
     for field in wanted(spec):
         if field in fused:
@@ -135,8 +142,14 @@ def load_layer(
         name = f"blk.{il}.{names[field]}"
         if field in EXPERTS:
             values[field] = w.experts(name)
+        elif field in EXPERT_BIASES:
+            values[field] = w.vector(name).reshape(spec.experts, -1)
         else:
             values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
+    if spec.v_from_k:  # the same prepared matrix: q/k/v launch as ever, k computed twice
+        values["wv"] = values["wk"]
+    if spec.v_norm:
+        values["v_norm"] = w.ones(head_dim)
     return LayerWeights(**values)
 
 
@@ -164,14 +177,20 @@ def self_attention(
     if spec.qk_norm:
         q = b.rms_norm(q, lw.q_norm, args.norm_eps)
         k = b.rms_norm(k, lw.k_norm, args.norm_eps)
+    if spec.v_norm:
+        v = b.rms_norm(v, lw.v_norm, args.norm_eps)
     k_cache, v_cache = kv.layer(il)
     q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
+    sinks = {"sinks": lw.sinks} if spec.attn_sinks else {}  # (backends without sinks never see the word)
+    if spec.attn_temp_scale:
+        q = b.attn_temperature(q, batch.positions, spec.attn_temp_scale, spec.attn_temp_length)
     out = b.paged_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
-        args.attn_scale, spec.window, spec.attn_softcap,
+        args.attn_scale, spec.window, spec.attn_softcap, **sinks,
     )  # fmt: skip
     out = out.reshape(n_tokens, args.n_heads * args.head_dim)
-    return b.linear(b.sigmoid_mul(out, gate[0]) if gate else out, lw.wo)
+    out = b.linear(b.sigmoid_mul(out, gate[0]) if gate else out, lw.wo)
+    return _add_bias(out, lw.bo) if spec.o_bias else out
 
 
 def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
@@ -186,7 +205,7 @@ def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
 
 def dense_ffn(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
     gate, up = b.linear_many(h, [lw.gate, lw.up])
-    act = b.swiglu(gate, up) if spec.activation == "silu" else b.geglu(gate, up)
+    act = {"silu": b.swiglu, "gelu_tanh": b.geglu, "swiglu_oai": b.swiglu_oai}[spec.activation](gate, up)
     return (b.linear_precise if spec.precise_down else b.linear)(act, lw.down)
 
 
@@ -201,4 +220,5 @@ def decoder_layer(
     h = mixer(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
     h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
-    return x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
+    x = x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
+    return x if spec.out_scale == 1.0 else x * np.float32(spec.out_scale)

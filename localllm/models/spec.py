@@ -12,7 +12,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (llama, qwen) and GeGLU with tanh-GELU (gemma)
+# SwiGLU (llama, qwen), GeGLU with tanh-GELU (gemma), and gpt-oss's clamped SwiGLU: with g = min(gate,
+# OAI_LIMIT) and u = clip(up, -OAI_LIMIT, OAI_LIMIT), g * sigmoid(OAI_ALPHA * g) * (u + 1) (llama.cpp's
+# swiglu_oai, whose constants are fixed in its code, not read from the file)
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 # What mixes tokens in a layer: softmax attention over the paged KV cache, or a recurrent mixer whose
 # per-sequence state lives in the engine's state pool (engine/state_cache.py)
 MIXERS = ("attention", "gated_delta_net")
@@ -21,7 +25,8 @@ MIXERS = ("attention", "gated_delta_net")
 @dataclass(frozen=True, slots=True)
 class RopeSpec:
     """Rotary embedding on the first `dim` dims: pair i turns by pos * frequencies()[i] and is scaled
-    by mscale(), as llama.cpp's ggml_rope_ext computes them (see `frequencies`)."""
+    by mscale(), as llama.cpp's ggml_rope_ext computes them (see `frequencies`). dim 0 rotates nothing
+    (NO_ROPE: SmolLM3's NoPE layers)."""
 
     dim: int
     base: float = 10_000.0
@@ -32,6 +37,7 @@ class RopeSpec:
     yarn_orig_ctx: int = 0  # YaRN (0 = off): the trained context its correction dims are measured in
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier, mistral3); 0 = off
 
     def frequencies(self) -> np.ndarray:
         """(dim // 2,) float64 angular speed of each pair: freq_scale * base^(-2i/dim) / factors[i];
@@ -48,9 +54,11 @@ class RopeSpec:
         return self.freq_scale * extrap * (1.0 - ramp) + extrap * ramp
 
     def mscale(self) -> float:
-        """The cos/sin magnitude: YaRN's 1 + 0.1 ln(1 / freq_scale), times attn_factor."""
+        """The cos/sin magnitude: YaRN's 1 + 0.1 ln(1 / freq_scale), times attn_factor; with a log
+        multiplier m, divided by 1 + 0.1 m ln(1 / freq_scale) (llama.cpp's yarn_attn_factor)."""
         if self.yarn_orig_ctx and self.freq_scale < 1.0:
-            return self.attn_factor * (1.0 + 0.1 * math.log(1.0 / self.freq_scale))
+            log_factor = math.log(1.0 / self.freq_scale)
+            return self.attn_factor * (1.0 + 0.1 * log_factor) / (1.0 + 0.1 * self.yarn_log_mul * log_factor)
         return self.attn_factor
 
     def _yarn_corr_dims(self) -> tuple[float, float]:
@@ -60,6 +68,9 @@ class RopeSpec:
 
         low, high = math.floor(corr(self.yarn_beta_fast)), math.ceil(corr(self.yarn_beta_slow))
         return max(0.0, low), min(self.dim - 1.0, high)
+
+
+NO_ROPE = RopeSpec(dim=0)  # a layer whose q and k are not rotated
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +84,13 @@ class LayerSpec:
     activation: str = "silu"
     precise_down: bool = False  # near-float activations for the down projection (GeGLU outliers)
     attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) (gemma2); 0 = off
+    # Attention temperature (mistral3, Llama 4): rotated q times 1 + attn_temp_scale * ln(floor(pos /
+    # attn_temp_length) + 1), so positions past each attn_temp_length tokens attend more sharply; 0 = off
+    attn_temp_scale: float = 0.0
+    attn_temp_length: int = 0
+    v_from_k: bool = False  # no attn_v: v is the k projection, before k's norm and rotation (gemma4)
+    v_norm: bool = False  # RMSNorm without a weight over each head of v (gemma4)
+    out_scale: float = 1.0  # the layer's output (the residual stream) times this (gemma4's layer scalar)
     # Mixture of experts (0 experts: the dense gate/up/down FFN). Each token's router softmax picks
     # `experts_used` experts; their outputs are summed with the picked probabilities, renormalised to
     # sum 1 where `expert_renorm` (mixtral, qwen3moe), as they are (qwen2moe) otherwise.
@@ -81,6 +99,13 @@ class LayerSpec:
     expert_ffn_dim: int = 0  # each expert's hidden width
     expert_renorm: bool = False
     shared_expert: bool = False  # plus the dense FFN (ffn_*_shexp) under a sigmoid gate (qwen2moe)
+    # gpt-oss: a learned logit per head joins each softmax's denominator (attention sinks: a query may
+    # attend to "nothing"); biases on the output projection, the router's logits and every expert's
+    # gate/up/down outputs.  (Its top-k softmax over the chosen logits is expert_renorm: the same weights.)
+    attn_sinks: bool = False
+    o_bias: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
     mixer: str = "attention"  # one of MIXERS
     attn_gate: bool = False  # q's projection also gives a per-head gate: out *= sigmoid(gate) (qwen35)
     # Gated DeltaNet (mixer "gated_delta_net", kernels/gated_delta.py): a causal conv of ssm_conv taps
@@ -95,6 +120,8 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        if self.attn_temp_scale and self.attn_temp_length <= 0:
+            raise ValueError("an attention temperature needs a positive attn_temp_length")
         if self.mixer not in MIXERS:
             raise ValueError(f"mixer '{self.mixer}' is not one of {', '.join(MIXERS)}")
         if self.mixer == "gated_delta_net" and not (
@@ -126,6 +153,13 @@ class LayerSpec:
     def dense_ffn(self) -> bool:
         """Whether the layer runs the dense gate/up/down FFN (alone, or as the shared expert)."""
         return not self.experts or self.shared_expert
+
+
+def attn_temperature(positions: np.ndarray, scale: float, length: int) -> np.ndarray:
+    """(T,) float32 query multipliers of an attention temperature (see LayerSpec.attn_temp_scale),
+    computed in float64 and rounded once, as llama.cpp's attn_temp input."""
+    steps = np.floor(np.asarray(positions, np.float64) / length)
+    return (np.log(steps + 1.0) * scale + 1.0).astype(np.float32)
 
 
 @dataclass(frozen=True, slots=True)

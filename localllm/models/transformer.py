@@ -47,7 +47,9 @@ class Transformer:
         self.output = self.tok_embd if args.tied_output else w.matrix("output.weight")
         self.output_norm = w.vector("output_norm.weight")
         fused = {**fused_rows(args), **gathered_rows(args)}
-        self.layers = [load_layer(w, il, spec, names, fused) for il, spec in enumerate(args.layers)]
+        self.layers = [
+            load_layer(w, il, spec, names, fused, args.head_dim) for il, spec in enumerate(args.layers)
+        ]
         w.check_all_read(args.spec_tensors)
 
     def embed(self, input_ids: Any) -> Any:

@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from localllm.engine.engine import LLMEngine
+from localllm.server.cache_breaks import SessionHeaderMiddleware
 from localllm.server.chat import chat_completions
 from localllm.server.completions import completions
 from localllm.server.embeddings import create_embeddings
@@ -31,7 +32,7 @@ from localllm.server.guards import (
     BrowserGuard,
     JsonBodyMiddleware,
 )
-from localllm.server.health import health, metrics
+from localllm.server.health import drain, health, metrics, readiness
 from localllm.server.messages import count_message_tokens, create_message
 from localllm.server.models import get_model, list_models
 from localllm.server.responses import create_response
@@ -69,6 +70,8 @@ def _routes(app: FastAPI) -> None:
     app.add_api_route("/tokenize", tokenize, **post)
     app.add_api_route("/detokenize", detokenize, **post)
     app.add_api_route("/health", health, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
+    app.add_api_route("/ready", readiness, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
+    app.add_api_route("/admin/drain", drain, methods=["POST"], status_code=202)
     app.add_api_route("/metrics", metrics, methods=["GET"], response_class=Response)
 
 
@@ -99,10 +102,12 @@ def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
 def _middleware(app: FastAPI, config: ServerConfig) -> None:
     # The last added runs first: origin/Host guard, CORS (preflights, before auth), body limit, auth.
+    app.add_middleware(SessionHeaderMiddleware)  # innermost: x-session-id for the cache-break report
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
         # The page's files hold no secret: it loads without the key, then asks for it on a 401.
         open_paths = OPEN_PATHS | WEBUI_PATHS if config.webui else OPEN_PATHS
+        open_paths |= {"/metrics"} if config.metrics_public else set()
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, open_paths=open_paths)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.cors_origins:

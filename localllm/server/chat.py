@@ -11,13 +11,8 @@ from fastapi.responses import JSONResponse, Response
 
 from localllm.server.jobs import CLIENT_CLOSED, EventStream, collect, events
 from localllm.server.pipeline import start_chat
-from localllm.server.protocol import (
-    ChatCompletionRequest,
-    chat_choice,
-    chat_logprobs,
-    chat_response,
-    token_logprobs,
-)
+from localllm.server.protocol import ChatCompletionRequest
+from localllm.server.replies import chat_choice, chat_logprobs, chat_response, token_logprobs
 from localllm.server.state import server_state
 from localllm.server.streaming import ChunkBuilder
 from localllm.server.tool_stream import tool_stream

@@ -28,9 +28,8 @@ from localllm.server.jobs import (
     total_usage,
 )
 from localllm.server.pipeline import build_params, check_context, check_prompt_chars, check_request
-from localllm.server.protocol import (
-    CompletionRequest,
-    check_token_ids,
+from localllm.server.protocol import CompletionRequest, check_token_ids
+from localllm.server.replies import (
     completion_choice,
     completion_logprobs,
     completion_response,

@@ -85,6 +85,17 @@ def shutting_down() -> APIError:
     return APIError("the server is shutting down", 503, "server_error", code="server_shutdown")
 
 
+def draining() -> APIError:
+    """New work while the server drains (it finishes what it holds, then exits): try another replica."""
+    return APIError(
+        "the server is draining: it finishes the requests it holds, then exits; send this one elsewhere",
+        503,
+        "server_error",
+        code="server_draining",
+        headers={"Retry-After": "1"},
+    )
+
+
 # ----------------------------------------------------------------------------------- exception -> error
 
 

@@ -36,7 +36,7 @@ from localllm.server.errors import APIError, error_body, error_response
 log = logging.getLogger("localllm.server")
 
 CROSS_SITE = frozenset({"cross-site", "same-site"})
-OPEN_PATHS = frozenset({"/health"})  # with --api-key, everything else (docs and metrics too) needs the key
+OPEN_PATHS = frozenset({"/health", "/ready"})  # with --api-key, everything else (docs, metrics) needs the key
 NO_KEY_MESSAGE = (
     "You didn't provide an API key: send it in an Authorization header (Authorization: Bearer KEY)."
 )

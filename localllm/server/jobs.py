@@ -22,7 +22,7 @@ from localllm.errors import KVCacheFullError
 from localllm.sampling_params import SamplingParams
 from localllm.server.errors import APIError, stream_error_of
 from localllm.server.metrics import RequestTracker, ServerMetrics
-from localllm.server.protocol import usage_totals
+from localllm.server.replies import usage_totals
 from localllm.server.streaming import DONE, SSE_HEADERS, ChunkBuilder, sse_error
 
 if TYPE_CHECKING:
@@ -194,9 +194,13 @@ class ChatRun:
     jobs: list[Job]
     prompt_ids: list[int]
     tools: Any = None
+    cache_break: dict[str, Any] | None = None  # where the prompt left its conversation's last (cache_breaks)
 
     def usage(self) -> dict[str, Any]:
-        return total_usage(self.jobs, [len(self.prompt_ids)], len(self.jobs))
+        usage = total_usage(self.jobs, [len(self.prompt_ids)], len(self.jobs))
+        if self.cache_break is not None:
+            usage["prompt_tokens_details"]["cache_break"] = self.cache_break
+        return usage
 
 
 def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str, Any]:
@@ -205,7 +209,8 @@ def total_usage(jobs: list[Job], prompt_lens: list[int], n: int = 1) -> dict[str
     lasts = [job.tracker.last for job in jobs]
     generated = sum(last.generated_tokens for last in lasts if last is not None)
     cached = sum(last.cached_tokens for last in lasts[::n] if last is not None)
-    return usage_totals(sum(prompt_lens), generated, cached)
+    reasoning = sum(last.reasoning_tokens for last in lasts if last is not None)
+    return usage_totals(sum(prompt_lens), generated, cached, reasoning)
 
 
 async def submit_choices(

@@ -5,7 +5,9 @@ tool_use / tool_result blocks -> tool calls and tool messages, tools' input_sche
 tool_choice auto/any/tool/none) and run as /v1/chat/completions runs one; the reply comes back as
 content blocks with Anthropic's stop_reason. Errors on this path have Anthropic's shape
 ({"type": "error", "error": {"type", "message"}}: errors.py); `x-api-key` is accepted as the key
-(guards.py).
+(guards.py). A thinking model's reasoning comes back as a `thinking` block (unsigned); `thinking` blocks
+of earlier turns go to the template as the turn's `reasoning_content`, `redacted_thinking` ones are
+dropped.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from localllm.engine.output import StepOutput
 from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.pipeline import chat_prompt_length, start_chat
-from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_choice, chat_request, cut_short
+from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_request
+from localllm.server.replies import chat_choice, cut_short
 from localllm.server.state import server_state
 from localllm.server.streaming import live_deltas, sse_event
 
@@ -55,15 +58,30 @@ class MessagesRequest(_Request):
     speed: str | None = Field(None, description=NOOP)
     user_profile_id: str | None = Field(None, description=NOOP)
     workspace_id: str | None = Field(None, description=NOOP)
-    thinking: dict[str, Any] | None = Field(None, description=NOT_YET)
+    thinking: dict[str, Any] | None = Field(
+        None, description="enabled (budget_tokens: the reasoning budget), adaptive, or disabled."
+    )
     container: Any = Field(None, description=NOT_YET)
     mcp_servers: Any = Field(None, description=NOT_YET)
 
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "thinking": (None, {"type": "disabled"}),
         "container": (None,),
         "mcp_servers": (None, []),
     }
+
+    def thinking_fields(self) -> dict[str, Any]:
+        """`thinking` as chat fields: disabled switches the template's thinking off (Qwen3's
+        enable_thinking) and closes any block at once; enabled's budget_tokens is the reasoning budget."""
+        config = self.thinking or {}
+        kind = config.get("type", "enabled") if self.thinking is not None else None
+        if kind not in (None, "enabled", "adaptive", "disabled"):
+            raise APIError("thinking.type must be enabled, adaptive or disabled", param="thinking")
+        if kind == "disabled":
+            return {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_budget": 0}
+        budget = config.get("budget_tokens")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+            raise APIError("thinking.budget_tokens must be a whole number >= 0", param="thinking")
+        return {"reasoning_budget": budget}
 
     def response_format(self) -> dict[str, Any] | None:
         """output_config.format (a JSON schema) as chat's response_format."""
@@ -89,6 +107,8 @@ class MessagesRequest(_Request):
         for i, m in enumerate(self.messages):
             messages += chat_messages(m, i)
         choice, parallel = chat_tool_choice(self.tool_choice)
+        # A final assistant turn is a prefill: the reply continues it (Anthropic's meaning)
+        prefill = messages[-1]["role"] == "assistant" and bool(messages[-1].get("content"))
         return chat_request(
             {
                 "model": self.model,
@@ -102,6 +122,8 @@ class MessagesRequest(_Request):
                 "tool_choice": choice,
                 "parallel_tool_calls": parallel,
                 "response_format": self.response_format(),
+                "continue_final_message": prefill or None,
+                **self.thinking_fields(),
             }
         )
 
@@ -114,7 +136,7 @@ class CountTokensRequest(_Request):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = Field(None, description=NOT_YET)
+    thinking: dict[str, Any] | None = Field(None, description="As in /v1/messages.")
     mcp_servers: Any = Field(None, description=NOT_YET)
 
     def to_chat(self) -> Any:
@@ -153,11 +175,15 @@ def chat_messages(message: AnthropicMessage, i: int) -> list[dict[str, Any]]:
         return [{"role": message.role, "content": message.content}]
     where = f"messages[{i}]"
     out: list[dict[str, Any]] = []
-    texts, calls = [], []
+    texts, calls, thoughts = [], [], []
     for block in message.content:
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "thinking" and message.role == "assistant" and isinstance(block.get("thinking"), str):
+            thoughts.append(block["thinking"])  # given to the template, which decides to show it or not
+        elif kind == "redacted_thinking" and message.role == "assistant":
+            continue  # another model's encrypted thinking: nothing a local model can read
         elif kind == "tool_use" and message.role == "assistant":
             calls.append(_tool_call(block, where))
         elif kind == "tool_result" and message.role == "user":
@@ -168,13 +194,15 @@ def chat_messages(message: AnthropicMessage, i: int) -> list[dict[str, Any]]:
             raise APIError(
                 f"{where}: {message.role} blocks of type {kind!r} are not supported", param="messages"
             )
-    if texts or calls or not out:
+    if texts or calls or thoughts or not out:
         turn: dict[str, Any] = {
             "role": message.role,
             "content": "\n".join(texts) if texts or not calls else None,
         }
         if calls:
             turn["tool_calls"] = calls
+        if thoughts:
+            turn["reasoning_content"] = "\n\n".join(thoughts)
         out.append(turn)
     return out
 
@@ -218,6 +246,8 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):  # no signature: nothing here is signed
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     if message.get("content"):
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -229,12 +259,13 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def stop_of(outs: list[StepOutput], message: dict[str, Any]) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence."""
+    """Anthropic's stop_reason and stop_sequence: a reply cut short (max_tokens, or the loop guard) says
+    max_tokens even when it holds calls, as a cut one may have been followed by more."""
+    last = outs[-1] if outs else None
+    if last is not None and cut_short(last):
+        return "max_tokens", None
     if message.get("tool_calls"):
         return "tool_use", None
-    last = outs[-1] if outs else None
-    if last is not None and cut_short(last):  # max_tokens, or the loop guard
-        return "max_tokens", None
     if last is not None and isinstance(last.stop_reason, str):
         return "stop_sequence", last.stop_reason
     return "end_turn", None
@@ -323,6 +354,9 @@ def _whole(blocks: list[dict[str, Any]]) -> list[bytes]:
     for index, block in enumerate(blocks):
         if block["type"] == "text":
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
             start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
@@ -333,15 +367,19 @@ def _whole(blocks: list[dict[str, Any]]) -> list[bytes]:
 
 
 class _LiveBlocks:
-    """The content blocks of a stream, one open at a time: a text block, or a tool_use block per call
-    (tool_stream.ToolStream's deltas: a call's head, then pieces of its arguments text)."""
+    """The content blocks of a stream, one open at a time: a thinking block, a text block, or a tool_use
+    block per call (tool_stream.ToolStream's deltas: a call's head, then pieces of its arguments text)."""
 
     def __init__(self) -> None:
         self.index = -1  # the open block's index
-        self.kind: str | None = None  # "text" | "tool_use" | None (none open)
+        self.kind: str | None = None  # "thinking" | "text" | "tool_use" | None (none open)
 
     def add(self, delta: dict[str, Any]) -> list[bytes]:
         chunks: list[bytes] = []
+        if delta.get("reasoning_content"):
+            if self.kind != "thinking":
+                chunks += self._start({"type": "thinking", "thinking": "", "signature": ""}, "thinking")
+            chunks.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
         if delta.get("content"):
             if self.kind != "text":
                 chunks += self._start({"type": "text", "text": ""}, "text")

@@ -1,5 +1,7 @@
-"""Prometheus metrics with vLLM's names under a `localllm:` prefix, plus the one log line per request.
+"""Prometheus metrics under vLLM's names, plus the one log line per request.
 
+Every family is exposed twice, as `localllm:NAME` and as vLLM's `vllm:NAME`, each sample labelled with
+`model_name`, so routers and dashboards built for vLLM workers read a localllm worker unchanged.
 Each app owns its CollectorRegistry (not the process-global one), so tests can build several apps.
 Engine state (queue lengths, KV usage, prefix-cache counts: LLMEngine.stats()) is read at scrape time;
 per-request counters and histograms are fed by `RequestTracker` as outputs stream past.
@@ -42,6 +44,7 @@ TTFT_BUCKETS = (
     20.0,
 )
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 
 
@@ -78,6 +81,20 @@ class _EngineCollector(Collector):
         )
         if stats.spec is not None:
             yield from _spec_metrics(stats.spec)
+        if stats.kv_disk is not None:
+            yield from _disk_metrics(stats.kv_disk)
+
+
+def _disk_metrics(stats) -> Iterator[Metric]:
+    """The prefix cache's disk tier (engine/kv_disk.py), in blocks, and the bytes its files hold."""
+    for name, value, doc in (
+        ("hits", stats.hits, "KV blocks restored from disk."),
+        ("writes", stats.writes, "KV blocks written to disk."),
+        ("dropped", stats.dropped, "KV blocks not written: the write queue was full."),
+        ("bad_files", stats.bad, "KV block files that failed a check (deleted, recomputed)."),
+        ("evictions", stats.evicted, "KV block files deleted to stay within the disk budget."),
+    ):
+        yield CounterMetricFamily(f"localllm:kv_disk_{name}", doc, value)
 
 
 def _spec_metrics(stats) -> Iterator[Metric]:
@@ -98,12 +115,44 @@ def _spec_metrics(stats) -> Iterator[Metric]:
     )
 
 
+PREFIXES = ("localllm:", "vllm:")
+
+
+class _Dialects(Collector):
+    """Every family of `inner` (named `localllm:...`) under each of PREFIXES, with a model_name label."""
+
+    def __init__(self, inner: CollectorRegistry, model_name: str):
+        self.inner = inner
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.inner.collect():
+            for prefix in PREFIXES:
+                yield relabelled(family, prefix, self.model_name)
+
+
+def relabelled(family: Metric, prefix: str, model_name: str) -> Metric:
+    """`family` renamed from localllm: to `prefix`, each sample labelled model_name."""
+    out = Metric(
+        prefix + family.name.removeprefix(PREFIXES[0]), family.documentation, family.type, family.unit
+    )
+    out.samples = [
+        s._replace(
+            name=prefix + s.name.removeprefix(PREFIXES[0]), labels={**s.labels, "model_name": model_name}
+        )
+        for s in family.samples
+    ]
+    return out
+
+
 class ServerMetrics:
     """The request counters and histograms, and the engine's stats read through `get_stats` (None
-    while the model loads) at each scrape."""
+    while the model loads) at each scrape, exposed under both names (`_Dialects`)."""
 
-    def __init__(self, get_stats: Callable[[], EngineStats | None]):
-        self.registry = CollectorRegistry()
+    def __init__(self, get_stats: Callable[[], EngineStats | None], model_name: str = "default"):
+        self.registry = CollectorRegistry()  # what is recorded, as localllm:...
+        self.exposed = CollectorRegistry()  # what a scrape reads: both dialects, labelled
+        self.exposed.register(_Dialects(self.registry, model_name))
         r = self.registry
         self.prompt_tokens = Counter("localllm:prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generation_tokens = Counter("localllm:generation_tokens", "Tokens generated.", registry=r)
@@ -116,13 +165,19 @@ class ServerMetrics:
         self.itl = Histogram(
             "localllm:inter_token_latency_seconds", "Time between tokens.", buckets=ITL_BUCKETS, registry=r
         )
+        self.tpot = Histogram(
+            "localllm:time_per_output_token_seconds",
+            "Time per output token after the first, per request.",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
             "localllm:e2e_request_latency_seconds", "Request latency.", buckets=E2E_BUCKETS, registry=r
         )
         r.register(_EngineCollector(get_stats))
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.exposed), CONTENT_TYPE_LATEST
 
     def record_finished(self, last: StepOutput, reason: str) -> None:
         self.prompt_tokens.inc(last.prompt_tokens)
@@ -130,6 +185,8 @@ class ServerMetrics:
         self.request_success.labels(finished_reason=reason).inc()
         if last.ttft is not None:
             self.ttft.observe(last.ttft)
+            if last.generated_tokens > 1:
+                self.tpot.observe(max(last.elapsed - last.ttft, 0.0) / (last.generated_tokens - 1))
         self.e2e.observe(last.elapsed)
 
 

@@ -8,12 +8,16 @@ engine, so a prompt that does not fit is a 400 naming its field, not an error in
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from starlette.concurrency import run_in_threadpool
 
 from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.engine import LLMEngine
 from localllm.errors import LocalLLMError
 from localllm.sampling_params import SamplingParams
+from localllm.server.cache_breaks import conversation_key
 from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import ChatRun, submit_choices
 from localllm.server.protocol import (
@@ -47,7 +51,7 @@ def check_choice_tokens(body: SamplingRequest, max_model_len: int, limit: int) -
     if n == 1:
         return
     given = body.max_new_tokens() if hasattr(body, "max_new_tokens") else body.max_tokens
-    per_choice = given or body.DEFAULT_MAX_TOKENS or max_model_len
+    per_choice = given or body.default_max_tokens() or max_model_len
     if n * per_choice > limit:
         raise APIError(
             f"n x max_tokens is {n:,} x {per_choice:,}, over the limit of {limit:,} tokens a request "
@@ -106,23 +110,75 @@ def chat_prompt_ids(
     add_generation_prompt: bool = True,
     max_tokens: int | None = None,
     tools: ToolPlan | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+    continue_final: bool = False,
 ) -> list[int]:
-    from localllm.tokenizer.chat_template import apply_chat_template
+    """The prompt's token ids; `continue_final`: the last (assistant) message left open, to go on."""
+    from localllm.tokenizer.chat_template import apply_chat_template, open_final_message
 
     if state.template is None:
         raise APIError("this model has no chat template; use /v1/completions or start with --chat-template")
-    dicts, extra = prepare_messages(message_dicts(messages), state.template.source, tools)
+    source = state.template.source
+    dicts, extra = prepare_messages(past_reasoning(message_dicts(messages), source), source, tools)
+    extra = {**(template_kwargs or {}), **extra}
     # The bound applies to the rendered text (a template may drop or add text); rendering is cheap.
     rendered = state.template.render(dicts, add_generation_prompt=add_generation_prompt, **extra)
+    try:
+        if continue_final:
+            rendered = open_final_message(rendered, dicts[-1].get("content") or "")
+    except LocalLLMError as e:
+        raise APIError(str(e), param="messages") from None
     check_prompt_chars(state, len(rendered), max_tokens, "messages")
-    return apply_chat_template(state.llm.tokenizer, state.template, dicts, add_generation_prompt, **extra)
+    tokenizer, template = state.llm.tokenizer, state.template
+    return apply_chat_template(
+        tokenizer, template, dicts, add_generation_prompt, continue_final=continue_final, **extra
+    )
+
+
+# Where templates look for an earlier assistant turn's thinking: Qwen3's and most `reasoning_content`,
+# gpt-oss's `thinking`; a client may send either (or OpenRouter's `reasoning`).
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def past_reasoning(dicts: list[dict[str, Any]], template_source: str) -> list[dict[str, Any]]:
+    """Assistant messages with their thinking under each name the template reads; the template then
+    decides whether to show it to the model (Qwen3's shows only the turns after the last user one)."""
+    wanted = [key for key in REASONING_KEYS if key in template_source]
+    out = []
+    for d in dicts:
+        given = next((d[k] for k in REASONING_KEYS if isinstance(d.get(k), str) and d[k]), None)
+        if d["role"] == "assistant" and given is not None:
+            d = {**d, **{key: given for key in wanted}}
+        out.append(d)
+    return out
+
+
+def reasoning_params(
+    state: ServerState, body: ChatCompletionRequest, params: SamplingParams
+) -> SamplingParams:
+    """`params` reading the reply's thinking apart, with the request's (or --reasoning-budget's) budget.
+    A constrained reply (a schema, a forced call) is all answer: its grammar starts at the first token."""
+    if state.reasoning is None or params.structured is not None:
+        return params
+    budget = body.reasoning_budget if body.reasoning_budget is not None else state.config.reasoning_budget
+    return dataclasses.replace(params, reasoning=state.reasoning.with_budget(budget))
 
 
 async def chat_prompt_length(state: ServerState, body: ChatCompletionRequest) -> int:
     """The tokens of a chat request's prompt, tools included (Anthropic's count_tokens)."""
     check_request(state, body)
     tools = tool_plan(body, state.template.source) if state.template is not None else None
-    return len(await run_in_threadpool(chat_prompt_ids, state, body.messages, True, None, tools))
+    ids = await run_in_threadpool(
+        chat_prompt_ids,
+        state,
+        body.messages,
+        body.generation_prompt(),
+        None,
+        tools,
+        body.template_kwargs(),
+        bool(body.continue_final_message),
+    )
+    return len(ids)
 
 
 async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: str = "chatcmpl") -> ChatRun:
@@ -130,10 +186,23 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     /v1/chat/completions, /v1/responses and /v1/messages share."""
     llm = check_request(state, body).engine
     tools = tool_plan(body, state.template.source) if state.template is not None else None
-    max_tokens = body.max_new_tokens()
-    prompt_ids = await run_in_threadpool(chat_prompt_ids, state, body.messages, True, max_tokens, tools)
+    max_tokens, extra = body.max_new_tokens(), body.template_kwargs()
+    prompt_ids = await run_in_threadpool(
+        chat_prompt_ids,
+        state,
+        body.messages,
+        body.generation_prompt(),
+        max_tokens,
+        tools,
+        extra,
+        bool(body.continue_final_message),
+    )
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
+    params = reasoning_params(state, body, params)
     check_context(llm, len(prompt_ids), params.max_tokens, "messages")
+    cache_break = state.cache_breaks.observe(
+        conversation_key(body), prompt_ids, len(body.messages), llm.tokenizer.decode
+    )
     jobs = await submit_choices(state.submitter, [prompt_ids], params, body.num_choices, prefix)
-    return ChatRun(jobs, prompt_ids, tools)
+    return ChatRun(jobs, prompt_ids, tools, cache_break)

@@ -9,18 +9,15 @@ could overflow, so no client input reaches the engine thread in a form that can 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from localllm.engine.output import StepOutput, TokenLogprob
 from localllm.sampling_params import OPENAI_DEFAULTS, SamplingParams, resolve_sampling
 from localllm.server.errors import APIError
 
 MIN_TEMPERATURE = 1e-5  # below this the softmax overflows; treated as greedy, as vLLM does
-MIN_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
 SEED_RANGE = 2**64
 
 
@@ -56,6 +53,8 @@ Bias = Annotated[float, Field(ge=-100, le=100)]
 NOOP = "Accepted for compatibility; it has no effect locally."
 NOT_YET = "Not supported yet: a 400 naming it unless absent or the no-op value."
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# What the server itself gives a chat template; chat_template_kwargs may not replace them.
+TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
 
 
 def _refused(default: Any = None) -> Any:
@@ -91,9 +90,28 @@ class SamplingRequest(_Request):
     guided_grammar: str | None = Field(None, description="Extension: a GBNF or Lark grammar.")
     guided_choice: list[str] | None = Field(None, description="Extension: one of these strings.")
     grammar: str | None = Field(None, description="Extension (llama-server): a GBNF or Lark grammar.")
+    # llama-server's and vLLM's fields that map exactly onto what this server does (docs/server.md's
+    # dialect table); the values that would ask for something else are refused in DIALECT.
+    n_predict: int | None = Field(None, ge=-1, description="llama-server: max_tokens (-1: no limit).")
+    cache_prompt: bool | None = Field(None, description="llama-server: true is what is always done.")
+    id_slot: int | None = Field(None, description="llama-server: -1 (any slot) only.")
+    timings_per_token: bool | None = Field(None, description="llama-server: false only.")
+    return_progress: bool | None = Field(None, description="llama-server: false only.")
+    min_tokens: int | None = Field(None, ge=0, description="vLLM: no end-of-text before this many tokens.")
+    skip_special_tokens: bool | None = Field(None, description="vLLM: false keeps special tokens' text.")
 
     # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    # dialect field -> (the values honoured, why another cannot be)
+    DIALECT: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        "cache_prompt": (
+            (None, True),
+            "prefix caching is always on here; it cannot be turned off per request",
+        ),
+        "id_slot": ((None, -1), "there are no slots to pin a request to (the prefix cache is shared)"),
+        "timings_per_token": ((None, False), "per-token timings are not reported"),
+        "return_progress": ((None, False), "prompt progress is not streamed"),
+    }
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None  # OpenAI's when the client gives none (None: no limit)
 
     def check_supported(self) -> None:
@@ -103,6 +121,34 @@ class SamplingRequest(_Request):
             value = getattr(self, name)
             if not any(value == ok for ok in accepted):
                 raise APIError(f"'{name}' is not supported by this server yet", param=name)
+        for name, (accepted, why) in self.DIALECT.items():
+            value = getattr(self, name)
+            if not any(value == ok and type(value) is type(ok) for ok in accepted):
+                raise APIError(f"'{name}': {value!r} cannot be honoured: {why}", param=name)
+        self.fold_n_predict()
+        limit = self.given_max_tokens()
+        if self.min_tokens and limit is not None and limit >= 0 and self.min_tokens > limit:
+            raise APIError(
+                f"min_tokens ({self.min_tokens}) is more than max_tokens ({limit})", param="min_tokens"
+            )
+
+    def given_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def fold_n_predict(self) -> None:
+        """llama-server's n_predict as max_tokens (-1: no limit, as when none is given to chat)."""
+        if self.n_predict is None:
+            return
+        given = self.given_max_tokens()
+        if given is not None and given != self.n_predict:
+            raise APIError("give max_tokens or n_predict, not both", param="n_predict")
+        if self.n_predict == 0 and not isinstance(self, CompletionRequest):
+            raise APIError("n_predict must be at least 1 here (or -1: no limit)", param="n_predict")
+        self.max_tokens = None if self.n_predict == -1 else self.n_predict
+
+    def default_max_tokens(self) -> int | None:
+        """max_tokens when none is given: the endpoint's default, none after n_predict -1."""
+        return None if self.n_predict == -1 else self.DEFAULT_MAX_TOKENS
 
     def check_n(self) -> None:
         """Hook for fields tied to n (completions' best_of)."""
@@ -135,9 +181,11 @@ class SamplingRequest(_Request):
             "stop": self.stop_strings(),
             "ignore_eos": bool(self.ignore_eos),
             "logprobs": logprobs,
+            "min_tokens": self.min_tokens,
+            "skip_special_tokens": self.skip_special_tokens,
         }
         return resolve_sampling(
-            given, model_defaults, {**OPENAI_DEFAULTS, "max_tokens": self.DEFAULT_MAX_TOKENS}
+            given, model_defaults, {**OPENAI_DEFAULTS, "max_tokens": self.default_max_tokens()}
         )
 
     def stop_strings(self) -> list[str]:
@@ -179,11 +227,23 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = Field(None, description="Legacy tools.")
     function_call: str | dict[str, Any] | None = Field(None, description="Legacy tool_choice.")
+    # Thinking models: passed to the chat template (gpt-oss reads reasoning_effort, Qwen3 enable_thinking)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="Passed to the chat template as `reasoning_effort`."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description='Extension (vLLM): chat template variables, e.g. {"enable_thinking": false}.'
+    )
+    reasoning_budget: int | None = Field(
+        None, ge=-1, description="Extension: reasoning tokens before thinking is closed (-1: no limit)."
+    )
+    # vLLM's assistant prefill: the reply continues the final assistant message instead of a new turn
+    continue_final_message: bool | None = Field(None, description="vLLM: continue the last assistant turn.")
+    add_generation_prompt: bool | None = Field(None, description="vLLM: false renders no new turn's header.")
     # OpenAI features not implemented yet
     audio: Any = _refused()
     modalities: Any = _refused()
     prediction: Any = _refused()
-    reasoning_effort: Any = _refused()
     verbosity: Any = _refused()
     web_search_options: Any = _refused()
     moderation: Any = _refused()
@@ -192,7 +252,6 @@ class ChatCompletionRequest(SamplingRequest):
         "audio": (None,),
         "modalities": (None, ["text"]),
         "prediction": (None,),
-        "reasoning_effort": (None,),
         "verbosity": (None,),
         "web_search_options": (None,),
         "moderation": (None,),
@@ -204,9 +263,37 @@ class ChatCompletionRequest(SamplingRequest):
         if kind not in RESPONSE_FORMATS:
             message = f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}; got {kind!r}"
             raise APIError(message, param="response_format")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise APIError(
+                    "continue_final_message and add_generation_prompt cannot both be true",
+                    param="continue_final_message",
+                )
+            if self.messages[-1].role != "assistant":
+                raise APIError("continue_final_message needs an assistant message last", param="messages")
+
+    def given_max_tokens(self) -> int | None:
+        return self.max_new_tokens()
+
+    def generation_prompt(self) -> bool:
+        """Whether the template renders the header of a new assistant turn (not when continuing one)."""
+        if self.add_generation_prompt is not None:
+            return self.add_generation_prompt
+        return not self.continue_final_message
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's extra variables: chat_template_kwargs, and reasoning_effort when given."""
+        extra = dict(self.chat_template_kwargs or {})
+        reserved = sorted(set(extra) & TEMPLATE_VARIABLES)
+        if reserved:
+            message = f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets them"
+            raise APIError(message, param="chat_template_kwargs")
+        if self.reasoning_effort is not None:
+            extra["reasoning_effort"] = self.reasoning_effort
+        return extra
 
     def num_logprobs(self) -> int | None:
         if not self.logprobs:
@@ -315,144 +402,9 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 # ------------------------------------------------------------------------------------------- responses
 
 
-def usage(last: StepOutput | None) -> dict[str, Any]:
-    if last is None:
-        return usage_totals(0, 0, 0)
-    return usage_totals(last.prompt_tokens, last.generated_tokens, last.cached_tokens)
-
-
-def usage_totals(prompt: int, generated: int, cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": generated,
-        "total_tokens": prompt + generated,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def finish_reason(out: StepOutput) -> str | None:
-    return out.finish_reason if out.finished else None
-
-
 # Engine finish reasons that OpenAI clients do not know, as they go on the wire: the loop guard's
 # "repetition" cut the reply short, as max_tokens would, so clients see "length" (the openai client's
 # parse() then raises LengthFinishReasonError rather than parsing a cut reply). The engine's own reason
 # goes beside it in `native_finish_reason` (OpenRouter's name for a backend's own reason).
-WIRE_FINISH_REASONS = {"repetition": "length"}
-
-
-def cut_short(out: StepOutput) -> bool:
-    """The reply ended before the model did: max_tokens, or the loop guard's "repetition"."""
-    return WIRE_FINISH_REASONS.get(out.finish_reason or "", out.finish_reason) == "length"
-
-
-def finish_fields(reason: str | None) -> dict[str, Any]:
-    """A choice's `finish_reason` as OpenAI clients know it, plus `native_finish_reason` when mapped."""
-    wire = WIRE_FINISH_REASONS.get(reason or "", reason)
-    if wire == reason:
-        return {"finish_reason": wire}
-    return {"finish_reason": wire, "native_finish_reason": reason}
-
-
-def is_stop_token(out: StepOutput) -> bool:
-    """The final output that carries the end-of-text token itself (not part of the completion)."""
-    return out.finished and out.finish_reason == "stop" and isinstance(out.stop_reason, int)
-
-
-def token_logprobs(outs: list[StepOutput]) -> list[TokenLogprob]:
-    return [o.logprob for o in outs if o.logprob is not None and not is_stop_token(o)]
-
-
-def _clamp(lp: float) -> float:
-    return max(lp, MIN_LOGPROB)
-
-
-def _token_entry(tokenizer: Any, token_id: int, lp: float) -> dict[str, Any]:
-    data = tokenizer.token_bytes(token_id)
-    return {"token": data.decode("utf-8", errors="replace"), "logprob": _clamp(lp), "bytes": list(data)}
-
-
-def chat_logprobs(tokenizer: Any, items: list[TokenLogprob]) -> dict[str, Any]:
-    content = []
-    for item in items:
-        entry = _token_entry(tokenizer, item.token_id, item.logprob)
-        entry["top_logprobs"] = [_token_entry(tokenizer, t, lp) for t, lp in item.top]
-        content.append(entry)
-    return {"content": content}
-
-
-def completion_logprobs(
-    tokenizer: Any, items: list[TokenLogprob], offset: int = 0, first_id: int | None = None
-) -> dict[str, Any]:
-    """The legacy logprobs object. `first_id`: a prompt's first token, which has no logprob (null, as
-    OpenAI answers for echo), put before `items`."""
-
-    def text_of(token_id: int) -> str:
-        return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
-
-    tokens: list[str] = []
-    lps: list[float | None] = []
-    tops: list[dict[str, float] | None] = []
-    offsets: list[int] = []
-    if first_id is not None:
-        tokens, lps, tops, offsets = [text_of(first_id)], [None], [None], [offset]
-        offset += len(tokens[0])
-    for item in items:
-        text = text_of(item.token_id)
-        tokens.append(text)
-        lps.append(_clamp(item.logprob))
-        top = {text: _clamp(item.logprob)}
-        top.update({text_of(t): _clamp(lp) for t, lp in item.top})
-        tops.append(top)
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def join_logprobs(head: dict[str, Any] | None, tail: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Echoed prompt's logprobs followed by the completion's."""
-    if head is None or tail is None:
-        return head or tail
-    return {key: head[key] + tail[key] for key in head}
-
-
-def chat_choice(index: int, outs: list[StepOutput], logprobs: dict | None) -> dict[str, Any]:
-    last = outs[-1] if outs else None
-    return {
-        "index": index,
-        "message": {"role": "assistant", "content": "".join(o.text for o in outs)},
-        "logprobs": logprobs,
-        **finish_fields(last.finish_reason if last else "stop"),
-    }
-
-
-def chat_response(
-    rid: str, model: str, choices: list[dict[str, Any]], totals: dict[str, Any], fingerprint: str | None
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": totals,
-        "system_fingerprint": fingerprint,
-    }
-
-
-def completion_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, **finish_fields(finish)}
-
-
-def completion_response(
-    rid: str, model: str, choices: list[dict[str, Any]], totals: dict[str, Any], fingerprint: str | None
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": totals,
-        "system_fingerprint": fingerprint,
-    }
+# Likewise "closed_to_fit": budget steering (structured/matcher.py) ended a constrained document early, so
+# its values are not all the model's: parse() must not accept it.

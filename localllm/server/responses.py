@@ -2,7 +2,9 @@
 
 A request is translated to a chat request (instructions -> a system message, input items -> messages,
 function tools -> tools, text.format -> response_format) and run as /v1/chat/completions runs one; the
-reply comes back as output items (a `message` with `output_text`, `function_call`s). Nothing is stored:
+reply comes back as output items (a `reasoning` item with a thinking model's reasoning_text, a `message`
+with `output_text`, `function_call`s); `reasoning.effort` reaches the chat template as reasoning_effort,
+and `reasoning` input items give the next assistant turn its `reasoning_content`. Nothing is stored:
 `previous_response_id` and `conversation` are refused. Streams use the API's named events:
 response.created, response.in_progress, response.output_item.added, response.content_part.added,
 response.output_text.delta ... response.completed (or response.incomplete).
@@ -14,188 +16,28 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
 
 from localllm.engine.output import StepOutput
-from localllm.server.errors import APIError, stream_error_of
+from localllm.server.errors import stream_error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.pipeline import start_chat
-from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_choice, chat_request, cut_short
+from localllm.server.replies import chat_choice, cut_short
+from localllm.server.responses_protocol import (
+    ResponsesRequest,
+)
 from localllm.server.state import server_state
 from localllm.server.streaming import live_deltas, sse_event
-
-TEXT_PARTS = ("input_text", "output_text", "text")
-
-
-class ResponsesRequest(_Request):
-    model: str | None = None
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    stream: bool | None = False
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = Field(None, description='{"format": {...}}: text, json_object, json_schema')
-    truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled' (too long is a 400).")
-    stream_options: dict[str, Any] | None = Field(None, description=NOOP)
-    metadata: dict[str, str] | None = Field(None, description=NOOP)
-    store: bool | None = Field(None, description="Accepted; nothing is ever stored.")
-    user: str | None = Field(None, description=NOOP)
-    safety_identifier: str | None = Field(None, description=NOOP)
-    prompt_cache_key: str | None = Field(None, description="Accepted; prefix caching is automatic.")
-    prompt_cache_retention: str | None = Field(None, description=NOOP)
-    service_tier: str | None = Field(None, description=NOOP)
-    include: list[str] | None = Field(None, description=NOT_YET)
-    previous_response_id: str | None = Field(None, description=NOT_YET)
-    conversation: Any = Field(None, description=NOT_YET)
-    background: bool | None = Field(None, description=NOT_YET)
-    reasoning: dict[str, Any] | None = Field(None, description=NOT_YET)
-    prompt: dict[str, Any] | None = Field(None, description=NOT_YET)
-    max_tool_calls: int | None = Field(None, description=NOT_YET)
-    top_logprobs: int | None = Field(None, description=NOT_YET)
-    prompt_cache_options: dict[str, Any] | None = Field(None, description="Accepted; caching is automatic.")
-    moderation: Any = Field(None, description=NOT_YET)
-    context_management: Any = Field(None, description=NOT_YET)
-    background_options: Any = Field(None, description=NOT_YET)
-    access_programs: Any = Field(None, description=NOT_YET)
-    image: Any = Field(None, description=NOT_YET)
-
-    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "include": (None, []),
-        "previous_response_id": (None,),
-        "conversation": (None,),
-        "background": (None, False),
-        "reasoning": (None, {}),
-        "prompt": (None,),
-        "max_tool_calls": (None,),
-        "top_logprobs": (None, 0),
-        "moderation": (None,),
-        "context_management": (None,),
-        "background_options": (None,),
-        "access_programs": (None,),
-        "image": (None,),
-    }
-
-    def check_supported(self) -> None:
-        for name, accepted in self.REFUSED.items():
-            if not any(getattr(self, name) == ok for ok in accepted):
-                raise APIError(f"'{name}' is not supported by this server yet", param=name)
-
-    def to_chat(self) -> Any:
-        """The equivalent chat request (protocol.ChatCompletionRequest)."""
-        self.check_supported()
-        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        return chat_request(
-            {
-                "model": self.model,
-                "messages": system + input_messages(self.input),
-                "max_completion_tokens": self.max_output_tokens,
-                "temperature": self.temperature,
-                "top_p": self.top_p,
-                "tools": [chat_tool(t, i) for i, t in enumerate(self.tools)] if self.tools else None,
-                "tool_choice": chat_tool_choice(self.tool_choice),
-                "parallel_tool_calls": self.parallel_tool_calls,
-                "response_format": response_format(self.text),
-            }
-        )
-
-
-# ------------------------------------------------------------------------------------ translation
-
-
-def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input items as chat messages: messages, function calls (grouped into one assistant turn) and
-    their outputs (tool messages)."""
-    if isinstance(given, str):
-        return [{"role": "user", "content": given}]
-    messages: list[dict[str, Any]] = []
-    for i, item in enumerate(given):
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise APIError(f"input[{i}].role must be user, assistant, system or developer", param="input")
-            messages.append({"role": role, "content": text_of(item.get("content"), f"input[{i}]")})
-        elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function", "function": _call_function(item, i)}
-            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
-                messages[-1]["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = text_of(item.get("output"), f"input[{i}].output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
-        else:
-            raise APIError(f"input[{i}]: items of type {kind!r} are not supported", param="input")
-    if not messages:
-        raise APIError("'input' is empty", param="input")
-    return messages
-
-
-def _call_function(item: dict[str, Any], i: int) -> dict[str, Any]:
-    name, arguments = item.get("name"), item.get("arguments", "{}")
-    if not isinstance(name, str) or not isinstance(arguments, str):
-        raise APIError(f"input[{i}]: a function_call needs a name and arguments (JSON text)", param="input")
-    return {"name": name, "arguments": arguments}
-
-
-def text_of(content: Any, where: str) -> str:
-    """A text or a list of text parts (input_text / output_text) as one text."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(f"{where}: content must be a string or a list of parts", param="input")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or "text" not in part:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise APIError(
-                f"{where}: content parts of type {kind!r} are not supported (text only)", param="input"
-            )
-        texts.append(str(part["text"]))
-    return "\n".join(texts)
-
-
-def chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    """A Responses function tool ({type, name, description, parameters}) in chat's form."""
-    if tool.get("type") != "function":
-        raise APIError(f"tools[{i}]: only tools of type 'function' are supported", param="tools")
-    fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
-    return {"type": "function", "function": fn}
-
-
-def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    if isinstance(choice, dict):
-        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise APIError("tool_choice must be none, auto, required or name a function", param="tool_choice")
-        return {"type": "function", "function": {"name": choice["name"]}}
-    return choice
-
-
-def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    """text.format as chat's response_format."""
-    fmt = (text or {}).get("format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-        return fmt
-    schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
-    return {"type": "json_schema", "json_schema": schema}
-
 
 # --------------------------------------------------------------------------------------- the reply
 
 
 def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The assistant message as output items: its text, then its function calls."""
-    items = []
+    """The assistant message as output items: its reasoning, its text, then its function calls."""
+    items = [reasoning_item(message["reasoning_content"])] if message.get("reasoning_content") else []
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append(message_item(message.get("content") or "", "completed"))
@@ -214,6 +56,12 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}]
+    item_id = item_id or f"rs_{uuid.uuid4().hex}"
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": "completed"}
+
+
 def message_item(text: str, status: str, item_id: str | None = None) -> dict[str, Any]:
     content = [output_text(text)] if status == "completed" else []
     item_id = item_id or f"msg_{uuid.uuid4().hex}"
@@ -229,7 +77,9 @@ def responses_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": chat_usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
+        },
         "total_tokens": chat_usage["total_tokens"],
     }
 
@@ -251,7 +101,7 @@ def response_body(
         "output": output,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": body.effort(), "summary": None},
         "store": False,
         "temperature": body.temperature,
         "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
@@ -266,9 +116,10 @@ def response_body(
 
 
 def finish(response: dict[str, Any], run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
-    """The response completed (or incomplete: cut at max_output_tokens) with its output and usage."""
+    """The response completed (or incomplete: cut at max_output_tokens, whatever it holds) with its
+    output and usage."""
     message = reply_message(run, outs)
-    truncated = bool(outs) and cut_short(outs[-1]) and not message.get("tool_calls")
+    truncated = bool(outs) and cut_short(outs[-1])
     return {
         **response,
         "status": "incomplete" if truncated else "completed",
@@ -326,6 +177,7 @@ async def stream(response: dict[str, Any], run: ChatRun) -> AsyncIterator[bytes]
                     yield chunk
         done = finish(response, run, outs)
         if live.items:
+            live.settle(sum(item["type"] == "function_call" for item in done["output"]))
             done["output"] = live.items
             chunks = live.close()
         else:  # nothing was streamed (an empty reply): its items whole
@@ -352,6 +204,8 @@ class _LiveItems:
 
     def add(self, delta: dict[str, Any]) -> list[bytes]:
         chunks: list[bytes] = []
+        if delta.get("reasoning_content"):
+            chunks += self._reasoning(delta["reasoning_content"])
         if delta.get("content"):
             if not self.open or self.items[-1]["type"] != "message":
                 chunks += self.close()
@@ -372,12 +226,33 @@ class _LiveItems:
                 )
         return chunks
 
+    def _reasoning(self, piece: str) -> list[bytes]:
+        """A piece of the thinking: in the open reasoning item, or one opened for it."""
+        chunks: list[bytes] = []
+        if not self.open or self.items[-1]["type"] != "reasoning":
+            chunks += self.close()
+            self.items.append(reasoning_item(""))
+            added = {**self.items[-1], "content": [], "status": "in_progress"}
+            index = len(self.items) - 1
+            chunks.append(self.event("response.output_item.added", output_index=index, item=added))
+            self.open = True
+        self.items[-1]["content"][0]["text"] += piece
+        chunks.append(self.event("response.reasoning_text.delta", **self._where(), delta=piece))
+        return chunks
+
     def _open_call(self, call_id: str, name: str) -> bytes:
         item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name}
         self.items.append({**item, "arguments": "", "status": "completed"})
         self.open = True
         added = {**item, "arguments": "", "status": "in_progress"}
         return self.event("response.output_item.added", output_index=len(self.items) - 1, item=added)
+
+    def settle(self, complete_calls: int) -> None:
+        """Mark the function calls streamed past the reply's `complete_calls` (one a length limit cut
+        while it was written) incomplete: their arguments stop where the reply did."""
+        calls = [item for item in self.items if item["type"] == "function_call"]
+        for item in calls[complete_calls:]:
+            item["status"] = "incomplete"
 
     def close(self) -> list[bytes]:
         """The open item's done events."""
@@ -389,6 +264,8 @@ class _LiveItems:
             part = item["content"][0]
             chunks = [self.event("response.output_text.done", **where, text=part["text"])]
             chunks.append(self.event("response.content_part.done", **where, part=part))
+        elif item["type"] == "reasoning":
+            chunks = [self.event("response.reasoning_text.done", **where, text=item["content"][0]["text"])]
         else:
             args = item["arguments"]
             chunks = [self.event("response.function_call_arguments.done", **where, arguments=args)]
@@ -397,7 +274,7 @@ class _LiveItems:
 
     def _where(self) -> dict[str, Any]:
         where = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
-        return {**where, "content_index": 0} if self.items[-1]["type"] == "message" else where
+        return {**where, "content_index": 0} if self.items[-1]["type"] != "function_call" else where
 
 
 def _open_message(event: _Events, msg_id: str, index: int = 0) -> list[bytes]:
@@ -425,6 +302,8 @@ def _close_items(event: _Events, items: list[dict[str, Any]], opened: bool) -> l
                     chunks.append(event("response.output_text.delta", **where, delta=part["text"]))
             chunks.append(event("response.output_text.done", **where, text=part["text"]))
             chunks.append(event("response.content_part.done", **where, part=part))
+        elif item["type"] == "reasoning":
+            chunks += _whole_reasoning(event, item, index)
         else:
             chunks.append(
                 event("response.output_item.added", output_index=index, item={**item, "arguments": ""})
@@ -436,3 +315,15 @@ def _close_items(event: _Events, items: list[dict[str, Any]], opened: bool) -> l
             )
         chunks.append(event("response.output_item.done", output_index=index, item=item))
     return chunks
+
+
+def _whole_reasoning(event: _Events, item: dict[str, Any], index: int) -> list[bytes]:
+    """A reasoning item not streamed live, sent whole."""
+    text = item["content"][0]["text"]
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    added = {**item, "content": [], "status": "in_progress"}
+    return [
+        event("response.output_item.added", output_index=index, item=added),
+        event("response.reasoning_text.delta", **where, delta=text),
+        event("response.reasoning_text.done", **where, text=text),
+    ]

@@ -16,7 +16,9 @@ from fastapi import Request
 from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.engine import LLMEngine
 from localllm.errors import LocalLLMError
-from localllm.server.errors import APIError, shutting_down
+from localllm.reasoning import ReasoningSpec, detect_reasoning
+from localllm.server.cache_breaks import CacheBreaks
+from localllm.server.errors import APIError, draining, shutting_down
 from localllm.server.jobs import Submitter
 from localllm.server.metrics import ServerMetrics
 
@@ -38,9 +40,12 @@ class ServerConfig:
     max_embedding_tokens: int = 65_536  # input tokens of one /v1/embeddings request, all inputs together
     max_choice_tokens: int = 65_536  # n x max_tokens of one request with n > 1
     chat_template: str | None = None  # Jinja text overriding the model's template
+    reasoning_budget: int | None = None  # --reasoning-budget: a request's default (None: no limit)
     host: str = "127.0.0.1"  # for the banner only; uvicorn binds
     port: int = 8080
     webui: bool = True  # the chat page at / (--no-webui: 404 there)
+    metrics_public: bool = False  # --metrics-public: /metrics without the API key (a router scrapes it)
+    drain_timeout: float = 30.0  # --drain-timeout: SIGTERM waits this long for open requests, then ends them
     on_load_error: Callable[[BaseException], None] | None = None  # the CLI stops the server
 
     def accepts_model(self, name: str | None) -> bool:
@@ -57,13 +62,19 @@ class ServerState:
         self.config = config
         self.engine: AsyncEngine | None = None
         self.template: Any = None
+        self.reasoning: ReasoningSpec | None = None  # how replies split thinking from the answer
         self.load_error: str | None = None
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine is not None else None)
+        self.metrics = ServerMetrics(
+            lambda: self.engine.stats() if self.engine is not None else None, config.model_id
+        )
         self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
         self.fingerprint: str | None = None  # system_fingerprint, once loaded
+        self.cache_breaks = CacheBreaks(self.metrics.registry)  # each conversation's last prompt
         self.submitter = Submitter(self.ready, self.metrics)  # what jobs use; told when the server shuts down
         self._closing = False
+        self.draining = False  # finishing what it holds; new requests get a 503 (a router sends them on)
+        self.on_drain: Callable[[], None] | None = None  # set by the runner: drain, then exit
 
     @property
     def llm(self) -> LLMEngine:
@@ -87,6 +98,8 @@ class ServerState:
             started = time.perf_counter()
             llm = factory()
             self.template = resolve_chat_template(llm.gguf.metadata, configured=self.config.chat_template)
+            source = self.template.source if self.template is not None else None
+            self.reasoning = detect_reasoning(source, llm.tokenizer.special_tokens)
             self.max_token_bytes = longest_token(llm)
             self.fingerprint = system_fingerprint(llm)
             engine = AsyncEngine(llm, self.config.max_queue)
@@ -110,6 +123,8 @@ class ServerState:
     def ready(self) -> AsyncEngine:
         if self._closing:
             raise shutting_down()
+        if self.draining:
+            raise draining()
         if self.engine is not None:
             return self.engine
         if self.load_error is not None:
@@ -123,6 +138,18 @@ class ServerState:
             code="model_loading",
             headers={"Retry-After": "2"},
         )
+
+    def request_drain(self) -> bool:
+        """Start draining (the admin call; SIGTERM comes through the runner): False where this server
+        was not started by the runner, which owns the exit."""
+        if self.on_drain is None:
+            return False
+        self.on_drain()
+        return True
+
+    def in_flight(self) -> int:
+        """Requests submitted to the engine and not yet closed, and engine calls awaited."""
+        return len(self.submitter.jobs) + len(self.submitter.scoring)
 
     def begin_shutdown(self) -> None:
         """On the event loop when the server starts its shutdown: new requests get a 503, and each

@@ -5,6 +5,7 @@ chunk (`choices: []`) when `stream_options.include_usage` is set, then `data: [D
 text chunks, a final chunk with `finish_reason`, the usage chunk, `[DONE]`. The engine already emits
 whole UTF-8 characters and holds back stop strings, so deltas are forwarded as they come.
 `live_deltas` gives the Responses and Anthropic Messages streams the same deltas to frame their way.
+A thinking model's reasoning goes in `reasoning_content` deltas, before the content of the same output.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.engine.output import StepOutput
 from localllm.server.errors import error_body
-from localllm.server.protocol import (
+from localllm.server.replies import (
     chat_logprobs,
     completion_choice,
     completion_logprobs,
@@ -97,7 +98,10 @@ class ChunkBuilder:
         return self._chunk([{"index": index, "delta": delta, "logprobs": None, **finish_fields(finish)}])
 
     def chat_output(self, index: int, out: StepOutput) -> Iterator[bytes]:
-        """A content delta when there is text (or a logprob to report), then the finish chunk if done."""
+        """A reasoning delta when the model thinks, a content delta when there is text (or a logprob
+        to report), then the finish chunk if done."""
+        if out.reasoning:
+            yield self.chat_delta(index, {"reasoning_content": out.reasoning})
         lp = out.logprob if (self.logprobs and out.logprob is not None and not is_stop_token(out)) else None
         if out.text or lp is not None:
             logprobs = chat_logprobs(self.tokenizer, [lp]) if lp is not None else None
@@ -143,6 +147,11 @@ def live_deltas(tools: ToolPlan | None) -> Callable[[StepOutput], list[dict[str,
     """Each output as the chat deltas that can be sent as it comes: its text without tools; with tools,
     tool_stream.ToolStream's (the content before a call, then each call's head and argument pieces)."""
     if tools is None:
-        return lambda out: [{"content": out.text}] if out.text else []
+        return lambda out: reasoning_delta(out) + ([{"content": out.text}] if out.text else [])
     tool_stream = ToolStream(tools, _Deltas())
     return lambda out: list(tool_stream.chat_output(out))
+
+
+def reasoning_delta(out: StepOutput) -> list[dict[str, Any]]:
+    """The output's thinking as a chat delta (none when it has none)."""
+    return [{"reasoning_content": out.reasoning}] if out.reasoning else []

@@ -51,19 +51,30 @@ class ToolPlan:
         return [{"type": "function", "function": f} for f in self.functions]
 
     def apply(self, choice: dict[str, Any]) -> dict[str, Any]:
-        """A chat.completion choice with its message's calls parsed out."""
-        message, reason = self.reply(choice["message"]["content"])
+        """A chat.completion choice with its message's calls parsed out ("length" stays: see reply)."""
+        cut = choice.get("finish_reason") == "length"
+        message, reason = self.reply(choice["message"]["content"], cut)
+        if "reasoning_content" in choice["message"]:  # the thinking before the calls
+            message["reasoning_content"] = choice["message"]["reasoning_content"]
         if reason is None:
             return {**choice, "message": message}
         rest = {k: v for k, v in choice.items() if k != "native_finish_reason"}
         return {**rest, "message": message, "finish_reason": reason}
 
-    def reply(self, text: str) -> tuple[dict[str, Any], str | None]:
+    def reply(self, text: str, cut: bool = False) -> tuple[dict[str, Any], str | None]:
         """The assistant message for `text`, and the finish_reason that replaces the engine's when the
-        reply holds calls."""
+        reply holds calls. A reply `cut` by a length limit keeps its reason ("length": an agent must not
+        take it as done) and loses the call it was writing, neither text nor a call with cut arguments."""
+        names = {f["name"] for f in self.functions}
+        if cut:
+            text = self.family.before_cut_call(text, names)
+        message, reason = self._message(text, names)
+        return message, None if cut else reason
+
+    def _message(self, text: str, names: set[str]) -> tuple[dict[str, Any], str | None]:
         content, calls = self.family.parse(text)
         if not calls:
-            call = bare_call(text, {f["name"] for f in self.functions})
+            call = bare_call(text, names)
             if call is None:
                 return {"role": "assistant", "content": text}, None
             content, calls = "", [call]

@@ -1,6 +1,7 @@
 """A streamed chat reply with tools, as OpenAI streams it: content deltas until a call starts, then per
 call a first delta with its index, id, type and name (arguments ""), then deltas that append pieces of
-its `arguments` text as the model writes them, and a final chunk whose finish_reason is "tool_calls".
+its `arguments` text as the model writes them, and a final chunk whose finish_reason is "tool_calls"
+("length" when a length limit cut the reply: a call it cut stops where it was).
 
 A call starts at the family's marker (`<tool_call>`, `<|python_tag|>`), or, when the reply itself opens
 with a JSON object (a bare call, as small models write, or a forced Llama 3 call), once that object's
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localllm.engine.output import StepOutput
-from localllm.server.protocol import finish_reason
+from localllm.server.replies import cut_short, finish_reason
 from localllm.structured.call_scanner import ARGS_KEYS, CallScanner
 from localllm.structured.tools import maybe_bare_call, new_call_id
 
@@ -55,6 +56,8 @@ class ToolStream:
             self.mode = "whole" if self.plan.family.name == "mistral" else "calls"
 
     def chat_output(self, out: StepOutput) -> Iterator[bytes]:
+        if out.reasoning:  # thinking comes before any call, and is never parsed for one
+            yield self._chunk({"reasoning_content": out.reasoning})
         self.text += out.text
         yield from self._advance()
         if out.finished:
@@ -151,12 +154,18 @@ class ToolStream:
     # -- the end ------------------------------------------------------------------------------------
 
     def _finish(self, out: StepOutput) -> Iterator[bytes]:
-        message, reason = self.plan.reply(self.text)
+        """The calls not yet streamed whole, then the final chunk. A reply cut by a length limit ends
+        with "length": a call it was writing gets no more deltas, and held-back text of one never goes
+        out as content."""
+        cut = cut_short(out)
+        message, reason = self.plan.reply(self.text, cut)
         calls = message.get("tool_calls") or ([message] if "function_call" in message else [])
         streamed = [live for live in self.calls if live.named]
         if not calls and not streamed:
             self.mode = "content"
-            yield from self._content(len(self.text))
+            names = {f["name"] for f in self.plan.functions}
+            kept = self.plan.family.before_cut_call(self.text, names) if cut else self.text
+            yield from self._content(len(kept))
         for i, call in enumerate(calls):
             fn = call["function"] if "function" in call else call["function_call"]
             live = streamed[i] if i < len(streamed) else None

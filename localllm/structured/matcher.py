@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from localllm.errors import InvalidRequestError
-from localllm.structured.closing import Closers, StringState, narrow
+from localllm.structured.closing import Closers, StringState, closing_token, narrow
 from localllm.structured.limits import GrammarLimits, check_bounds
 from localllm.structured.sandbox import GrammarSandbox
 from localllm.structured.spec import StructuredSpec
 
 CLOSING_TOKENS = 64  # tokens a looping reply gets to close its document before the guard cuts it
-# Budget closing starts when the tokens left are the document's closing cost plus this margin (room for
-# a required key or two still to write): late enough that a document that fits ends as the model wrote
-# it, early enough that one that would not fit (a free-form dict counting up) closes instead of being cut.
-CLOSING_MARGIN = 16
+# The tokens the document still takes to end are counted again after each token while the budget is
+# within this many tokens of them (one token can open a value that needs many more), less often before.
+STEER_WINDOW = 16
+MAX_CLOSING_PATH = 256  # steps counted at most: a document needing more is treated as needing that many
+CLOSED_TO_FIT = "closed_to_fit"  # the finish reason of a document the budget steering changed
 CACHE_SIZE = 256  # compiled grammars kept (by spec); a server sees the same few schemas again and again
 
 
@@ -161,6 +163,10 @@ class Constraint:
         self._fresh = False  # bits hold the mask for the current state
         self.eos_id = eos_id  # what a failed matcher allows, so the request ends
         self.tokens_left = budget  # None: no budget to close before
+        self.steered: str | None = None  # CLOSED_TO_FIT or "repetition" once steering changed the reply
+        self._needed = 0  # tokens the document took to end, when last counted
+        self._recount_in = 0  # tokens until it is counted again
+        self._sim_bits = np.zeros_like(self.bits)
 
     def fill_mask(self) -> None:
         """Compute the mask for the next token into `bits` (releases the GIL: can overlap a forward)."""
@@ -194,15 +200,85 @@ class Constraint:
         self._closing_tokens += self.closing
         if self.tokens_left is not None:
             self.tokens_left -= 1
-            if self._string.depth and self.tokens_left <= self._string.closing_cost() + CLOSING_MARGIN:
-                self.closing = True  # the budget runs out inside the document: end it in time
         return bool(self._matcher.consume_token(token_id))
 
     def start_closing(self) -> bool:
         """The reply is looping: from now on prefer the tokens that end the document (closing.py).
         False once it has had CLOSING_TOKENS tokens to do so (then the caller ends the request)."""
         self.closing = True
+        self.steered = "repetition"  # the loop guard cut the reply short, as it cuts free text
         return self._closing_tokens < CLOSING_TOKENS
+
+    @property
+    def finish_reason(self) -> str:
+        """Why the reply ended with its document: "stop" when the model wrote all of it, else the
+        steering that changed it (the server sends "length" with this as native_finish_reason)."""
+        return self.steered or "stop"
+
+    # -- budget steering ----------------------------------------------------------------------------
+
+    def steer(self, token_id: int) -> int:
+        """The token to take after the model sampled `token_id` (before accept): that one, unless
+        taking it would leave fewer tokens than the document then takes to end; then the next
+        token of the shortest way to its end (closing.closing_token), and the reply counts as steered.
+        So a document that fits is never touched, and one that does not closes instead of being cut."""
+        left = self.tokens_left
+        if left is None or self.closing:
+            return token_id
+        if self._recount_in > 0 and left - self._needed > STEER_WINDOW:
+            self._recount_in -= 1
+            return token_id
+        after, state = self._matcher.deep_copy(), self._string.copy()
+        state.feed(self._lltok.decode_bytes([token_id]))
+        needed = self._tokens_to_end(after, state, left - 1) if after.consume_token(token_id) else None
+        if needed is not None:
+            self._needed, self._recount_in = needed, max(8, (left - 1 - needed) // 4)
+            return token_id
+        steer = closing_token(
+            self.allowed(), self._closers, self._string.inside, self._closes_after(self._matcher)
+        )
+        if steer is None or steer == token_id:
+            return token_id
+        self.steered, self._recount_in = CLOSED_TO_FIT, 0
+        return steer
+
+    def _tokens_to_end(self, matcher: Any, state: StringState, limit: int) -> int | None:
+        """Tokens the document takes to end from `matcher`'s state (consumed as it goes) along the
+        shortest way closing_token finds (a greedy estimate: a longer way than the model's own makes the
+        steering start early); None when that is more than `limit`. An end that is allowed but not
+        forced takes one more token: the end-of-text."""
+        steps = 0
+        while not matcher.is_stopped():
+            if matcher.is_accepting():
+                steps += 1
+                break
+            if steps >= limit or matcher.is_error():
+                return None
+            if steps >= MAX_CLOSING_PATH:  # far from the budget's end: it fits for now
+                return steps
+            matcher.unsafe_compute_mask_ptr(self._sim_bits.ctypes.data, self._sim_bits.nbytes)
+            flags = np.unpackbits(self._sim_bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+            token = closing_token(flags.view(bool), self._closers, state.inside, self._closes_after(matcher))
+            if token is None or not matcher.consume_token(token):
+                return None
+            state.feed(self._lltok.decode_bytes([token]))
+            steps += 1
+        return steps if steps <= limit else None
+
+    def _closes_after(self, matcher: Any) -> Callable[[int], bool]:
+        """Whether, after a token from `matcher`'s state, a closing bracket may come next."""
+
+        def closes(token: int) -> bool:
+            after = matcher.deep_copy()
+            if not after.consume_token(token):
+                return False
+            if after.is_stopped() or after.is_accepting():
+                return True
+            after.unsafe_compute_mask_ptr(self._sim_bits.ctypes.data, self._sim_bits.nbytes)
+            flags = np.unpackbits(self._sim_bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+            return bool((flags.view(bool) & self._closers.close[: self.vocab_size]).any())
+
+        return closes
 
     @property
     def is_finished(self) -> bool:

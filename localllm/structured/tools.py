@@ -65,6 +65,7 @@ class ToolFamily:
     name: str
     start: str  # the text that opens a call: content streams until it appears
     args_key: str  # "arguments" or "parameters"
+    end: str = ""  # the text that closes a call, when the family has one
 
     def call_schema(self, tool: Tool, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """The JSON schema of one call of `tool` in this family's object shape (`arguments`: the
@@ -117,9 +118,26 @@ class ToolFamily:
             return _parse_mistral(text)
         return _parse_llama3(text)
 
+    def before_cut_call(self, text: str, names: set[str]) -> str:
+        """A reply cut by a length limit without the call it was writing (from its marker, a partial
+        marker, or a bare call's opening), and without a partial end marker after a whole call."""
+        at = text.rfind(self.start)
+        if at >= 0:
+            if self.parse(text[at:])[1]:
+                return text
+            keep = _partial_suffix(text, self.end)
+            return text[:-keep] if keep and self.parse(text[at:-keep])[1] else text[:at]
+        keep = _partial_suffix(text, self.start)
+        if keep:
+            return text[:-keep]
+        head = text.lstrip()
+        if head and bare_call(text, names) is None and pending_bare_call(head, names, self.args_key):
+            return text[: len(text) - len(head)]
+        return text
+
 
 FAMILIES = {
-    "hermes": ToolFamily("hermes", "<tool_call>", "arguments"),
+    "hermes": ToolFamily("hermes", "<tool_call>", "arguments", "</tool_call>"),
     "llama3": ToolFamily("llama3", "<|python_tag|>", "parameters"),
     "mistral": ToolFamily("mistral", "[TOOL_CALLS]", "arguments"),
 }
@@ -222,6 +240,33 @@ def bare_call(text: str, names: set[str]) -> ToolCall | None:
     raw = fenced.group(1) if fenced else body
     call = _call_from(_loads(raw), raw=raw)
     return call if call is not None and call.name in names else None
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """How many characters at the end of `text` are a proper start of `marker` (0: none)."""
+    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-keep:]):
+            return keep
+    return 0
+
+
+def pending_bare_call(head: str, names: set[str], args_key: str) -> bool:
+    """Is `head` (a reply's start, no leading space) a call object still being written: open, and either
+    naming one of `names` or, unnamed so far, holding nothing but a call's keys?"""
+    if head.startswith("`"):
+        fence = re.match(r"```(?:json)?[ \t]*\n?", head)
+        if fence is None:
+            return head in ("`", "``")  # a fence's start, or not a fence
+        head = head[fence.end() :]
+    if not head.startswith("{"):
+        return head == ""  # an open fence with nothing after it yet
+    scanner = CallScanner(args_key)
+    scanner.feed(head)
+    if scanner.failed or scanner.done:
+        return False
+    if scanner.name is not None:
+        return scanner.name in names
+    return set(scanner.values) <= {"name", "arguments", "parameters"}
 
 
 def maybe_bare_call(text: str) -> bool:

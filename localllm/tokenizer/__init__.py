@@ -23,6 +23,10 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
         from localllm.tokenizer.bpe import BPETokenizer
 
         return BPETokenizer(metadata)
+    if model == "gemma4":
+        from localllm.tokenizer.bpe import Gemma4Tokenizer
+
+        return Gemma4Tokenizer(metadata)
     if model == "llama":
         from localllm.tokenizer.spm import SPMTokenizer
 

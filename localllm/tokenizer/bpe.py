@@ -3,11 +3,14 @@
 Text is cut into words by the pre-tokenizer, each word's UTF-8 bytes are written as GPT-2's
 byte-level characters, and merges are applied lowest rank first (leftmost on ties) until none
 applies. Results are cached per word, so common words cost one dict lookup.
+
+Gemma 4's "gemma4" model is the same merging over SentencePiece-style text instead (Gemma4Tokenizer).
 """
 
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -83,6 +86,46 @@ class BPETokenizer(Tokenizer):
             # llama.cpp falls back to one token per byte of the symbol's text, dropping unknown ones.
             ids.extend(self._token_to_id[c] for c in part if c in self._token_to_id and ord(c) < 128)
         return ids
+
+
+_LINES = re.compile(r"[^\n]+|\n+")  # llama.cpp's gemma4 pre-tokenizer: lines and runs of newlines
+_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
+
+
+class Gemma4Tokenizer(Tokenizer):
+    """tokenizer.ggml.model = "gemma4", as llama.cpp runs it: spaces written as "▁", the text cut only
+    into lines and newline runs (a run that is a token stays whole), merges over UTF-8 characters,
+    and an unknown symbol spelled with "<0xAB>" byte tokens. BOS is always added (llama.cpp overrides
+    a file's add_bos_token = false for Gemma 4)."""
+
+    default_add_bos = True
+
+    def __init__(self, metadata: Mapping[str, Any]):
+        super().__init__(metadata)
+        if self.bos_id is None:
+            raise ModelFormatError("a gemma4 tokenizer needs a BOS token (tokenizer.ggml.bos_token_id).")
+        self.add_bos = True
+        self._ranks = _read_merges(metadata)
+
+    def _tokenize_text(self, text: str, after_special: bool) -> list[int]:
+        return self._encode_words(_LINES.findall(text.replace(" ", _SPACE)))
+
+    def _normal_token_bytes(self, token_id: int) -> bytes:
+        return self._tokens[token_id].replace(_SPACE, " ").encode("utf-8")
+
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        if word[0] == "\n" and word in self._token_to_id:
+            return (self._token_to_id[word],)
+        merge = _merge_short if len(word) < _SHORT_WORD else _merge_heap
+        ids: list[int] = []
+        for part in merge(list(word), self._ranks):
+            tid = self._token_to_id.get(part)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            names = (f"<0x{b:02X}>" for b in part.encode("utf-8", errors="surrogatepass"))
+            ids.extend(self._token_to_id[n] for n in names if n in self._token_to_id)
+        return tuple(ids)
 
 
 def _read_merges(metadata: Mapping[str, Any]) -> dict[str, int]:

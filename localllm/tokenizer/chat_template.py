@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from localllm.errors import LocalLLMError
 from localllm.tokenizer.named_templates import (  # noqa: F401 (re-exported)
     CHATML,
     NAMED_TEMPLATES,
@@ -218,21 +219,37 @@ def apply_chat_template(
     template: ChatTemplate,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
+    *,
+    continue_final: bool = False,
     **kwargs: Any,
 ) -> list[int]:
     """Render and tokenize a conversation like llama.cpp's chat path.
 
     The text is tokenized with parse_special=True. Where the model adds BOS itself, a BOS the
     template wrote at the start is dropped first (and likewise a trailing EOS), so no token appears
-    twice - what llama.cpp's common_chat_template_direct_apply does.
+    twice - what llama.cpp's common_chat_template_direct_apply does. `continue_final` leaves the last
+    message open (assistant prefill): the text ends with its content.
     """
     text = template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    if continue_final:
+        text = open_final_message(text, messages[-1].get("content") or "")
     bos, eos = template.bos_token, template.eos_token
     if tokenizer.add_bos and bos and text.startswith(bos):
         text = text[len(bos) :]
     if tokenizer.add_eos and eos and text.endswith(eos):
         text = text[: -len(eos)]
     return tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+def open_final_message(text: str, content: str) -> str:
+    """`text` (a rendered conversation) cut right after the last message's content, so the model goes
+    on writing that message (what vLLM's continue_final_message and transformers do). A template that
+    trims the content is matched on the trimmed text."""
+    for wanted in (content, content.strip()):
+        at = text.rfind(wanted) if wanted else -1
+        if at >= 0:
+            return text[: at + len(wanted)]
+    raise LocalLLMError("the final message's content is not in the rendered prompt: it cannot be continued")
 
 
 # ------------------------------------------------------------------ which template: the one rule

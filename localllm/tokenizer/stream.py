@@ -18,14 +18,16 @@ class _TokenBytes(Protocol):
 class IncrementalDecoder:
     """Feed token ids one at a time; get back the text that became printable."""
 
-    def __init__(self, tokenizer: _TokenBytes, skip_special: bool = True):
+    def __init__(self, tokenizer: _TokenBytes, skip_special: bool = True, keep: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
+        self.keep = keep  # special tokens shown even with skip_special (a reasoning format's markers)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token_id: int) -> str:
         """The newly printable text after `token_id` (often "", mid-character)."""
-        return self._utf8.decode(self.tokenizer.token_bytes(token_id, self.skip_special))
+        skip = self.skip_special and token_id not in self.keep
+        return self._utf8.decode(self.tokenizer.token_bytes(token_id, skip))
 
     def flush(self) -> str:
         """What is still held back at the end of the stream (an incomplete character -> U+FFFD)."""

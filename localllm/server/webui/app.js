@@ -71,8 +71,26 @@
 
   function fillBody(body, message) {
     if (message.role === "user") body.textContent = message.content;
-    else window.LocalMarkdown.render(message.content, body);
+    else if (!message.reasoning) window.LocalMarkdown.render(message.content, body);
+    else {
+      const answer = document.createElement("div");
+      window.LocalMarkdown.render(message.content, answer);
+      body.replaceChildren(thinkingNode(message), answer);
+    }
     if (message.error) body.appendChild(document.createElement("p")).textContent = message.error;
+  }
+
+  // A thinking model's reasoning, folded: open while it is all there is, closed once the answer
+  // starts, unless the reader opened or closed it.
+  function thinkingNode(message) {
+    const details = document.createElement("details");
+    details.className = "thinking";
+    details.open = message.showThinking ?? !message.content;
+    const summary = details.appendChild(document.createElement("summary"));
+    summary.textContent = message.content ? "Thought" : "Thinking…";
+    summary.addEventListener("click", () => { message.showThinking = !details.open; });
+    details.appendChild(document.createElement("div")).textContent = message.reasoning;
+    return details;
   }
 
   function renderMessages() {
@@ -286,7 +304,10 @@
     const system = $("system").value.trim();
     conversation.system = system || undefined;
     const messages = conversation.messages.slice(0, -1).filter((m) => !m.error || m.content);
-    const history = messages.map((m) => ({ role: m.role, content: m.content }));
+    // earlier thinking goes back too: the model's chat template decides whether it is shown
+    const history = messages.map((m) => (m.reasoning
+      ? { role: m.role, content: m.content, reasoning_content: m.reasoning }
+      : { role: m.role, content: m.content }));
     return {
       messages: system ? [{ role: "system", content: system }, ...history] : history,
       stream: true, stream_options: { include_usage: true }, ...fields,
@@ -324,7 +345,7 @@
   function finishReply(conversation, reply, timing, controller) {
     const stopped = controller.signal.aborted;
     reply.stats = timing.chunks || !reply.error ? statsText(timing, stopped) : "";
-    if (stopped && !reply.content) reply.error = "Stopped before the first token.";
+    if (stopped && !reply.content && !reply.reasoning) reply.error = "Stopped before the first token.";
     touch(conversation);
     render();
   }
@@ -360,6 +381,11 @@
     }
     if (event.usage) timing.usage = event.usage;
     const choice = (event.choices || [])[0];
+    if (choice && choice.delta && choice.delta.reasoning_content) {
+      if (!timing.first) timing.first = performance.now();
+      timing.chunks++;
+      reply.reasoning = (reply.reasoning || "") + choice.delta.reasoning_content;
+    }
     if (choice && choice.delta && choice.delta.content) {
       if (!timing.first) timing.first = performance.now();
       timing.chunks++;

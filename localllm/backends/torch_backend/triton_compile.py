@@ -1,0 +1,79 @@
+"""Lowering the quantized-matmul kernels to a GPU's machine code without a GPU: `triton.compile` with
+a GPUTarget, as CI checks that the kernels still compile for Hopper (sm_90) on a CPU-only machine, and
+the device check reports per kernel. Run it in a process without TRITON_INTERPRET set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localllm.backends.torch_backend import triton_quant as tq
+from localllm.backends.torch_backend.weights import TYPES
+
+PLANE_TYPES = {"d": "*fp16", "dm": "*fp16", "qs": "*u8", "scm": "*u8", "qh": "*u8"}
+EXCEPTIONS = {("Q5_0", "qh"): "*i32", ("Q5_1", "qh"): "*i32", ("Q8_0", "qs"): "*i8", ("Q6_K", "scm"): "*i8"}
+
+
+def _signature(kernel: str, qtype: str) -> tuple[Any, dict[str, str], dict[str, Any]]:
+    names = TYPES[qtype][1]
+    planes = [EXCEPTIONS.get((qtype, n), PLANE_TYPES[n]) for n in names]
+    planes = [planes[0], planes[1], planes[2], planes[2]] if qtype == "Q4_K" else planes
+    planes += [planes[0]] * (4 - len(planes))
+    sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", **{f"p{i}": t for i, t in enumerate(planes)}}
+    if qtype in tq.KQUANTS:
+        return _kquant_signature(kernel, qtype, sig)
+    qt, bs = tq.QTYPE_IDS[qtype], TYPES[qtype][0]
+    if kernel == "gemv":
+        sig.update(N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
+        consts = dict(QT=qt, BS=bs, BLOCK_N=tq.GEMV_BLOCK_N, BLOCK_K=tq.GEMV_BLOCK_K)
+        return tq.gemv_kernel, sig, consts
+    sig.update(M="i32", N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
+    consts = dict(QT=qt, BS=bs, BLOCK_M=16, BLOCK_N=tq.GEMM_BLOCK_N, BLOCK_K=tq.GEMM_BLOCK_K)
+    return tq.gemm_kernel, sig, {**consts, "PRECISION": "tf32x3"}
+
+
+def _kquant_signature(
+    kernel: str, qtype: str, sig: dict[str, str]
+) -> tuple[Any, dict[str, str], dict[str, Any]]:
+    from localllm.backends.torch_backend import triton_kquant as kq
+
+    kind = tq.KQUANTS[qtype]
+    if kernel == "gemv":
+        sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+        return kq.gemv_kquant_kernel, sig, {"KIND": kind, "BLOCK_N": tq.KQUANT_BLOCK_N}
+    sig.update(M="i32", N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+    return kq.gemm_kquant_kernel, sig, {"KIND": kind, "BLOCK_M": 16, "BLOCK_N": 32, "PRECISION": "tf32x3"}
+
+
+def _source(fn: Any, sig: dict[str, str], consts: dict[str, Any]) -> Any:
+    """The kernel as the JIT would specialize it at a launch: pointers 16-byte aligned (torch's
+    allocations are), which is what lets Triton widen contiguous loads."""
+    import triton
+
+    full = {**sig, **dict.fromkeys(consts, "constexpr")}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(full.items()) if t.startswith("*")}
+    try:  # Triton >= 3.3: constexprs named in the signature
+        return triton.compiler.ASTSource(fn=fn, signature=full, constexprs=consts, attrs=aligned)
+    except TypeError:  # older: constants apart, no alignment hints
+        return triton.compiler.ASTSource(fn=fn, signature=sig, constants=consts)
+
+
+def compile_kernels(arch: int, which: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(kernel, type) -> a line on what it became: machine code size, whether tensor-core (mma)
+    instructions and 16-byte global loads are in it; "unsupported: ..." where this Triton cannot target
+    the architecture."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    out = {}
+    for kernel, qtype in which:
+        fn, sig, consts = _signature(kernel, qtype)
+        try:
+            compiled = triton.compile(_source(fn, sig, consts), target=GPUTarget("cuda", arch, 32))
+        except (ImportError, NotImplementedError) as e:
+            out[kernel, qtype] = f"unsupported: {e}"
+            continue
+        ptx = compiled.asm.get("ptx", "")
+        mma = ", mma" if ("mma" in ptx or "wgmma" in ptx) else ""
+        wide = ", 16-byte loads" if "ld.global.v4" in ptx else ""
+        out[kernel, qtype] = f"sm_{arch} cubin {len(compiled.asm['cubin'])} bytes{mma}{wide}"
+    return out

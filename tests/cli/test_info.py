@@ -1,0 +1,131 @@
+"""`localllm info` and the `list` columns on the tiny fixture: figures recomputed here from its shape."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from localllm.cli import info as _info  # noqa: F401  (registers the command)
+from localllm.cli import manage
+from localllm.cli.app import app
+from localllm.loading.file import GGUFFile
+from localllm.model_info import format_params, human_bytes, kv_bytes_per_token, short_template, summarize
+from localllm.registry import load_registry
+
+# the tiny model's shape (tests/support/tiny_model.py)
+LAYERS, DIM, FFN, HEADS, KV_HEADS, VOCAB, CTX = 2, 64, 128, 4, 2, 3 + 256 + 10, 256
+HEAD_DIM = DIM // HEADS
+MATRICES = 1 + 7 * LAYERS  # token_embd + q, k, v, o, gate, up, down per layer (all Q8_0)
+VECTORS = 1 + 2 * LAYERS  # output_norm + attn_norm, ffn_norm per layer (F32)
+MATRIX_PARAMS = VOCAB * DIM + LAYERS * (2 * DIM * DIM + 2 * KV_HEADS * HEAD_DIM * DIM + 3 * FFN * DIM)
+VECTOR_PARAMS = DIM * VECTORS
+KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # f16 K and V (the default)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALLLM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LOCALLLM_MODELS", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return {"COLUMNS": "160"}
+
+
+def test_summary_of_the_tiny_model(tiny_model_path, index_dir):
+    info = summarize(GGUFFile.open(tiny_model_path, index_dir))
+    assert (info.architecture, info.n_layers, info.n_kv_heads, info.head_dim) == (
+        "llama",
+        LAYERS,
+        KV_HEADS,
+        HEAD_DIM,
+    )
+    assert info.parameters == MATRIX_PARAMS + VECTOR_PARAMS and info.quant == "Q8_0"
+    assert info.context_length == CTX and info.vocab_size == VOCAB and info.chat_template
+    histogram = {t.type: t for t in info.tensor_types}
+    assert set(histogram) == {"Q8_0", "F32"}
+    assert (histogram["Q8_0"].count, histogram["Q8_0"].parameters) == (MATRICES, MATRIX_PARAMS)
+    assert (histogram["F32"].count, histogram["F32"].parameters) == (VECTORS, VECTOR_PARAMS)
+    assert histogram["F32"].bytes == 4 * VECTOR_PARAMS
+    assert histogram["Q8_0"].bytes == MATRIX_PARAMS // 32 * 34  # 32 int8 + one f16 scale per block
+    assert info.kv_bytes_per_token == KV_PER_TOKEN == kv_bytes_per_token(LAYERS, KV_HEADS, HEAD_DIM)
+    memory = info.memory()
+    assert memory["context"] == CTX and memory["kv_cache_bytes"] == KV_PER_TOKEN * CTX
+    assert memory["weights_bytes"] == tiny_model_path.stat().st_size
+    assert memory["total_bytes"] == tiny_model_path.stat().st_size + KV_PER_TOKEN * CTX
+
+
+def test_info_json(tiny_model_path, env):
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json", "--ctx-size", "1000"], env=env)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (
+        data["tensor_types"]["Q8_0"]["count"] == MATRICES and data["tensor_types"]["F32"]["count"] == VECTORS
+    )
+    assert data["parameters"] == MATRIX_PARAMS + VECTOR_PARAMS
+    assert data["memory"] == {
+        "weights_bytes": tiny_model_path.stat().st_size,
+        "kv_bytes_per_token": KV_PER_TOKEN,
+        "context": 1000,
+        "kv_cache_bytes": KV_PER_TOKEN * 1000,
+        "total_bytes": tiny_model_path.stat().st_size + KV_PER_TOKEN * 1000,
+    }
+    assert data["chat_template"].startswith("{% for message in messages %}")
+
+
+def test_info_text(tiny_model_path, env):
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path)], env=env)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "llama" in out and format_params(MATRIX_PARAMS + VECTOR_PARAMS) in out and "Q8_0" in out
+    assert f"{MATRICES}" in out and "F32" in out
+    assert human_bytes(KV_PER_TOKEN) in out and human_bytes(KV_PER_TOKEN * CTX) in out and f"@ {CTX}" in out
+    assert "{% endif %}" in out and "--full" not in out  # a short template is shown whole
+
+
+def test_long_templates_are_shortened():
+    long = "\n".join(f"{{# line {i} #}}" for i in range(40))
+    text, cut = short_template(long)
+    assert cut and text.count("\n") < 20 and long.startswith(text)
+    assert short_template("{{ x }}") == ("{{ x }}", False)
+
+
+def test_list_describes_downloaded_models(tiny_model_path, tmp_path, env):
+    models = tmp_path / "home" / "models"
+    models.mkdir(parents=True)
+    shutil.copy(tiny_model_path, models / "tiny.gguf")
+    (models / "junk.Q4_K_M.gguf").write_bytes(b"not a gguf")
+    params = format_params(MATRIX_PARAMS + VECTOR_PARAMS)
+    expected = {"arch": "llama", "params": params, "quant": "Q8_0", "context": "256"}
+    assert manage.describe(models / "tiny.gguf") == expected
+    assert manage.describe(models / "junk.Q4_K_M.gguf")["quant"] == "Q4_K_M"
+    result = CliRunner().invoke(app, ["list"], env=env)
+    assert result.exit_code == 0, result.output
+    # piped (as here): tab-separated records under a header; on a terminal the same as a Rich table
+    header, *rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert all(column in header for column in ("arch", "params", "quant", "context"))
+    row = dict(zip(header, next(r for r in rows if r[0] == "tiny.gguf"), strict=True))
+    assert row["arch"] == "llama" and row["quant"] == "Q8_0" and row["context"] == "256"
+    console = Console(file=io.StringIO(), width=200)
+    listed = manage.model_rows(load_registry(None), tmp_path / "home")
+    console.print(manage.model_table(listed, manage.describe))
+    table = console.file.getvalue()
+    assert all(column in table for column in ("NAME", "ARCH", "PARAMS", "QUANT", "CONTEXT"))
+
+
+def test_help_has_examples(env):
+    for command in ("chat", "info"):
+        import localllm.cli.chat  # noqa: F401
+
+        result = CliRunner().invoke(app, [command, "--help"], env=env)
+        assert (
+            result.exit_code == 0 and "Examples:" in result.stdout and f"localllm {command}" in result.stdout
+        )
+
+
+def test_format_params():
+    assert format_params(91264) == "91.3K" and format_params(134_515_008) == "135M"
+    assert format_params(1_711_376_384) == "1.7B" and format_params(7_000_000_000) == "7B"

@@ -1,0 +1,163 @@
+"""The llama-server and vLLM extension fields of docs/server.md's dialect table, on the tiny model: each
+honoured field changes what it should, and a value that asks for what this server does not do is a
+400 naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_harness import BAN_END, CHAT, Running, engine_factory, error_of, post, running_server
+
+EOS_FIRST = {"2": 100}  # <|im_end|>, the tiny model's end of turn, comes first
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_model_path: Path, index_dir: Path) -> Iterator[Running]:
+    with running_server(engine_factory(tiny_model_path, index_dir, ctx_size=256)) as running:
+        yield running
+
+
+def completion(srv: Running, **body: object) -> dict:
+    r = post(srv, "/v1/completions", {"prompt": "hello", "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def chat(srv: Running, **body: object) -> dict:
+    r = post(srv, "/v1/chat/completions", {"messages": CHAT, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# --------------------------------------------------------------------------------- llama-server
+
+
+def test_n_predict_is_max_tokens(srv: Running) -> None:
+    for n in (3, 7):
+        c = completion(srv, n_predict=n, logit_bias=BAN_END)
+        assert (c["usage"]["completion_tokens"], c["choices"][0]["finish_reason"]) == (n, "length")
+        same = completion(srv, max_tokens=n, logit_bias=BAN_END)
+        assert c["choices"][0]["text"] == same["choices"][0]["text"]
+        reply = chat(srv, n_predict=n, logit_bias=BAN_END)
+        assert reply["usage"]["completion_tokens"] == n
+    assert completion(srv, n_predict=5, max_tokens=5, logit_bias=BAN_END)["usage"]["completion_tokens"] == 5
+    assert (
+        error_of(post(srv, "/v1/completions", {"prompt": "hi", "n_predict": 5, "max_tokens": 6}), 400)[
+            "param"
+        ]
+        == "n_predict"
+    )
+    assert error_of(post(srv, "/v1/chat/completions", {"messages": CHAT, "n_predict": 0}), 400)["param"] == (
+        "n_predict"
+    )
+
+
+def test_n_predict_minus_one_is_no_limit(srv: Running) -> None:
+    """Completions default to 16 tokens; n_predict -1 (llama-server's "no limit") runs to the context."""
+    c = completion(srv, n_predict=-1, ignore_eos=True)
+    prompt = c["usage"]["prompt_tokens"]
+    assert c["usage"]["completion_tokens"] == 256 - prompt and c["choices"][0]["finish_reason"] == "length"
+    assert completion(srv, ignore_eos=True)["usage"]["completion_tokens"] == 16
+
+
+def test_ctx_shift_disabled_stream_as_llama_server_sends_it(srv: Running) -> None:
+    """llama.cpp's server suite's test_ctx_shift_disabled_stream: n_predict, streamed, ends "length"."""
+    from server_harness import sse_payloads
+
+    body = {"n_predict": 64, "prompt": "Once", "stream": True, "ignore_eos": True}
+    chunks = sse_payloads(post(srv, "/v1/completions", body).text)
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
+    assert "".join(c["choices"][0]["text"] for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "field,honoured,refused",
+    [("cache_prompt", True, False), ("id_slot", -1, 0), ("timings_per_token", False, True)]
+    + [("return_progress", False, True)],
+)
+def test_llama_server_flags(srv: Running, field: str, honoured: object, refused: object) -> None:
+    """The value that means what this server always does is accepted (and changes nothing); any other
+    is a 400 naming the field."""
+    base = {"max_tokens": 4, "logit_bias": BAN_END}
+    plain = completion(srv, **base)["choices"][0]["text"]
+    assert completion(srv, **base, **{field: honoured})["choices"][0]["text"] == plain
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": CHAT})):
+        err = error_of(post(srv, path, {**body, field: refused}), 400)
+        assert err["param"] == field and "cannot be honoured" in err["message"]
+
+
+# ------------------------------------------------------------------------------------------ vLLM
+
+
+def test_min_tokens_holds_back_the_end(srv: Running) -> None:
+    # completion_tokens counts the end-of-turn token too
+    first = completion(srv, max_tokens=10, logit_bias=EOS_FIRST)
+    assert (first["usage"]["completion_tokens"], first["choices"][0]["text"]) == (1, "")
+    c = completion(srv, max_tokens=10, logit_bias=EOS_FIRST, min_tokens=4)
+    assert (c["usage"]["completion_tokens"], c["choices"][0]["finish_reason"]) == (5, "stop")
+    assert c["choices"][0]["text"]
+    reply = chat(srv, max_tokens=10, logit_bias=EOS_FIRST, min_tokens=3)
+    assert reply["usage"]["completion_tokens"] == 4
+    err = error_of(post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "min_tokens": 3}), 400)
+    assert err["param"] == "min_tokens"
+
+
+def test_skip_special_tokens_false_keeps_their_text(srv: Running) -> None:
+    body = {"max_tokens": 2, "logit_bias": {"1": 100}}  # <|im_start|>, a control token
+    assert completion(srv, **body)["choices"][0]["text"] == ""
+    kept = completion(srv, **body, skip_special_tokens=False)["choices"][0]["text"]
+    assert kept == "<|im_start|><|im_start|>"
+    assert chat(srv, **body, skip_special_tokens=False)["choices"][0]["message"]["content"] == kept
+
+
+PREFILL = [*CHAT, {"role": "assistant", "content": "Sure, the answer is"}]
+
+
+def rendered_ids(srv: Running, messages: list[dict], generation_prompt: bool, cut: bool) -> list[int]:
+    from localllm.tokenizer.chat_template import apply_chat_template
+
+    return apply_chat_template(
+        srv.engine.tokenizer, srv.state.template, messages, generation_prompt, continue_final=cut
+    )
+
+
+def test_continue_final_message_continues_the_assistant_turn(srv: Running) -> None:
+    base = {"max_tokens": 4, "logit_bias": BAN_END}
+    cont = chat(srv, messages=PREFILL, continue_final_message=True, add_generation_prompt=False, **base)
+    want = rendered_ids(srv, PREFILL, False, True)
+    assert srv.engine.tokenizer.decode(want).endswith("Sure, the answer is")  # no end of turn after it
+    assert cont["usage"]["prompt_tokens"] == len(want)
+    # add_generation_prompt may be left out when continuing; the reply is the same
+    same = chat(srv, messages=PREFILL, continue_final_message=True, **base)
+    assert same["choices"][0]["message"] == cont["choices"][0]["message"]
+    # a new turn after the closed assistant message is another prompt
+    new_turn = chat(srv, messages=PREFILL, **base)
+    assert new_turn["usage"]["prompt_tokens"] == len(rendered_ids(srv, PREFILL, True, False))
+    assert new_turn["usage"]["prompt_tokens"] != cont["usage"]["prompt_tokens"]
+    both = {"messages": PREFILL, "continue_final_message": True, "add_generation_prompt": True}
+    assert error_of(post(srv, "/v1/chat/completions", both), 400)["param"] == "continue_final_message"
+    user_last = {"messages": CHAT, "continue_final_message": True}
+    assert error_of(post(srv, "/v1/chat/completions", user_last), 400)["param"] == "messages"
+
+
+def test_add_generation_prompt_false_renders_no_new_turn(srv: Running) -> None:
+    reply = chat(srv, max_tokens=2, add_generation_prompt=False, logit_bias=BAN_END)
+    assert reply["usage"]["prompt_tokens"] == len(rendered_ids(srv, CHAT, False, False))
+    assert reply["usage"]["prompt_tokens"] < chat(srv, max_tokens=2)["usage"]["prompt_tokens"]
+
+
+def test_messages_prefill_continues_the_assistant_turn(srv: Running) -> None:
+    """Anthropic's meaning of a final assistant message: the reply continues it."""
+    messages = [{"role": "user", "content": CHAT[0]["content"]}, PREFILL[-1]]
+    m = post(srv, "/v1/messages", {"messages": messages, "max_tokens": 4, "temperature": 0}).json()
+    read = m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"]
+    assert read == len(rendered_ids(srv, PREFILL, False, True))
+
+
+@pytest.mark.parametrize("field,value", [("mirostat", 2), ("n_probs", 3), ("use_beam_search", True)])
+def test_unmapped_dialect_fields_stay_refused(srv: Running, field: str, value: object) -> None:
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": CHAT})):
+        assert error_of(post(srv, path, {**body, field: value}), 400)["param"] == field
