@@ -29,7 +29,8 @@ def info(
     """Show a model's metadata, tensor types, chat template and the memory it needs.
 
     Memory is the file itself (memory-mapped weights) plus the KV cache: f16 keys and values (the default),
-    2 x layers x KV heads x head dim x 4 bytes per token of context.
+    2 x layers x KV heads x head dim x 2 bytes per token of context. "weights on a GPU" is what the torch
+    back end allocates on a CUDA device (the block types it keeps quantized, other matrices bf16).
 
     Examples:
 
@@ -39,6 +40,7 @@ def info(
 
       localllm info model.gguf --json --full
     """
+    from localllm.backends.device_weights import device_weight_bytes
     from localllm.errors import LocalLLMError
     from localllm.loading.file import GGUFFile
     from localllm.model_info import summarize
@@ -46,18 +48,22 @@ def info(
     if ctx_size < 0:
         raise LocalLLMError("--ctx-size must be >= 0.")
     path, _ = c.resolve(model)
-    summary = summarize(GGUFFile.open(path, c.model_home() / "index"))
+    gf = GGUFFile.open(path, c.model_home() / "index")
+    summary = summarize(gf)
+    gpu_bytes = device_weight_bytes(gf.tensors.values(), "cuda")  # the torch back end's, quantized
     if as_json:
-        print(json.dumps(summary.as_dict(ctx_size or None), ensure_ascii=False, default=str))
+        data = summary.as_dict(ctx_size or None)
+        data["memory"]["device_weights_bytes"] = {"cpu": summary.file_size, "cuda": gpu_bytes}
+        print(json.dumps(data, ensure_ascii=False, default=str))
         return
-    _print(summary, ctx_size or None, full)
+    _print(summary, ctx_size or None, full, gpu_bytes)
 
 
-def _print(summary, ctx_size: int | None, full: bool) -> None:
+def _print(summary, ctx_size: int | None, full: bool, gpu_bytes: int) -> None:
     from rich.console import Console
 
     console = Console()
-    for part in (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size)):
+    for part in (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size, gpu_bytes)):
         console.print(part)
         console.print()
     _print_template(console, summary, full)
@@ -111,7 +117,7 @@ def _tensor_types(summary):
     return types
 
 
-def _memory(summary, ctx_size: int | None):
+def _memory(summary, ctx_size: int | None, gpu_bytes: int):
     from rich.table import Table
 
     from localllm.model_info import human_bytes
@@ -121,7 +127,8 @@ def _memory(summary, ctx_size: int | None):
     mem.add_column(style="bold")
     mem.add_column(justify="right")
     mem.add_column()
-    mem.add_row("weights", human_bytes(memory["weights_bytes"]), "the file, memory-mapped")
+    mem.add_row("weights", human_bytes(memory["weights_bytes"]), "the file, memory-mapped (CPU)")
+    mem.add_row("weights on a GPU", human_bytes(gpu_bytes), "--backend torch: block types kept, others bf16")
     per_token = memory["kv_bytes_per_token"]
     if per_token is None:
         mem.add_row("KV cache", "?", "the metadata lacks layer or head counts")

@@ -72,6 +72,11 @@ def test_info_json(tiny_model_path, env):
         "context": 1000,
         "kv_cache_bytes": KV_PER_TOKEN * 1000,
         "total_bytes": tiny_model_path.stat().st_size + KV_PER_TOKEN * 1000,
+        # on a GPU: the Q8_0 matrices' blocks as they are (34 bytes per 32 values), vectors in float32
+        "device_weights_bytes": {
+            "cpu": tiny_model_path.stat().st_size,
+            "cuda": MATRIX_PARAMS // 32 * 34 + 4 * VECTOR_PARAMS,
+        },
     }
     assert data["chat_template"].startswith("{% for message in messages %}")
 
