@@ -186,7 +186,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     /v1/chat/completions, /v1/responses and /v1/messages share."""
     llm = check_request(state, body).engine
     tools = tool_plan(body, state.template.source) if state.template is not None else None
-    max_tokens, extra = body.max_new_tokens(), body.template_kwargs()
+    max_tokens, extra = body.reserved(body.max_new_tokens()), body.template_kwargs()
     prompt_ids = await run_in_threadpool(
         chat_prompt_ids,
         state,
@@ -200,7 +200,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
     params = reasoning_params(state, body, params)
-    check_context(llm, len(prompt_ids), params.max_tokens, "messages")
+    check_context(llm, len(prompt_ids), body.reserved(params.max_tokens), "messages")
     cache_break = state.cache_breaks.observe(
         conversation_key(body), prompt_ids, len(body.messages), llm.tokenizer.decode
     )
