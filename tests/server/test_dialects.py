@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import pytest
 from server_harness import BAN_END, CHAT, Running, engine_factory, error_of, post, running_server
 
