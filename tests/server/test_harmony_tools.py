@@ -169,3 +169,23 @@ def test_messages_tool_choice_any(oss: Running) -> None:
     [use] = [b for b in m["content"] if b["type"] == "tool_use"]
     check_args(use["name"], use["input"])
     assert all(not any(mk in b.get("text", "") for mk in MARKUP) for b in m["content"])
+
+
+def test_budget_steering_closes_the_call_in_harmony(oss: Running) -> None:
+    """The random model writes a long free string: near max_tokens the budget steering closes the
+    string, the object and the message with `<|call|>`, and the reply says so (length, closed_to_fit)
+    while its call is whole, as a Hermes call steered closed is."""
+    note = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
+    tools = [{"type": "function", "function": {"name": "take_note", "parameters": note}}]
+    body = {"tools": tools, "tool_choice": "required", "temperature": 1.0, "seed": 0, "max_tokens": 60}
+    choice = chat(oss, logprobs=True, **body)["choices"][0]
+    assert (choice["finish_reason"], choice["native_finish_reason"]) == ("length", "closed_to_fit"), choice
+    [call] = choice["message"]["tool_calls"]
+    assert set(json.loads(call["function"]["arguments"])) == {"note"}
+    assert written(choice).startswith(HEAD.format("take_note"))
+    calls, content, reason = streamed(oss, **body)
+    assert (calls, content, reason) == (
+        [{"name": "take_note", "arguments": call["function"]["arguments"]}],
+        "",
+        "length",
+    )
