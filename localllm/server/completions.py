@@ -50,13 +50,13 @@ def completion_prompts(
         out = []
         for prompt in body.prompts():
             chars = len(body.suffix) + (len(prompt) if isinstance(prompt, str) else 0)
-            check_prompt_chars(state, chars, body.max_tokens, "prompt")
+            check_prompt_chars(state, chars, body.reserved(body.max_tokens), "prompt")
             out.append((infill_prompt(llm, prompt, body.suffix), ""))
         return out
     out = []
     for prompt in body.prompts():
         if isinstance(prompt, str):
-            check_prompt_chars(state, len(prompt), body.max_tokens, "prompt")
+            check_prompt_chars(state, len(prompt), body.reserved(body.max_tokens), "prompt")
             out.append((llm.tokenize_prompt(prompt), prompt))
         else:
             check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
@@ -104,7 +104,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     params = build_params(llm, body, body.max_tokens if generates else 1, body.logprobs)
     params = await run_in_threadpool(constrained_params, llm, body, params)
     for ids, _ in prompts:
-        check_context(llm, len(ids), params.max_tokens if generates else None, "prompt")
+        check_context(llm, len(ids), body.reserved(params.max_tokens) if generates else None, "prompt")
     echoes = [await echo_of(state, body, ids, text) for ids, text in prompts for _ in range(n)]
     ids_list = [ids for ids, _ in prompts]
     jobs = await submit_choices(state.submitter, ids_list, params, n, "cmpl") if generates else []

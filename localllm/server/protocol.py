@@ -146,6 +146,12 @@ class SamplingRequest(_Request):
             raise APIError("n_predict must be at least 1 here (or -1: no limit)", param="n_predict")
         self.max_tokens = None if self.n_predict == -1 else self.n_predict
 
+    def reserved(self, max_tokens: int | None) -> int | None:
+        """The completion tokens the prompt must leave room for, checked up front: OpenAI's max_tokens
+        (a 400 when prompt and it overflow the context); none for llama-server's n_predict, a cap there:
+        the reply stops at the context's end and says `length` (its suite's test_ctx_shift_disabled_*)."""
+        return None if self.n_predict is not None else max_tokens
+
     def default_max_tokens(self) -> int | None:
         """max_tokens when none is given: the endpoint's default, none after n_predict -1."""
         return None if self.n_predict == -1 else self.DEFAULT_MAX_TOKENS
