@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localllm.backends.kv_types import CACHE_TYPE_BLOCKS, check_cache_type, row_bytes
+
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
     from localllm.models.spec import ModelArgs
 
-# KV cache element types by llama.cpp's names (--cache-type-k/-v) -> bytes per element. f16 is the
-# default, as in llama.cpp: half the memory of f32, and attention reads half the bytes.
-CACHE_TYPE_BYTES = {"f32": 4, "f16": 2}
+# KV cache element types by llama.cpp's names (--cache-type-k/-v) -> bytes per element (q8_0: 34 per
+# 32). f16 is the default, as in llama.cpp: half the memory of f32, and attention reads half the bytes.
+CACHE_TYPE_BYTES = {name: nbytes / values for name, (values, nbytes) in CACHE_TYPE_BLOCKS.items()}
 DEFAULT_CACHE_TYPE = "f16"
 
 
@@ -26,6 +28,10 @@ class KVLayout:
     head_dim: int
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
 
+    def __post_init__(self) -> None:
+        for t in self.cache_types:  # q8_0 blocks must tile a head, as llama.cpp requires
+            check_cache_type(t, self.head_dim)
+
     @classmethod
     def of(
         cls, args: ModelArgs, cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
@@ -36,8 +42,8 @@ class KVLayout:
     @property
     def bytes_per_token(self) -> int:
         """Keys and values of one token across all layers."""
-        per_row = self.n_layers * self.kv_heads * self.head_dim
-        return per_row * (CACHE_TYPE_BYTES[self.cache_types[0]] + CACHE_TYPE_BYTES[self.cache_types[1]])
+        k, v = (row_bytes(t, self.head_dim) for t in self.cache_types)
+        return self.n_layers * self.kv_heads * (k + v)
 
 
 class KVCache:

@@ -68,6 +68,7 @@ def test_info_json(tiny_model_path, env):
     assert data["parameters"] == MATRIX_PARAMS + VECTOR_PARAMS
     assert data["memory"] == {
         "weights_bytes": tiny_model_path.stat().st_size,
+        "kv_cache_types": ["f16", "f16"],
         "kv_bytes_per_token": KV_PER_TOKEN,
         "context": 1000,
         "kv_cache_bytes": KV_PER_TOKEN * 1000,

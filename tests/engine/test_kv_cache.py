@@ -73,8 +73,8 @@ def test_f16_cache_halves_the_pool_and_stays_close_to_f32(tiny_model_path) -> No
 
 
 def test_unsupported_cache_types_are_one_line_errors() -> None:
-    with pytest.raises(ConfigError, match="cache-type-k q8_0 is not supported"):
-        EngineConfig(model="x.gguf", cache_type_k="q8_0")
+    with pytest.raises(ConfigError, match="cache-type-k q4_0 is not supported"):
+        EngineConfig(model="x.gguf", cache_type_k="q4_0")
 
 
 def _resident_kib(a: np.ndarray) -> int:
