@@ -62,7 +62,7 @@ def compare(engine, ids: list[int], ref: dict) -> dict:
     }  # fmt: skip
 
 
-def run_model(binary: Path, model: str, gen: int) -> list[dict]:
+def run_model(binary: Path, model: str, gen: int, prompts: list[str]) -> list[dict]:
     from localllm.config import EngineConfig
     from localllm.engine.engine import LLMEngine
 
@@ -75,7 +75,8 @@ def run_model(binary: Path, model: str, gen: int) -> list[dict]:
         )
         engine = LLMEngine(config)
         text = "".join(p.read_text() for p in sorted(Path("localllm/engine").glob("*.py")))
-        for name, prompt in PROMPTS.items():
+        for name in prompts:
+            prompt = PROMPTS[name]
             ids = engine.tokenize_prompt(prompt if prompt is not None else text)[:700]
             row = {"model": Path(model).name, "cache": cache, "prompt": name, "prompt_tokens": len(ids)}
             row |= compare(engine, ids, llama_greedy(binary, model, ids, gen, cache))
@@ -91,9 +92,10 @@ def main() -> None:
     parser.add_argument("models", nargs="+")
     parser.add_argument("--gen", type=int, default=48)
     parser.add_argument("--binary", type=Path, default=Path("/tmp/kv_greedy"))
+    parser.add_argument("--prompts", default=",".join(PROMPTS), help="which of them, comma-separated")
     a = parser.parse_args()
     binary = build(a.binary)
-    rows = [r for m in a.models for r in run_model(binary, m, a.gen)]
+    rows = [r for m in a.models for r in run_model(binary, m, a.gen, a.prompts.split(","))]
     for model in dict.fromkeys(r["model"] for r in rows):
         for cache in ("f16", "q8_0"):
             mine = [r for r in rows if r["model"] == model and r["cache"] == cache]
