@@ -6,8 +6,9 @@ works for architectures the engine does not run, and `localllm list` can afford 
 Memory, as this engine uses it:
   * weights: the file itself, memory-mapped (pages are read in as they are first touched);
   * KV cache: keys and values for every layer, stored as f16 by default (--cache-type-k/-v) -
-    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context; in a hybrid model (qwen35,
-    qwen3next) only its attention layers write any (the others' pages are never touched);
+    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context (q8_0: 34 bytes per 32 values);
+    in a hybrid model (qwen35, qwen3next) only its attention layers write any (the others' pages are
+    never touched);
   * recurrent state (hybrid models): per sequence, each Gated DeltaNet layer's conv window and
     delta-rule state in float32, for every sequence the engine may run plus one, and the prefix cache's
     snapshots (engine/state_cache.py).
@@ -19,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from localllm.engine.kv_cache import CACHE_TYPE_BYTES, DEFAULT_CACHE_TYPE
+from localllm.engine.kv_cache import DEFAULT_CACHE_TYPE, KVLayout
 from localllm.printable import printable
 
-KV_DTYPE_BYTES = CACHE_TYPE_BYTES[DEFAULT_CACHE_TYPE]  # the engine's default K and V element size
+F16_KV = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)  # the engine's default K and V element types
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +58,24 @@ class ModelInfo:
 
     @property
     def kv_bytes_per_token(self) -> int | None:
-        if None in (self.n_layers, self.n_kv_heads, self.head_dim):
-            return None
-        layers = self.n_layers - self.recurrent_layers  # type: ignore[operator]
-        return kv_bytes_per_token(layers, self.n_kv_heads, self.head_dim)  # type: ignore[arg-type]
+        return self.kv_bytes_per_token_as(F16_KV)
 
-    def memory(self, ctx_size: int | None = None, max_num_seqs: int = 16) -> dict[str, Any]:
-        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context), with
-        the recurrent state pool of a hybrid model sized for `max_num_seqs` sequences (plus one)."""
+    def kv_bytes_per_token_as(self, cache_types: tuple[str, str]) -> int | None:
+        """Keys and values of one token in these cache types (None: unknown dims); a hybrid model's
+        recurrent layers keep none."""
+        if self.n_layers is None or self.n_kv_heads is None or self.head_dim is None:
+            return None
+        layers = self.n_layers - self.recurrent_layers
+        return kv_bytes_per_token(layers, self.n_kv_heads, self.head_dim, cache_types)
+
+    def memory(
+        self, ctx_size: int | None = None, cache_types: tuple[str, str] = F16_KV, max_num_seqs: int = 16
+    ) -> dict[str, Any]:
+        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context) with a
+        KV cache of `cache_types`, and the recurrent state pool of a hybrid model sized for
+        `max_num_seqs` sequences (plus one)."""
         ctx = ctx_size or self.context_length or 0
-        per_token = self.kv_bytes_per_token
+        per_token = self.kv_bytes_per_token_as(cache_types)
         kv = per_token * ctx if per_token is not None else None
         from localllm.engine.state_cache import pool_slots, snapshot_slots
 
@@ -78,6 +87,7 @@ class ModelInfo:
                  "state_pool_bytes": pool} if pool else {}  # fmt: skip
         return {
             "weights_bytes": self.file_size,
+            "kv_cache_types": list(cache_types),
             "kv_bytes_per_token": per_token,
             "context": ctx,
             "kv_cache_bytes": kv,
@@ -85,20 +95,20 @@ class ModelInfo:
             "total_bytes": self.file_size + (kv or 0) + pool,
         }
 
-    def as_dict(self, ctx_size: int | None = None) -> dict[str, Any]:
+    def as_dict(self, ctx_size: int | None = None, cache_types: tuple[str, str] = F16_KV) -> dict[str, Any]:
         data = asdict(self)
         data["tensor_types"] = {
             t.type: {k: v for k, v in asdict(t).items() if k != "type"} for t in self.tensor_types
         }
-        data["memory"] = self.memory(ctx_size)
+        data["memory"] = self.memory(ctx_size, cache_types)
         return data
 
 
 def kv_bytes_per_token(
-    n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int = KV_DTYPE_BYTES
+    n_layers: int, n_kv_heads: int, head_dim: int, cache_types: tuple[str, str] = F16_KV
 ) -> int:
-    """Keys and values of one token across all layers."""
-    return 2 * n_layers * n_kv_heads * head_dim * dtype_bytes
+    """Keys and values of one token across all layers (as the engine's pool stores them)."""
+    return KVLayout(n_layers, n_kv_heads, head_dim, cache_types).bytes_per_token
 
 
 def summarize(gf: Any) -> ModelInfo:

@@ -20,6 +20,7 @@ import numpy as np
 
 from localllm.backends import bounds
 from localllm.backends.base import Backend
+from localllm.backends.kv_types import row_width
 from localllm.backends.memory import lazy_zeros
 from localllm.backends.numba_hybrid import HybridPlan, is_hybrid
 from localllm.backends.numba_stack import DecoderPlan, plan_for
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from localllm.models.spec import LayerSpec, RopeSpec
     from localllm.models.transformer import Transformer
 
-_KV_STORAGE = {"f32": np.float32, "f16": np.uint16}
+_KV_STORAGE = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # q8_0: ggml's block bytes
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
@@ -127,9 +128,11 @@ class NumbaBackend(Backend):
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """f16 is stored as IEEE half bits in uint16 (Numba has no float16 arrays; kernels/kv.py)."""
-        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        k, v = (lazy_zeros(shape, _KV_STORAGE[t]) for t in cache_types)  # resident as blocks are written
+        """f16 is stored as IEEE half bits in uint16 (Numba has no float16 arrays), q8_0 as its blocks'
+        bytes in int8 (kernels/kv.py)."""
+        shape = (n_layers, num_blocks, block_size, kv_heads)
+        # resident as blocks are written
+        k, v = (lazy_zeros((*shape, row_width(t, head_dim)), _KV_STORAGE[t]) for t in cache_types)
         return k, v
 
     as_i64 = staticmethod(_i64)
@@ -220,7 +223,7 @@ class NumbaBackend(Backend):
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """(rope(q), rope(k)), with the rotated k and v stored in the cache."""
         q3, k3, v3, pos, slots = _f32(q), _f32(k), _f32(v), _i64(positions), _i64(slot_mapping)
-        bounds.check_kv_write((k3.shape, v3.shape), (k_cache.shape, v_cache.shape), slots, pos)
+        bounds.check_kv_write((k3.shape, v3.shape), (k_cache, v_cache), slots, pos)
         q_out, k_out = np.empty_like(q3), np.empty_like(k3)
         tab_pos, cos, sin, freqs = self._rope_table(pos, rope)
         layers.rope_rows(pos, freqs, float(rope.mscale()), tab_pos, cos, sin)
@@ -282,7 +285,7 @@ class NumbaBackend(Backend):
     ) -> np.ndarray:
         q3 = _f32(q)
         qsl, ctx, tables = _i64(query_start_loc), _i64(context_lens), _i64(block_tables)
-        bounds.check_attention(q3.shape, k_cache.shape, qsl, ctx, tables)
+        bounds.check_attention(q3.shape, (k_cache, v_cache), qsl, ctx, tables)
         out = np.empty_like(q3)
         s = np.empty(0, np.float32) if sinks is None else _f32(sinks).reshape(-1)
         if s.size not in (0, q3.shape[1]):
@@ -363,7 +366,8 @@ class NumbaBackend(Backend):
         from localllm.kernels.warmup import warm_kernels
 
         fused = model is not None and self.fused(model)
-        warm_kernels(list(self._prepared.values()), self.threads, not fused, _KV_STORAGE[cache_types[0]])
+        kv_dtypes = (_KV_STORAGE[cache_types[0]], _KV_STORAGE[cache_types[1]])
+        warm_kernels(list(self._prepared.values()), self.threads, not fused, kv_dtypes)
         if fused and model is not None:
             self._warm_stack(model, cache_types)
 

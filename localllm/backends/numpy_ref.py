@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.backends.base import Backend
+from localllm.backends.kv_types import row_width
 from localllm.backends.memory import lazy_zeros
 from localllm.kernels import gated_delta_reference, moe_reference
 from localllm.kernels import reference as ref
@@ -21,6 +22,8 @@ from localllm.quant import dequantize
 if TYPE_CHECKING:
     from localllm.models.layers import LayerWeights
     from localllm.models.spec import LayerSpec
+
+_KV_STORAGE = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
 
 
 @dataclass(slots=True)
@@ -48,8 +51,9 @@ class NumpyBackend(Backend):
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        k, v = (lazy_zeros(shape, {"f32": np.float32, "f16": np.float16}[t]) for t in cache_types)
+        """q8_0 as ggml's block bytes in int8, as the Numba backend stores it (reference.to_storage)."""
+        shape = (n_layers, num_blocks, block_size, kv_heads)
+        k, v = (lazy_zeros((*shape, row_width(t, head_dim)), _KV_STORAGE[t]) for t in cache_types)
         return k, v
 
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:

@@ -68,6 +68,7 @@ def test_info_json(tiny_model_path, env):
     assert data["parameters"] == MATRIX_PARAMS + VECTOR_PARAMS
     assert data["memory"] == {
         "weights_bytes": tiny_model_path.stat().st_size,
+        "kv_cache_types": ["f16", "f16"],
         "kv_bytes_per_token": KV_PER_TOKEN,
         "context": 1000,
         "kv_cache_bytes": KV_PER_TOKEN * 1000,
@@ -89,6 +90,27 @@ def test_info_text(tiny_model_path, env):
     assert f"{MATRICES}" in out and "F32" in out
     assert human_bytes(KV_PER_TOKEN) in out and human_bytes(KV_PER_TOKEN * CTX) in out and f"@ {CTX}" in out
     assert "{% endif %}" in out and "--full" not in out  # a short template is shown whole
+
+
+def test_info_sizes_a_q8_0_kv_cache(tiny_model_path, tmp_path, env):
+    """-ctk/-ctv q8_0: 34 bytes per 32 values (0.53x of f16); a head size 32 does not divide is refused."""
+    from tiny_arch import Shape, write_arch_model
+
+    path = write_arch_model(tmp_path / "hd32.gguf", "llama", n_layers=2, shape=Shape(dim=128, head_dim=32))
+    q8 = ["-ctk", "q8_0", "-ctv", "q8_0"]
+    result = CliRunner().invoke(app, ["info", str(path), "--json", *q8], env=env)
+    assert result.exit_code == 0, result.output
+    memory = json.loads(result.stdout)["memory"]
+    assert memory["kv_cache_types"] == ["q8_0", "q8_0"]
+    assert (
+        memory["kv_bytes_per_token"]
+        == 2 * 2 * KV_HEADS * 34
+        == kv_bytes_per_token(2, KV_HEADS, 32) * 34 // 64
+    )
+    text = CliRunner().invoke(app, ["info", str(path), "-ctk", "q8_0"], env=env).stdout
+    assert "(K 34/32 B (q8_0) + V 2 B (f16)) / 2" in text
+    refused = CliRunner().invoke(app, ["info", str(tiny_model_path), *q8], env=env)
+    assert refused.exit_code != 0 and "divisible by 32 (this model has 16)" in str(refused.exception)
 
 
 def test_long_templates_are_shortened():
