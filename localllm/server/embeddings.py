@@ -22,7 +22,7 @@ from localllm.errors import LocalLLMError
 from localllm.server.errors import APIError
 from localllm.server.jobs import ClientGone, run_on_engine, unless_client_gone
 from localllm.server.model_pool import model_state
-from localllm.server.protocol import NOOP, _Request, check_token_ids
+from localllm.server.protocol import NOOP, KeepAlive, _Request, check_token_ids
 from localllm.server.state import ServerState
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ PASSES_PER_CALL = 1  # forward passes per engine call: a generation step runs be
 class EmbeddingRequest(_Request):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
+    keep_alive: KeepAlive = None
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: int | None = Field(None, ge=1, description="Only the model's own width is accepted.")
     user: str | None = Field(None, description=NOOP)

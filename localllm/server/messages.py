@@ -25,7 +25,7 @@ from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
 from localllm.server.model_pool import model_state
 from localllm.server.pipeline import chat_prompt_length, start_chat
-from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_request
+from localllm.server.protocol import NOOP, NOT_YET, KeepAlive, _Request, chat_request
 from localllm.server.replies import chat_choice, cut_short
 from localllm.server.streaming import live_deltas, sse_event
 
@@ -37,6 +37,7 @@ class AnthropicMessage(_Request):
 
 class MessagesRequest(_Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     system: str | list[dict[str, Any]] | None = None
@@ -132,6 +133,7 @@ class CountTokensRequest(_Request):
     """POST /v1/messages/count_tokens: what a request would put in the prompt."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
