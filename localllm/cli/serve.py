@@ -208,12 +208,12 @@ def _serve_command(o: SimpleNamespace) -> None:
         )  # fmt: skip
         return path, defaults, engine_config
 
-    c.first_run_notice(o.backend)
     if len(names) == 1:
         _serve_one(o, names[0], resolve, limits)
         return
     base = _server_config(o, names[0] or "default", (), None)
     models = served_models(names, resolve, base, served_id)
+    c.first_run_notice(o.backend)
     run_server(None, base, o.log_level, limits, models, pool_limits)
 
 
@@ -227,6 +227,7 @@ def _serve_one(o: SimpleNamespace, name: str | None, resolve: Any, limits: Any) 
     config = _server_config(
         o, served_id(name, path), (path.name, path.stem, *([name] if name else [])), template
     )
+    c.first_run_notice(o.backend)
     run_server(lambda: LLMEngine(engine_config), config, o.log_level, limits)
 
 

@@ -105,8 +105,8 @@ class Member:
 
     @property
     def status(self) -> str:
-        if self.loaded and not self.evicting:
-            return "loaded"
+        if self.loaded:
+            return "loaded"  # an evicted one too, until its last request ends
         return "loading" if self.loading is not None else "unloaded"
 
     def idle(self) -> bool:
@@ -158,7 +158,8 @@ class ModelPool:
 
         if self.pinned:
             state = self.default
-            threading.Thread(target=state.load, args=(self.members[0].model.factory,), daemon=True).start()
+            factory = self.members[0].model.factory
+            threading.Thread(target=state.load, args=(factory,), name="localllm-load", daemon=True).start()
             return
         self._load_lock = asyncio.Lock()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
