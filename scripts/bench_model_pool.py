@@ -7,7 +7,8 @@
    models, so the third load evicts the least recently used one.
 2. 64 completion requests spread over the three models, 8 at a time (streamed or not): failures, loads and
    evictions meanwhile, wall time.
-3. Idle: every model unloads within the keep-alive (plus the reaper's tick).
+3. Idle: every model unloads within the keep-alive (plus the reaper's tick); the server's RSS with
+   none, two, and again none loaded.
 
 Prints one JSON object (and a few readable lines on stderr).
 """
@@ -27,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import psutil
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct")
 
@@ -72,7 +74,12 @@ def states(url: str) -> dict[str, str]:
 
 def complete(url: str, model: str, stream: bool = False, max_tokens: int = 16) -> tuple[bool, float, str]:
     """One /v1/completions request (gemma-3-270m, a base model, has no chat template)."""
-    body = {"model": model, "prompt": "The three primary colours are", "max_tokens": max_tokens, "stream": stream}
+    body = {
+        "model": model,
+        "prompt": "The three primary colours are",
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
     start = time.perf_counter()
     try:
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
@@ -168,15 +175,15 @@ def main() -> None:
                 pass
             assert proc.poll() is None, Path(log.name).read_text()
             time.sleep(0.2)
-        result = {
-            "command": " ".join(cmd[2:]),
-            "estimates_mib": {k: v >> 20 for k, v in need.items()},
-            "budget_mib": budget_mb,
-            "first_requests": first_requests(url),
-            "mixed": mixed(url, args.requests, args.concurrency),
-            "idle": idle(url, args.keep_alive),
-            "server_log": log.name,
-        }
+        rss = lambda: psutil.Process(proc.pid).memory_info().rss >> 20  # noqa: E731
+        result: dict[str, Any] = {"command": " ".join(cmd[2:]), "rss_mib_none_loaded": rss()}
+        result |= {"estimates_mib": {k: v >> 20 for k, v in need.items()}, "budget_mib": budget_mb}
+        result["first_requests"] = first_requests(url)
+        result["rss_mib_two_loaded"] = rss()
+        result["mixed"] = mixed(url, args.requests, args.concurrency)
+        result["idle"] = idle(url, args.keep_alive)
+        result["rss_mib_after_idle_unload"] = rss()
+        result["server_log"] = log.name
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,7 +126,7 @@ class ModelPool:
         self.limits = limits
         keep = limits.keep_alive if limits is not None else math.inf
         self.members = [Member(m, keep) for m in models]
-        self.draining_ = False
+        self._draining = False
         self.on_drain: Callable[[], None] | None = None  # set by the runner: drain, then exit
         self._closing = False
         self._load_lock: asyncio.Lock | None = None  # made on the event loop
@@ -144,18 +145,16 @@ class ModelPool:
 
     @property
     def draining(self) -> bool:
-        return self.draining_
+        return self._draining
 
     @draining.setter
     def draining(self, value: bool) -> None:
-        self.draining_ = value
+        self._draining = value
         for member in self.members:
             member.state.draining = value
 
     def start(self) -> None:
         """On the event loop as the server starts: the pinned model's load, or the idle-model reaper."""
-        import threading
-
         if self.pinned:
             state = self.default
             factory = self.members[0].model.factory
@@ -234,7 +233,7 @@ class ModelPool:
     async def acquire(self, request: Request, name: str | None, keep_alive: Any = None) -> ServerState:
         """The state of the model `name` names, loaded, leased to `request` until its response is sent;
         waits while the model loads (or is evicted, then reloads it), up to the load timeout."""
-        if self.pinned:
+        if self.limits is None:  # pinned: the one model, checked by the pipeline as ever
             return self.default
         self.ready()
         member = self.find(name)

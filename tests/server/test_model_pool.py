@@ -224,3 +224,15 @@ def test_mixed_load_over_three_models_has_no_failures(model_files: list[Path], i
         assert failed == []
         assert sum(loads.count.values()) > 3  # models were evicted and loaded again meanwhile
         assert srv.pool.in_flight() == 0 and all(m.leases == 0 for m in srv.pool.members)
+
+
+def test_a_draining_server_takes_no_new_work_for_any_model(model_files: list[Path], index_dir: Path) -> None:
+    with running_server(None, models=Loads(model_files, index_dir).models(), pool=PoolLimits()) as srv:
+        assert chat(srv, "tiny-a").status_code == 200
+        assert httpx.get(f"{srv.url}/ready").status_code == 200
+        srv.pool.draining = True  # what SIGTERM and POST /admin/drain set (runner.py)
+        for name in ("tiny-a", "tiny-b"):  # loaded or not
+            assert error_of(chat(srv, name), 503)["code"] == "server_draining"
+        assert httpx.get(f"{srv.url}/ready").status_code == 503
+        assert httpx.get(f"{srv.url}/health").status_code == 200  # alive, finishing what it holds
+        assert states(srv)["tiny-b"] == "unloaded"
