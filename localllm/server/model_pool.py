@@ -15,6 +15,7 @@ serving a request, or about to, is never unloaded under it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import re
@@ -331,6 +332,8 @@ class ModelPool:
         try:
             if engine is not None:
                 await run_in_threadpool(close_engine, engine)
+                del engine
+                await run_in_threadpool(gc.collect)  # a model's objects hold cycles: free its memory now
                 member.unloads[reason] = member.unloads.get(reason, 0) + 1
                 log.info("unloaded %s (%s)", member.name, reason)
         finally:
