@@ -163,6 +163,19 @@ class ModelPool:
             return
         self._load_lock = asyncio.Lock()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        log.info("%s", self.banner())
+
+    def banner(self) -> str:
+        limits, c = self.limits, self.config
+        assert limits is not None
+        keep = "forever" if limits.keep_alive == math.inf else f"{limits.keep_alive:g} s"
+        most = f", at most {limits.max_loaded} loaded" if limits.max_loaded else ""
+        budget = f", within {limits.max_memory >> 20} MiB" if limits.max_memory else ""
+        return (
+            f"localllm serving {len(self.members)} models, each loaded on its first request: "
+            f"{', '.join(m.name for m in self.members)} | idle ones unload after {keep}{most}{budget} | "
+            f"http://{c.host}:{c.port}/v1" + (f" | chat page http://{c.host}:{c.port}/" if c.webui else "")
+        )
 
     def ready(self) -> None:
         """The 503 of a server not taking work: the pinned model's (loading, failed, stopping), else

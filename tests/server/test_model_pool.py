@@ -98,6 +98,7 @@ def test_each_model_loads_on_its_first_request(model_files: list[Path], index_di
     with running_server(None, models=loads.models(), pool=PoolLimits(keep_alive=math.inf)) as srv:
         assert httpx.get(f"{srv.url}/health").status_code == 200  # up before any model loads
         assert states(srv) == dict.fromkeys(NAMES, "unloaded")
+        assert "3 models, each loaded on its first request: tiny-a, tiny-b, tiny-c" in srv.pool.banner()
         replies = {}
         for i, name in enumerate(NAMES):
             r = chat(srv, name)
