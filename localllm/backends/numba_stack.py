@@ -185,10 +185,16 @@ class DecoderPlan:
         """(expert-weight bytes launched, (token, layer) rows routed) since the plan was built."""
         return self.weights.moe_stats
 
-    @functools.cache  # noqa: B019 (one plan per model, kept as long as the model)
     def _path(self, use_int: bool) -> dk.StackWeights:
         """The weights with one path's tables: integer, or float (without AVX2 for long prompts,
-        whose kernels load only when needed)."""
+        whose kernels load only when needed), made once per plan. Kept on the plan, not in a
+        functools.cache, which would hold every plan (and its weights) after its model is unloaded."""
+        paths = self.__dict__.setdefault("_paths", {})
+        if use_int not in paths:
+            paths[use_int] = self._make_path(use_int)
+        return paths[use_int]
+
+    def _make_path(self, use_int: bool) -> dk.StackWeights:
         everything = self.everything
         gemm = int(everything[0].gemm) if matmul.needs_gemm(everything, use_int) else 0
         if use_int:

@@ -35,6 +35,10 @@ class BlockTier(Protocol):
 
     def store(self, key: bytes, token_ids: tuple[int, ...], block_id: int) -> None: ...
 
+    def close(self) -> None:
+        """Write out what is pending and stop (the engine is being closed)."""
+        ...
+
 
 class Block:
     __slots__ = ("block_id", "ref_count", "hash", "token_ids")

@@ -159,6 +159,19 @@ class LLMEngine:
         if seq.constraint is None and reasoning.due():
             seq.forced = list(reasoning.close_ids)
 
+    def close(self) -> None:
+        """Let go of what outlives a dropped reference: the disk tier's writer (its queue written out,
+        then stopped), the grammar sandbox and threads, the mask thread, and the file pages mapped so
+        far. Call it with the engine idle, from the thread that stepped it or after that thread ended;
+        the memory goes with the last reference to the engine. Idempotent."""
+        if self.block_manager.tier is not None:
+            self.block_manager.tier.close()
+        if self._grammars is not None:
+            self._grammars.close()
+            self._grammars = None
+        self.runner.close()
+        self.gguf.release_pages()
+
     @property
     def grammars(self) -> Any:
         """The compiler (and cache) of this model's constrained-decoding grammars; llguidance loads here,

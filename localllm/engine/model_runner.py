@@ -30,6 +30,9 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self._masks = MaskPrefetcher()
 
+    def close(self) -> None:
+        self._masks.close()
+
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         input_ids, positions, slots, query_start, context_lens = [], [], [], [0], []
         logits_indices: list[int] = []

@@ -27,6 +27,7 @@ from localllm.server.jobs import (
     submit_choices,
     total_usage,
 )
+from localllm.server.model_pool import model_state
 from localllm.server.pipeline import build_params, check_context, check_prompt_chars, check_request
 from localllm.server.protocol import CompletionRequest, check_token_ids
 from localllm.server.replies import (
@@ -36,7 +37,7 @@ from localllm.server.replies import (
     join_logprobs,
     token_logprobs,
 )
-from localllm.server.state import ServerState, server_state
+from localllm.server.state import ServerState
 from localllm.server.streaming import ChunkBuilder
 from localllm.server.structured_output import constrained_params
 from localllm.tokenizer.fim import fim_tokens, infill_ids
@@ -97,7 +98,7 @@ async def echo_of(
 
 
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    state = server_state(request)
+    state = await model_state(request, body)
     llm = check_request(state, body).engine
     prompts = await run_in_threadpool(completion_prompts, state, llm, body)
     generates, n = body.generates(), body.num_choices

@@ -57,6 +57,15 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
 
 
+KeepAlive = Annotated[
+    str | float | None,
+    Field(
+        description="Ollama's: how long the model stays loaded after this request, in seconds or as a "
+        'duration such as "10m"; 0 unloads it at once, -1 keeps it (a server of several models).',
+    ),
+]
+
+
 def _refused(default: Any = None) -> Any:
     return Field(default, description=NOT_YET)
 
@@ -65,6 +74,7 @@ class SamplingRequest(_Request):
     """Fields shared by chat and completions: OpenAI's, then llama.cpp/vLLM extensions."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
@@ -360,6 +370,7 @@ class TokenizeRequest(_Request):
     """vLLM's /tokenize: a prompt, or messages rendered with the chat template."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
@@ -369,6 +380,7 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     tokens: list[int]
 
 
