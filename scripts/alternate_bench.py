@@ -35,8 +35,9 @@ def summarise(model: str, rounds: list[dict]) -> list[str]:
     lines = []
     for test, threads in sorted({(t, n) for t, n, _ in rates}):
         ours, theirs = rates[(test, threads, "localllm")], rates[(test, threads, "llama.cpp")]
-        ratio = sorted(a / b for a, b in zip(ours, theirs))
-        cells = [model, test, str(threads), f"{statistics.median(ours):.1f}", f"{statistics.median(theirs):.1f}"]
+        ratio = sorted(a / b for a, b in zip(ours, theirs, strict=True))
+        medians = f"{statistics.median(ours):.1f}", f"{statistics.median(theirs):.1f}"
+        cells = [model, test, str(threads), *medians]
         cells += [f"**{statistics.median(ratio):.2f}x**", f"{ratio[0]:.2f}-{ratio[-1]:.2f}", family]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -107,7 +107,7 @@ def _norms(s: LlamaShape) -> list[tuple[str, int]]:
     for il in range(s.n_layers):
         names += [(f"blk.{il}.attn_norm.weight", s.dim), (f"blk.{il}.ffn_norm.weight", s.dim)]
         if s.arch == "qwen3":
-            names += [(f"blk.{il}.attn_q_norm.weight", s.head_dim), (f"blk.{il}.attn_k_norm.weight", s.head_dim)]
+            names += [(f"blk.{il}.attn_{qk}_norm.weight", s.head_dim) for qk in "qk"]
     return names
 
 
