@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     for t in temps:
         usable = [i for i in range(len(cases)) if refs[t, i].finish_reason == "stop"][: args.schemas]
         for i in range(len(cases)):
-            if i not in usable:
+            if i not in usable and refs[t, i].finish_reason != "stop":  # (a spare not needed: silent)
                 print(f"T={t} {cases[i][0].__name__:10s} reference ended {refs[t, i].finish_reason}: skipped")
         n = {i: len(refs[t, i].token_ids) for i in usable}
         jobs += [(t, i, f, max(1, round(f * n[i]))) for i in usable for f in factors]
