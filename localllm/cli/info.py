@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated
 
@@ -29,7 +30,8 @@ def info(
     """Show a model's metadata, tensor types, chat template and the memory it needs.
 
     Memory is the file itself (memory-mapped weights) plus the KV cache: f16 keys and values (the default),
-    2 x layers x KV heads x head dim x 4 bytes per token of context.
+    2 x layers x KV heads x head dim x 4 bytes per token of context. The last line says whether that
+    (at the context run and serve would use) fits this machine's RAM, and when it does not, where to go.
 
     Examples:
 
@@ -47,17 +49,46 @@ def info(
         raise LocalLLMError("--ctx-size must be >= 0.")
     path, _ = c.resolve(model)
     summary = summarize(GGUFFile.open(path, c.model_home() / "index"))
+    fit_ctx, fit = machine_fit(summary, ctx_size)
     if as_json:
-        print(json.dumps(summary.as_dict(ctx_size or None), ensure_ascii=False, default=str))
+        data = summary.as_dict(ctx_size or None) | {"fit": {"context": fit_ctx, **dataclasses.asdict(fit)}}
+        print(json.dumps(data, ensure_ascii=False, default=str))
         return
-    _print(summary, ctx_size or None, full)
+    _print(summary, ctx_size or None, full, _fit_line(fit_ctx, fit))
 
 
-def _print(summary, ctx_size: int | None, full: bool) -> None:
+def machine_memory() -> tuple[int, int]:
+    """(available, total) bytes of RAM on this machine."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+def machine_fit(summary, ctx_size: int):
+    """The context run/serve would use (--ctx-size, else the trained one up to DEFAULT_CONTEXT) and
+    whether weights + KV cache at it fit this machine's RAM."""
+    from localllm.config import DEFAULT_CONTEXT
+    from localllm.model_info import memory_fit
+
+    ctx = ctx_size or min(summary.context_length or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    memory = summary.memory(ctx)
+    available, total = machine_memory()
+    return ctx, memory_fit(memory["total_bytes"], memory["weights_bytes"], available, total)
+
+
+def _fit_line(ctx: int, fit):
+    from rich.text import Text
+
+    style = {"fits": "green", "tight": "yellow"}.get(fit.verdict, "bold red")
+    return Text.assemble((f"this machine @ {ctx:,} tokens of context: ", "bold"), (fit.message, style))
+
+
+def _print(summary, ctx_size: int | None, full: bool, fit_line) -> None:
     from rich.console import Console
 
     console = Console()
-    for part in (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size)):
+    for part in (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size), fit_line):
         console.print(part)
         console.print()
     _print_template(console, summary, full)
