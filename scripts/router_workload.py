@@ -175,13 +175,14 @@ def main() -> None:
     procs = start_replicas(args, tmp)
     workers = [url for url, _ in procs]
     try:
-        results = [phase(args, workers, policy, i, tmp) for i, policy in enumerate(args.policies.split(","))]
+        results = []
+        for i, policy in enumerate(args.policies.split(",")):
+            results.append(phase(args, workers, policy, i, tmp))
+            print(json.dumps(results[-1]), flush=True)  # each phase as it ends: a long run may be cut
     finally:
         for _, proc in procs:
             proc.terminate()
             proc.wait()
-    for r in results:
-        print(json.dumps(r))
     first, last = results[0], results[-1]
     print(json.dumps({"ttft_p50_ratio_last_over_first": round(last["ttft_p50_s"] / first["ttft_p50_s"], 2),
                       "hit_ratio": [first["hit_ratio"], last["hit_ratio"]], "logs": str(tmp)}))  # fmt: skip

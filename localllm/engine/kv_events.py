@@ -129,7 +129,7 @@ class KVEventPublisher:
         import zmq
 
         self.config, self._packb = config, msgpack.packb
-        self._socket = zmq.Context.instance().socket(zmq.PUB)
+        self._socket: Any = zmq.Context.instance().socket(zmq.PUB)
         self._socket.set_hwm(config.hwm)
         endpoint = config.endpoint
         if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
