@@ -104,6 +104,38 @@ class ModelInfo:
         return data
 
 
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Whether weights + KV cache fit this machine's RAM, and a sentence saying so."""
+
+    verdict: str  # "fits" | "tight" (more than is free now, less than installed) | "too big"
+    needed_bytes: int
+    available_bytes: int
+    total_bytes: int
+    message: str
+
+
+def memory_fit(needed: int, weights: int, available: int, total: int) -> Fit:
+    """The verdict for `needed` bytes (weights + KV) on a machine with `total` RAM, `available` free.
+
+    Memory-mapped weights larger than RAM still "load", but every token then rereads them from disk:
+    far too slow to use, so that counts as not fitting."""
+    need, have, free = human_bytes(needed), human_bytes(total), human_bytes(available)
+    if needed > total:
+        part = "its weights alone need" if weights > total else "weights + KV cache need"
+        message = (
+            f"does not fit: {part} {need}, this machine has {have} of RAM. Use a smaller "
+            "quantization or --ctx-size, or run it across machines (docs/scaling.md)."
+        )
+        return Fit("too big", needed, available, total, message)
+    if needed > available:
+        message = (
+            f"tight: needs {need}, {free} of {have} is free now; close other programs or lower --ctx-size."
+        )
+        return Fit("tight", needed, available, total, message)
+    return Fit("fits", needed, available, total, f"fits: needs {need}, {free} of {have} is free.")
+
+
 def kv_bytes_per_token(
     n_layers: int, n_kv_heads: int, head_dim: int, cache_types: tuple[str, str] = F16_KV
 ) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated
 
@@ -34,6 +35,8 @@ def info(
     2 x layers x KV heads x head dim x 2 bytes per token of context; q8_0 (-ctk q8_0 -ctv q8_0) takes
     34 bytes per 32 values, 0.53x of f16. "weights on a GPU" is what the torch back end allocates on a
     CUDA device (the block types it keeps quantized, other matrices bf16).
+    The last line says whether that (at the context run and serve would use) fits this machine's RAM,
+    and when it does not, where to go.
 
     Examples:
 
@@ -58,19 +61,49 @@ def info(
     gf = GGUFFile.open(path, c.model_home() / "index")
     summary = summarize(gf)
     gpu_bytes = device_weight_bytes(gf.tensors.values(), "cuda")  # the torch back end's, quantized
+    fit_ctx, fit = machine_fit(summary, ctx_size, kv)
     if as_json:
-        data = summary.as_dict(ctx_size or None, kv)
+        data = summary.as_dict(ctx_size or None, kv) | {"fit": {"context": fit_ctx, **dataclasses.asdict(fit)}}
         data["memory"]["device_weights_bytes"] = {"cpu": summary.file_size, "cuda": gpu_bytes}
         print(json.dumps(data, ensure_ascii=False, default=str))
         return
-    _print(summary, ctx_size or None, full, kv, gpu_bytes)
+    _print(summary, ctx_size or None, full, kv, gpu_bytes, _fit_line(fit_ctx, fit))
 
 
-def _print(summary, ctx_size: int | None, full: bool, kv: tuple[str, str], gpu_bytes: int) -> None:
+def machine_memory() -> tuple[int, int]:
+    """(available, total) bytes of RAM on this machine."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+def machine_fit(summary, ctx_size: int, kv: tuple[str, str] = ("f16", "f16")):
+    """The context run/serve would use (--ctx-size, else the trained one up to DEFAULT_CONTEXT) and
+    whether weights + KV cache at it fit this machine's RAM."""
+    from localllm.config import DEFAULT_CONTEXT
+    from localllm.model_info import memory_fit
+
+    ctx = ctx_size or min(summary.context_length or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    memory = summary.memory(ctx, kv)
+    available, total = machine_memory()
+    return ctx, memory_fit(memory["total_bytes"], memory["weights_bytes"], available, total)
+
+
+def _fit_line(ctx: int, fit):
+    from rich.text import Text
+
+    style = {"fits": "green", "tight": "yellow"}.get(fit.verdict, "bold red")
+    return Text.assemble((f"this machine @ {ctx:,} tokens of context: ", "bold"), (fit.message, style))
+
+
+
+def _print(summary, ctx_size: int | None, full: bool, kv: tuple[str, str], gpu_bytes: int, fit_line) -> None:
     from rich.console import Console
 
     console = Console()
-    for part in (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size, kv, gpu_bytes)):
+    parts = (_facts(summary), _tensor_types(summary), _memory(summary, ctx_size, kv, gpu_bytes), fit_line)
+    for part in parts:
         console.print(part)
         console.print()
     _print_template(console, summary, full)

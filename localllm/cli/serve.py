@@ -78,6 +78,15 @@ DrainTimeout = Annotated[
         "(0 = end them at once, as Ctrl-C does).",
     ),
 ]
+KvEventsConfig = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-events-config",
+        help="Publish KV-cache events (blocks stored/removed) on ZMQ in vLLM's format for KV-aware "
+        'routers; vLLM\'s JSON, e.g. \'{"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"}\' '
+        "(needs localllm[events]; docs/scaling.md).",
+    ),
+]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 Models = Annotated[
@@ -152,6 +161,7 @@ def serve(
     webui: WebUI = True,
     metrics_public: MetricsPublic = False,
     drain_timeout: DrainTimeout = 30.0,
+    kv_events_config: KvEventsConfig = None,
     alias: Alias = None,
     log_level: LogLevel = "info",
 ) -> None:
@@ -194,7 +204,8 @@ def _serve_command(o: SimpleNamespace) -> None:
     pool_limits = _pool_limits(o)
     limits = ConnectionLimits(o.max_connections, o.header_timeout, o.body_timeout)
     names = model_names(o.models, o.models_dir)
-    flags = {"--alias": o.alias, "--chat-template": o.chat_template, "--draft-model": o.draft_model}
+    flags = {"--alias": o.alias, "--chat-template": o.chat_template, "--draft-model": o.draft_model,
+             "--kv-events-config": o.kv_events_config}  # fmt: skip
     check_single_model_flags(len(names), flags)
     spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
     spec |= c.kv_disk_options(o.kv_disk_mb, o.kv_disk_dir, default_on=True)
@@ -228,7 +239,8 @@ def _serve_one(o: SimpleNamespace, name: str | None, resolve: Any, limits: Any) 
         o, served_id(name, path), (path.name, path.stem, *([name] if name else [])), template
     )
     c.first_run_notice(o.backend)
-    run_server(lambda: LLMEngine(engine_config), config, o.log_level, limits)
+    publisher = kv_event_publisher(o.kv_events_config)
+    run_server(with_kv_events(lambda: LLMEngine(engine_config), publisher), config, o.log_level, limits)
 
 
 def _server_config(o: SimpleNamespace, model_id: str, aliases: tuple[str, ...], template: str | None) -> Any:
@@ -263,6 +275,43 @@ def _pool_limits(o: SimpleNamespace) -> Any:
     except ValueError as e:
         _usage_error(f"--keep-alive: {e}")
     return PoolLimits(keep_alive, o.max_loaded, o.max_memory_mb * 2**20, o.load_timeout)
+
+
+def kv_event_publisher(text: str | None) -> Any:
+    """The KV-event publisher --kv-events-config asks for (its socket bound now, so a taken port is a
+    usage error before the model loads), or None; a bad value or a missing extra is one line."""
+    from localllm.engine import kv_events
+
+    if not text:
+        return None
+    try:
+        config = kv_events.KVEventsConfig.parse(text)
+    except (ValueError, TypeError) as e:
+        _usage_error(str(e))
+    if not config.enabled:
+        return None
+    missing = kv_events.missing_dependencies()
+    if missing:
+        _usage_error(missing)
+    try:
+        return kv_events.KVEventPublisher(config)
+    except Exception as e:  # zmq.ZMQError: address in use, bad endpoint
+        _usage_error(f"--kv-events-config: cannot open {config.endpoint}: {e}")
+
+
+def with_kv_events(factory: Any, publisher: Any) -> Any:
+    """`factory`, its engine's block manager wired to `publisher` (kv_events.attach) when there is one."""
+    if publisher is None:
+        return factory
+
+    def make() -> Any:
+        from localllm.engine import kv_events
+
+        engine = factory()
+        kv_events.attach(engine.block_manager, publisher)
+        return engine
+
+    return make
 
 
 # flag -> (lowest allowed, highest allowed or None, what the range means)

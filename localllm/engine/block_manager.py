@@ -7,6 +7,8 @@ fingerprint (block_identity.py), so a hit on a block implies its whole prefix ma
 compared on a hit to rule out collisions. Freed blocks keep their contents and stay findable until they
 are reused, least recently freed first. With a disk tier (`tier`, kv_disk.py), a block that memory
 misses is looked for there and restored into a free block, and every block registered is handed to it.
+With `events` set (kv_events.py), each block made findable and each one forgotten is logged for
+KV-cache-aware routers.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class BlockManager:
         self.num_prefix_hits = 0  # of which found
         self.num_disk_hits = 0  # of which restored from the disk tier
         self.tier: BlockTier | None = None  # the disk tier (kv_disk.KVDiskTier), when one is on
+        self.events: Any = None  # kv_events.KVEventLog: blocks stored and removed, for a router
 
     @property
     def num_free_blocks(self) -> int:
@@ -115,6 +118,9 @@ class BlockManager:
         block.hash, block.token_ids = key, tokens
         self.hash_to_block_id[key] = block_id
         self.free_block_ids.move_to_end(block_id)
+        if self.events is not None:
+            parent = self.blocks[found[-1]].hash if found else None
+            self.events.stored([key], parent, list(tokens))
         self.num_disk_hits += self.block_size
         return block_id
 
@@ -144,15 +150,33 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         parent = None
+        new: list[int] = []  # indices of the blocks registered here, for BlockStored events
         for i in range(seq.num_computed_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
                 block.hash, block.token_ids = block_hash(parent, tokens, self.fingerprint), tokens
-                self.hash_to_block_id.setdefault(block.hash, block.block_id)
+                if self.hash_to_block_id.setdefault(block.hash, block.block_id) == block.block_id:
+                    new.append(i)
                 if self.tier is not None:
                     self.tier.store(block.hash, tokens, block.block_id)
             parent = block.hash
+        if new and self.events is not None:
+            self._log_stored(seq, new)
+
+    def _log_stored(self, seq: Sequence, new: list[int]) -> None:
+        """One BlockStored per run of consecutive new blocks (indices into seq's block table), each
+        naming the block before it as its parent."""
+        start = 0
+        for k in range(1, len(new) + 1):
+            if k < len(new) and new[k] == new[k - 1] + 1:
+                continue
+            blocks = [self.blocks[seq.block_table[i]] for i in new[start:k]]
+            first = new[start]
+            parent = self.blocks[seq.block_table[first - 1]].hash if first else None
+            tokens = [t for b in blocks for t in b.token_ids]
+            self.events.stored([b.hash for b in blocks], parent, tokens)
+            start = k
 
     def snapshot(self, seq: Sequence) -> None:
         """Keep seq's recurrent state when its computed tokens end on a cached block's boundary."""
@@ -214,5 +238,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]
+            if self.events is not None:
+                self.events.removed(block.hash)
         block.hash, block.token_ids = None, ()
         return block_id

@@ -230,6 +230,13 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Schedule, run one forward pass over the mixed batch, and turn sampled tokens into outputs."""
+        try:
+            return self._step()
+        finally:
+            if self.block_manager.events is not None:  # the step's KV events, to a router (kv_events.py)
+                self.block_manager.events.flush()
+
+    def _step(self) -> list[StepOutput]:
         while self._calls:
             self._calls.popleft()()
         plan = self.scheduler.schedule()

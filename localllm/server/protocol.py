@@ -109,6 +109,9 @@ class SamplingRequest(_Request):
     return_progress: bool | None = Field(None, description="llama-server: false only.")
     min_tokens: int | None = Field(None, ge=0, description="vLLM: no end-of-text before this many tokens.")
     skip_special_tokens: bool | None = Field(None, description="vLLM: false keeps special tokens' text.")
+    # What vllm-router and sglang-router add to every request they forward, at these values (docs/scaling.md)
+    no_stop_trim: bool | None = Field(None, description="SGLang: false only (stop strings are trimmed).")
+    return_hidden_states: bool | None = Field(None, description="SGLang: false only.")
 
     # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
@@ -121,6 +124,8 @@ class SamplingRequest(_Request):
         "id_slot": ((None, -1), "there are no slots to pin a request to (the prefix cache is shared)"),
         "timings_per_token": ((None, False), "per-token timings are not reported"),
         "return_progress": ((None, False), "prompt progress is not streamed"),
+        "no_stop_trim": ((None, False), "a stop string is always trimmed from the reply"),
+        "return_hidden_states": ((None, False), "hidden states are not returned"),
     }
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None  # OpenAI's when the client gives none (None: no limit)
 
@@ -256,6 +261,15 @@ class ChatCompletionRequest(SamplingRequest):
     # vLLM's assistant prefill: the reply continues the final assistant message instead of a new turn
     continue_final_message: bool | None = Field(None, description="vLLM: continue the last assistant turn.")
     add_generation_prompt: bool | None = Field(None, description="vLLM: false renders no new turn's header.")
+    # A thinking model's reasoning is always apart (reasoning_content) and streamed: the routers' true
+    separate_reasoning: bool | None = Field(None, description="SGLang: true only.")
+    stream_reasoning: bool | None = Field(None, description="SGLang: true only.")
+    include_reasoning: bool | None = Field(None, description="vLLM: true only.")
+    DIALECT: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = SamplingRequest.DIALECT | {
+        "separate_reasoning": ((None, True), "reasoning is always returned apart, as reasoning_content"),
+        "stream_reasoning": ((None, True), "reasoning is always streamed, as delta.reasoning_content"),
+        "include_reasoning": ((None, True), "reasoning is always returned, as reasoning_content"),
+    }
     # OpenAI features not implemented yet
     audio: Any = _refused()
     modalities: Any = _refused()

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from localllm.cli import info as _info  # noqa: F401  (registers the command)
+from localllm.cli import info as _info  # registers the command
 from localllm.cli import manage
 from localllm.cli.app import app
 from localllm.loading.file import GGUFFile
@@ -156,3 +156,33 @@ def test_help_has_examples(env):
 def test_format_params():
     assert format_params(91264) == "91.3K" and format_params(134_515_008) == "135M"
     assert format_params(1_711_376_384) == "1.7B" and format_params(7_000_000_000) == "7B"
+
+
+def test_memory_fit_verdicts():
+    from localllm.model_info import memory_fit
+
+    assert memory_fit(100, 60, available=200, total=400).verdict == "fits"
+    tight = memory_fit(300, 60, available=200, total=400)
+    assert tight.verdict == "tight" and "free now" in tight.message
+    too_big = memory_fit(500, 60, available=200, total=400)
+    assert too_big.verdict == "too big" and "weights + KV cache need" in too_big.message
+    assert "docs/scaling.md" in too_big.message
+    assert "weights alone" in memory_fit(900, 800, available=200, total=400).message
+
+
+def test_info_says_when_a_model_cannot_fit(tiny_model_path, env, monkeypatch):
+    # a machine with less RAM than the tiny model's file: the verdict is plain, in text and JSON
+    size = tiny_model_path.stat().st_size
+    monkeypatch.setattr(_info, "machine_memory", lambda: (size // 4, size // 2))
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path)], env=env)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "does not fit: its weights alone need" in text and "docs/scaling.md" in text
+    assert f"@ {CTX:,} tokens of context" in text  # the trained 256, under the default cap
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json", "-c", "64"], env=env)
+    fit = json.loads(result.stdout)["fit"]
+    assert fit["verdict"] == "too big" and fit["context"] == 64
+    assert fit["needed_bytes"] == size + KV_PER_TOKEN * 64 and fit["total_bytes"] == size // 2
+    monkeypatch.setattr(_info, "machine_memory", lambda: (10 * size, 20 * size))
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json"], env=env)
+    assert json.loads(result.stdout)["fit"]["verdict"] == "fits"

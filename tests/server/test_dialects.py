@@ -203,3 +203,41 @@ def test_messages_prefill_continues_the_assistant_turn(srv: Running) -> None:
 def test_unmapped_dialect_fields_stay_refused(srv: Running, field: str, value: object) -> None:
     for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": CHAT})):
         assert error_of(post(srv, path, {**body, field: value}), 400)["param"] == field
+
+
+# ------------------------------------------------------------------------------------------ routers
+
+# What vllm-router 0.1.17 and sglang-router add to each forwarded request (recorded from the bodies they
+# sent to a stub worker), at the values they send: all mean what this server always does.
+ROUTER_CHAT = {
+    "no_stop_trim": False, "ignore_eos": False, "continue_final_message": False, "skip_special_tokens": True,
+    "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False,
+    "include_reasoning": True, "logprobs": False, "stream": False,
+}  # fmt: skip
+ROUTER_COMPLETION = {
+    "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False,
+    "echo": False, "stream": False,
+}  # fmt: skip
+
+
+def test_router_added_fields_change_nothing(srv: Running) -> None:
+    base = {"max_tokens": 4, "logit_bias": BAN_END}
+    assert chat(srv, **base, **ROUTER_CHAT)["choices"] == chat(srv, **base)["choices"]
+    assert completion(srv, **base, **ROUTER_COMPLETION)["choices"] == completion(srv, **base)["choices"]
+
+
+@pytest.mark.parametrize(
+    "path,field,value",
+    [("/v1/completions", "no_stop_trim", True), ("/v1/chat/completions", "return_hidden_states", True)]
+    + [
+        ("/v1/chat/completions", "separate_reasoning", False),
+        ("/v1/chat/completions", "stream_reasoning", False),
+    ]
+    + [("/v1/chat/completions", "include_reasoning", False)],
+)
+def test_router_fields_asking_for_more_are_refused(
+    srv: Running, path: str, field: str, value: object
+) -> None:
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": CHAT}
+    err = error_of(post(srv, path, {**body, field: value}), 400)
+    assert err["param"] == field and "cannot be honoured" in err["message"]
