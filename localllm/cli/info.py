@@ -63,7 +63,8 @@ def info(
     gpu_bytes = device_weight_bytes(gf.tensors.values(), "cuda")  # the torch back end's, quantized
     fit_ctx, fit = machine_fit(summary, ctx_size, kv)
     if as_json:
-        data = summary.as_dict(ctx_size or None, kv) | {"fit": {"context": fit_ctx, **dataclasses.asdict(fit)}}
+        data = summary.as_dict(ctx_size or None, kv)
+        data["fit"] = {"context": fit_ctx, **dataclasses.asdict(fit)}
         data["memory"]["device_weights_bytes"] = {"cpu": summary.file_size, "cuda": gpu_bytes}
         print(json.dumps(data, ensure_ascii=False, default=str))
         return
@@ -95,7 +96,6 @@ def _fit_line(ctx: int, fit):
 
     style = {"fits": "green", "tight": "yellow"}.get(fit.verdict, "bold red")
     return Text.assemble((f"this machine @ {ctx:,} tokens of context: ", "bold"), (fit.message, style))
-
 
 
 def _print(summary, ctx_size: int | None, full: bool, kv: tuple[str, str], gpu_bytes: int, fit_line) -> None:
