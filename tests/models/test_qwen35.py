@@ -79,7 +79,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, 269, size=int(rng.integers(5, 70))).tolist() for _ in range(n)]
 
 
-@pytest.mark.parametrize("variant", ["qwen35", "qwen3next"])
+@pytest.mark.parametrize("variant", ["qwen35", "qwen35moe", "qwen3next"])
 def test_sixteen_batched_equal_each_alone(files, variant: str) -> None:
     e = make(files[variant])
     ps = prompts(16, seed=1)
