@@ -219,6 +219,8 @@ class StackBackend(Protocol):
 def plan_for(model: Transformer) -> DecoderPlan | None:
     """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs."""
     reason = refusal(model.args.layers)
+    if reason is None and model.args.per_layer_dim:
+        reason = f"ModelArgs.per_layer_dim = {model.args.per_layer_dim} is not executed by the fused stack"
     if reason is not None:
         log.warning("running %s layer by layer: %s", model.args.architecture, reason)
         return None

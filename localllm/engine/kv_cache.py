@@ -25,13 +25,18 @@ class KVLayout:
     kv_heads: int
     head_dim: int
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
+    # (kv heads, head dim) of each layer where they differ between layers (gemma4), else ()
+    layer_shapes: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(
         cls, args: ModelArgs, cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
     ) -> KVLayout:
         """The layout of a model's (ModelArgs') cache in the given element types."""
-        return cls(args.n_layers, args.n_kv_heads, args.head_dim, cache_types)
+        kvh, hd = args.kv_row_shape()
+        shapes = tuple((args.kv_heads_of(il), args.head_dim_of(il)) for il in range(args.n_layers))
+        uniform = all(s == (kvh, hd) for s in shapes)
+        return cls(args.n_layers, kvh, hd, cache_types, () if uniform else shapes)
 
     @property
     def bytes_per_token(self) -> int:
@@ -53,7 +58,15 @@ class KVCache:
         )
 
     def layer(self, il: int) -> tuple[Any, Any]:
-        return self.k[il], self.v[il]
+        """Layer il's keys and values as (blocks, block_size, kv heads, head dim). A layer narrower
+        than the pool's rows sees its slab as more, smaller blocks, of which it uses every
+        (row / its row)-th: pool block b is its block b * factor (see ModelArgs.kv_block_factor)."""
+        k, v = self.k[il], self.v[il]
+        if not self.layout.layer_shapes:
+            return k, v
+        kvh, hd = self.layout.layer_shapes[il]
+        shape = (-1, self.block_size, kvh, hd)
+        return k.reshape(shape), v.reshape(shape)
 
     def read_block(self, block_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of one block's keys and values, every layer's, in the pool's element types."""

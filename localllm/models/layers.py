@@ -17,7 +17,7 @@ from localllm.models.spec import LayerSpec, ModelArgs
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
 
-MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router"})
+MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "ple_gate", "ple_proj"})
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
 EXPERT_BIASES = ("gate_exps_b", "up_exps_b", "down_exps_b")  # (experts, rows): one bias row per expert
 
@@ -29,10 +29,10 @@ class LayerWeights:
 
     attn_norm: Any
     wq: Any
-    wk: Any
-    wv: Any
     wo: Any
     ffn_norm: Any
+    wk: Any = None  # None on a layer that attends another's KV cache (spec.kv_source)
+    wv: Any = None
     gate: Any = None  # the dense FFN (a mixture-of-experts layer's shared expert), None where none
     up: Any = None
     down: Any = None
@@ -55,22 +55,28 @@ class LayerWeights:
     up_exps_b: Any = None
     down_exps_b: Any = None  # (experts, dim)
     v_norm: Any = None  # (head_dim,) ones: v's weightless RMSNorm (spec.v_norm)
+    ple_gate: Any = None  # (per_layer_dim, dim), (dim, per_layer_dim), (dim,): the per-layer input's
+    ple_proj: Any = None  # gate, projection and norm (ModelArgs.per_layer_dim)
+    ple_norm: Any = None
 
 
-def wanted(spec: LayerSpec) -> list[str]:
+def wanted(spec: LayerSpec, per_layer_input: bool = False) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
-    names = ["attn_norm", "wq", "wk", "wo", "ffn_norm"] + ([] if spec.v_from_k else ["wv"])
+    stores = spec.kv_source < 0  # a layer attending an earlier layer's cache projects no k or v
+    names = ["attn_norm", "wq", "wo", "ffn_norm"] + (["wk"] if stores else [])
+    names += ["wv"] if stores and not spec.v_from_k else []
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
     names += ["shexp_gate"] if spec.shared_expert else []
     names += ["bq", "bk", "bv"] if spec.qkv_bias else []
-    names += ["q_norm", "k_norm"] if spec.qk_norm else []
+    names += (["q_norm", "k_norm"] if stores else ["q_norm"]) if spec.qk_norm else []
     names += ["post_attn_norm"] if spec.post_attn_norm else []
     names += ["post_ffn_norm"] if spec.post_ffn_norm else []
     names += ["sinks"] if spec.attn_sinks else []
     names += ["bo"] if spec.o_bias else []
     names += ["router_b"] if spec.router_bias else []
     names += list(EXPERT_BIASES) if spec.expert_bias else []
+    names += ["ple_gate", "ple_proj", "ple_norm"] if per_layer_input else []
     return names
 
 
@@ -90,10 +96,10 @@ def fused_rows(args: ModelArgs) -> dict[str, tuple[str, int, int]]:
 
 def load_layer(
     w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[str, int, int]],
-    head_dim: int = 0,
+    head_dim: int = 0, per_layer_input: bool = False,
 ) -> LayerWeights:  # fmt: skip
     values = {}
-    for field in wanted(spec):
+    for field in wanted(spec, per_layer_input):
         if field in fused:
             name, lo, hi = fused[field]
             values[field] = w.matrix(f"blk.{il}.{name}", (lo, hi))
@@ -105,7 +111,7 @@ def load_layer(
             values[field] = w.vector(name).reshape(spec.experts, -1)
         else:
             values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
-    if spec.v_from_k:  # the same prepared matrix: q/k/v launch as ever, k computed twice
+    if spec.v_from_k and "wk" in values:  # the same prepared matrix: q/k/v launch as ever, k twice
         values["wv"] = values["wk"]
     if spec.v_norm:
         values["v_norm"] = w.ones(head_dim)
@@ -126,28 +132,46 @@ def self_attention(
     kv: PagedKV,
     il: int,
 ) -> Any:
-    """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out."""
-    n_tokens = h.shape[0]
-    q, k, v = b.linear_many(h, [lw.wq, lw.wk, lw.wv])
-    q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
-    k = _add_bias(k, lw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
-    v = _add_bias(v, lw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
+    """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out
+    (a layer with a kv_source only projects q, and attends that layer's cache)."""
+    n_tokens, hd, kvh = h.shape[0], args.head_dim_of(il), args.kv_heads_of(il)
+    stores = spec.kv_source < 0
+    k_cache, v_cache = kv.layer(il if stores else spec.kv_source)
+    slots, tables = _layer_slots(batch, k_cache.shape[0] // kv.num_blocks, kv.block_size)
+    if stores:
+        q, k, v = b.linear_many(h, [lw.wq, lw.wk, lw.wv])
+        k = _add_bias(k, lw.bk).reshape(n_tokens, kvh, hd)
+        v = _add_bias(v, lw.bv).reshape(n_tokens, kvh, hd)
+    else:
+        q = b.linear(h, lw.wq)
+    q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, hd)
     if spec.qk_norm:
         q = b.rms_norm(q, lw.q_norm, args.norm_eps)
-        k = b.rms_norm(k, lw.k_norm, args.norm_eps)
-    if spec.v_norm:
-        v = b.rms_norm(v, lw.v_norm, args.norm_eps)
-    k_cache, v_cache = kv.layer(il)
-    q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
+    if stores:
+        k = b.rms_norm(k, lw.k_norm, args.norm_eps) if spec.qk_norm else k
+        v = b.rms_norm(v, lw.v_norm, args.norm_eps) if spec.v_norm else v
+        q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, slots)
+    else:  # rotate q alone: zero KV heads stored (writes nothing)
+        none, kc, vc = q[:, :0], k_cache[:, :, :0], v_cache[:, :, :0]
+        q, _ = b.rope_store_kv(q, none, none, batch.positions, spec.rope, kc, vc, slots)
     sinks = {"sinks": lw.sinks} if spec.attn_sinks else {}  # (backends without sinks never see the word)
     if spec.attn_temp_scale:
         q = b.attn_temperature(q, batch.positions, spec.attn_temp_scale, spec.attn_temp_length)
     out = b.paged_attention(
-        q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
+        q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, tables,
         args.attn_scale, spec.window, spec.attn_softcap, **sinks,
     )  # fmt: skip
-    out = b.linear(out.reshape(n_tokens, args.n_heads * args.head_dim), lw.wo)
+    out = b.linear(out.reshape(n_tokens, args.n_heads * hd), lw.wo)
     return _add_bias(out, lw.bo) if spec.o_bias else out
+
+
+def _layer_slots(batch: ForwardBatch, factor: int, block_size: int) -> tuple[Any, Any]:
+    """The batch's slot mapping and block tables in a layer's own blocks (see KVCache.layer): pool
+    block b is its block b * factor; slot -1 (store nothing) stays -1."""
+    slots, tables = batch.slot_mapping, batch.block_tables
+    if factor == 1:
+        return slots, tables
+    return slots + (slots >= 0) * (slots // block_size) * ((factor - 1) * block_size), tables * factor
 
 
 def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
@@ -167,12 +191,17 @@ def dense_ffn(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
 
 
 def decoder_layer(
-    b: Backend, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: PagedKV
-) -> Any:
-    """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised."""
+    b: Backend, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: PagedKV,
+    per_layer: Any = None,
+) -> Any:  # fmt: skip
+    """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised; then
+    + the per-layer input's term where `per_layer` (T, per_layer_dim) is given."""
     spec, eps = args.layers[il], args.norm_eps
     h = self_attention(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
     h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
     x = x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
+    if per_layer is not None:  # gelu(x @ gate) * this layer's input, projected back and normed
+        g = b.geglu(b.linear(x, lw.ple_gate), per_layer)
+        x = x + b.rms_norm(b.linear(g, lw.ple_proj), lw.ple_norm, eps)
     return x if spec.out_scale == 1.0 else x * np.float32(spec.out_scale)
