@@ -49,8 +49,17 @@ def test_specs_read_from_the_file(path) -> None:
 def test_conforms_to_llama_cpp(path, backend: str) -> None:
     ref = load_fixture(VARIANT)
     e = engine(path, backend)
+    assert backend != "numba" or e.backend.fused(e.model), "should run fused"
     assert failures(teacher_forced(e, ref), ref) == []
     assert greedy_problem(greedy(e, ref), ref) is None
+
+
+def test_fused_stack_agrees_with_the_op_path(path) -> None:
+    ref = load_fixture(VARIANT)
+    fused = teacher_forced(engine(path), ref)
+    ops = teacher_forced(engine(path, fuse=False), ref)
+    assert np.abs(fused - ops).max() / np.abs(ops).max() < 0.02
+    assert (fused.argmax(-1) == ops.argmax(-1)).mean() > 0.95
 
 
 def _no_per_layer_inputs(args):
