@@ -19,8 +19,12 @@ from tiny_model import RandomTensors, vocabulary, write_vocabulary
 
 # variant -> (general.architecture, quant, what the file exercises)
 GEMMA4_VARIANTS = {
-    "gemma4_e": ("gemma4", "F32", "E2B-like: per-layer head sizes and KV heads, KV sharing, "
-                 "double-wide FFN on sharing layers, per-layer inputs"),  # fmt: skip
+    "gemma4_e": (
+        "gemma4",
+        "F32",
+        "E2B-like: per-layer head sizes and KV heads, KV sharing, "
+        "double-wide FFN on sharing layers, per-layer inputs",
+    ),  # fmt: skip
 }
 
 
