@@ -8,6 +8,7 @@ as closely as its NumPy oracle does, fused and op by op, and dropping a feature 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,3 +84,33 @@ def test_sharing_layers_attend_the_source_cache(path) -> None:
     k = np.asarray(e.kv_cache.k)
     assert np.any(k[2] != 0) and np.any(k[3] != 0)
     assert not np.any(k[4:] != 0)
+
+
+def _fake(meta: dict):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        path=Path("g.gguf"), architecture="gemma4", tensors={},
+        arch_get=lambda key, default=None: meta.get(key, default),
+    )  # fmt: skip
+
+
+def test_inconsistent_layouts_are_refused_by_name() -> None:
+    from localllm.errors import ModelFormatError
+    from localllm.models import gemma4
+    from localllm.models.spec import Hyper
+
+    h = Hyper(100, 64, 4, 4, 2, 32, 96, 1e-6, 512)
+    swa = [True, True, False, True]
+    meta = {"attention.key_length_swa": 16, "attention.value_length": 32, "attention.value_length_swa": 32}
+    with pytest.raises(ModelFormatError, match="value_length"):
+        gemma4._layer_sizes(_fake(meta), h, swa)
+    with pytest.raises(ModelFormatError, match="head_count_kv' has 3 values for 4 layers"):
+        gemma4._layer_sizes(_fake({"attention.head_count_kv": [2, 2, 1]}), h, swa)
+    sizes = gemma4._layer_sizes(_fake({}), h, swa)
+    # layer 3 (sliding) would reuse layer 1 (sliding): fine; with 3 shared, layer 1 has no full source
+    assert gemma4._kv_sources(_fake({"attention.shared_kv_layers": 1}), 4, swa, sizes) == [-1, -1, -1, 1]
+    with pytest.raises(ModelFormatError, match="shared_kv_layers' is 3 of 4"):
+        gemma4._kv_sources(_fake({"attention.shared_kv_layers": 3}), 4, swa, sizes)
+    with pytest.raises(ModelFormatError, match="another kind"):
+        gemma4._kv_sources(_fake({"attention.shared_kv_layers": 1}), 4, [True, False, True, False], sizes)
