@@ -114,3 +114,12 @@ def test_inconsistent_layouts_are_refused_by_name() -> None:
         gemma4._kv_sources(_fake({"attention.shared_kv_layers": 3}), 4, swa, sizes)
     with pytest.raises(ModelFormatError, match="another kind"):
         gemma4._kv_sources(_fake({"attention.shared_kv_layers": 1}), 4, [True, False, True, False], sizes)
+
+
+def test_info_counts_the_kv_memory_the_engine_allocates(path) -> None:
+    from localllm.model_info import summarize
+
+    e = engine(path)
+    info = summarize(e.gguf)
+    assert (info.n_kv_heads, info.head_dim) == (4, 16)
+    assert info.kv_bytes_per_token == e.kv_cache.layout.bytes_per_token == 2 * 8 * 64 * 2
