@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .kv import kv_get
+from .kv import kv_get, kv_row
 from .simd import f32, fast_exp
 
 ROWS_PER_ITEM = 16  # (query, head) rows per work item: queries per chunk = 16 // group size
@@ -64,21 +64,22 @@ def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc) -> None:
+def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, buf) -> None:
     """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees (soft-capped when
-    softcap > 0: softcap * tanh(score / softcap), as gemma2 does)."""
+    softcap > 0: softcap * tanh(score / softcap), as gemma2 does). buf: a q8_0 key's row, dequantized
+    once for every row of the group."""
     first, end = lo[0], hi[rows - 1]
     for b in range(first // bs, (end - 1) // bs + 1):
         j0, j1 = max(first, b * bs), min(end, b * bs + bs)
         kr0 = (table[b] * bs - b * bs) * kvh + kh  # cache row of key j: kr0 + j * kvh
         for j in range(j0, j1):
-            kr = kr0 + j * kvh
+            key = kv_row(keys, kr0 + j * kvh, buf)
             for row in range(rows):
                 if j < lo[row] or j >= hi[row]:
                     continue
                 s = f32(0.0)
                 for d in range(qc.shape[1]):
-                    s += qc[row, d] * kv_get(keys, kr, d)
+                    s += qc[row, d] * kv_get(key, d)
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
                 sc[row, j - lo[row]] = s
@@ -104,7 +105,7 @@ def _softmax_rows(sc, rows, lo, hi, total, sink) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc) -> None:
+def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf) -> None:
     """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j] * value j."""
     acc[:rows] = 0.0
     first, end = lo[0], hi[rows - 1]
@@ -112,22 +113,23 @@ def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc) -> None:
         j0, j1 = max(first, b * bs), min(end, b * bs + bs)
         vr0 = (table[b] * bs - b * bs) * kvh + kh
         for j in range(j0, j1):
-            vr = vr0 + j * kvh
+            value = kv_row(values, vr0 + j * kvh, buf)
             for row in range(rows):
                 if j < lo[row] or j >= hi[row]:
                     continue
                 w = sc[row, j - lo[row]]
                 for d in range(acc.shape[1]):
-                    acc[row, d] += w * kv_get(values, vr, d)
+                    acc[row, d] += w * kv_get(value, d)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, softcap, sinks, out,
                 scratch):  # fmt: skip
     """Queries i0 .. i0+nq-1 (positions pos0 ..) of every query head of KV head kh.  keys/values
-    are the cache as (blocks * block_size * kv_heads, D) rows (plain 2-D indexing vectorises
-    reliably; 4-D indexing did not).  sinks: (n_heads,) sink logits, or empty."""
-    qc, sc, acc, total, lo, hi, sink = scratch
+    are the cache as (blocks * block_size * kv_heads, width) rows (plain 2-D indexing vectorises
+    reliably; 4-D indexing did not): width D, or a q8_0 row's bytes.  sinks: (n_heads,) sink logits,
+    or empty."""
+    qc, sc, acc, total, lo, hi, sink, buf = scratch
     group = q.shape[1] // kvh
     rows = nq * group
     _row_bounds(rows, group, pos0, window, lo, hi)
@@ -137,9 +139,9 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
             qc[row, d] = q[i0 + row // group, h, d] * scale
         if sinks.size:
             sink[row] = sinks[h]
-    _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc)
+    _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, buf)
     _softmax_rows(sc, rows, lo, hi, total, sink[:rows] if sinks.size else sink[:0])
-    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc)
+    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf)
     for row in range(rows):
         h = kh * group + row % group
         inv = f32(1.0) / total[row]
@@ -152,7 +154,7 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
                  step):  # fmt: skip
     """Items first, first + step, ... of `items` (see work_items)."""
     D, bs, kvh = q.shape[2], k_cache.shape[1], k_cache.shape[2]
-    keys, values = k_cache.reshape(-1, D), v_cache.reshape(-1, D)
+    keys, values = k_cache.reshape(-1, k_cache.shape[3]), v_cache.reshape(-1, v_cache.shape[3])
     rows = queries_per_item(q.shape[1], kvh) * (q.shape[1] // kvh)
     width = max(1, ctx.max() if ctx.size else 1)
     if window > 0:
@@ -165,6 +167,7 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
         np.empty(rows, np.int64),
         np.empty(rows, np.int64),
         np.empty(rows, np.float32),
+        np.empty(D, np.float32),
     )
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]

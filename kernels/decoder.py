@@ -233,7 +233,9 @@ def _layer_cache(il, w, step, kv):
     blocks (pool block b is its block b * factor: see KVCache.layer)."""
     src, f = w.flags[il, F_KV_LAYER], w.flags[il, F_KV_FACTOR]
     kc, vc = kv[0][src], kv[1][src]
-    shape = (kc.shape[0] * f, kc.shape[1], w.flags[il, F_KV_HEADS], w.flags[il, F_HEAD_DIM])
+    kvh = w.flags[il, F_KV_HEADS]
+    width = kc.shape[2] * kc.shape[3] // (f * kvh)  # its head_dim, or a q8_0 row's bytes
+    shape = (kc.shape[0] * f, kc.shape[1], kvh, width)
     if f == 1:
         return kc.reshape(shape), vc.reshape(shape), step.slots, step.block_tables
     bs, slots = kc.shape[1], step.slots.copy()
@@ -262,6 +264,12 @@ def _qkv(il, w, dims, buf, stores, nth):
         _project(w.qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v), nth)
     else:
         _project(w.qkv[il, :1], w.gemm, w.quantize, buf.h, (buf.q,), nth)
+    return _qkv_finish(il, w, dims, buf, stores)
+
+
+@njit(cache=True)
+def _qkv_finish(il, w, dims, buf, stores):
+    """_qkv after its projection (kernels/hybrid_decoder.py projects a gate with q, k, v)."""
     T, hd = buf.h.shape[0], buf.q.shape[2]
     nq, nkv = buf.q.shape[1] * hd, buf.k.shape[1] * hd
     if w.flags[il, F_BIAS]:
@@ -294,6 +302,14 @@ def _attention_block(il, x, w, dims, step, kv, buf, nth):
     layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
     stores = w.flags[il, F_KV_LAYER] == il
     q, k = _qkv(il, w, dims, buf, stores, nth)
+    _rope_attend(il, w, dims, step, kv, q, k, buf, stores, nth)
+    _attention_out(il, x, w, dims, buf, nth)
+
+
+@njit(cache=True)
+def _rope_attend(il, w, dims, step, kv, q, k, buf, stores, nth) -> None:
+    """Rotate q and k, store k/v in the cache (where the layer stores any), attend: the attention in
+    buf.att."""
     k_cache, v_cache, slots, tables = _layer_cache(il, w, step, kv)
     r = w.flags[il, F_ROPE]
     dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
@@ -307,6 +323,11 @@ def _attention_block(il, x, w, dims, step, kv, buf, nth):
     window, cap = w.flags[il, F_WINDOW], w.softcap[il]
     sinks = w.extras.sinks[il] if w.flags[il, F_SINKS] else w.extras.sinks[il, :0]
     _attend(buf.q, k_cache, v_cache, step, tables, dims.attn_scale, window, cap, sinks, buf.att, nth)
+
+
+@njit(cache=True)
+def _attention_out(il, x, w, dims, buf, nth) -> None:
+    """x += [post-norm] o_proj(buf.att) [+ its bias]."""
     _project(w.o[il], w.gemm, w.quantize, buf.att.reshape(x.shape[0], -1), (buf.o,), nth)
     if w.flags[il, F_O_BIAS]:
         _add_bias(buf.o, w.extras.bo[il])

@@ -1,24 +1,34 @@
-"""Reading and writing the paged KV cache in its storage type: float32, or float16 stored as its IEEE
-bits in uint16 arrays (Numba has no float16 arrays on the CPU). llama.cpp keeps K and V in f16 by
-default: half the memory of f32, and attention reads half the bytes.
+"""Reading and writing the paged KV cache in its storage type: float32, float16 stored as its IEEE
+bits in uint16 arrays (Numba has no float16 arrays on the CPU), or ggml's Q8_0 blocks as int8 bytes
+(34 per 32 values: an f16 scale, then 32 signed quants; backends/kv_types.py). llama.cpp keeps K and V
+in f16 by default: half the memory of f32, and attention reads half the bytes; q8_0 about half again.
 
-`kv_get` and `kv_set_row` are resolved at compile time from the cache array's dtype, so each attention
-and store kernel is compiled once per storage type with no per-element branch.
+`kv_get`, `kv_row` and `kv_set_row` are resolved at compile time from the cache array's dtype, so each
+attention and store kernel is compiled once per storage type with no per-element branch. Attention
+reads a q8_0 row through `kv_row`, which dequantizes that one row into a small buffer: never a
+float copy of the cache.
 """
 
 from __future__ import annotations
 
-from numba import types
+import numpy as np
+from numba import njit, types
 from numba.extending import overload
 
-from .simd import f16_to_f32, f32_to_f16
+from .simd import f16_to_f32, f32, f32_to_f16, i32
 
 # Storage dtypes by llama.cpp's cache-type names.
-CACHE_TYPES = {"f32": "float32", "f16": "uint16"}
+CACHE_TYPES = {"f32": "float32", "f16": "uint16", "q8_0": "int8"}
+Q8_VALUES, Q8_BYTES = 32, 34  # ggml's QK8_0 and sizeof(block_q8_0)
 
 
-def kv_get(cache, i, j):
-    """cache[i, j] as float32 (cache: 2-D rows of the paged cache)."""
+def kv_get(row, j):
+    """row[j] as float32 (row: one row of the paged cache as kv_row gives it)."""
+
+
+def kv_row(cache, i, buf):
+    """Row i of the 2-D cache rows, readable with kv_get: the row itself (f32, f16), or for q8_0 the
+    row dequantized into buf (head_dim float32), which is returned."""
 
 
 def kv_set_row(cache, blk, off, row):
@@ -29,15 +39,75 @@ def _is_f16(cache) -> bool:
     return isinstance(cache, types.Array) and cache.dtype == types.uint16
 
 
+def _is_q8(cache) -> bool:
+    return isinstance(cache, types.Array) and cache.dtype == types.int8
+
+
 @overload(kv_get, inline="always", jit_options={"cache": True})
-def _kv_get_impl(cache, i, j):
-    if _is_f16(cache):
-        return lambda cache, i, j: f16_to_f32(cache[i, j])
-    return lambda cache, i, j: cache[i, j]
+def _kv_get_impl(row, j):
+    if _is_f16(row):
+        return lambda row, j: f16_to_f32(row[j])
+    return lambda row, j: row[j]
+
+
+@njit(inline="always")
+def q8_scale(raw, o):
+    """The f16 scale stored little-endian at raw[o], raw[o + 1], as float32."""
+    return f16_to_f32((i32(raw[o]) & 0xFF) | ((i32(raw[o + 1]) & 0xFF) << 8))
+
+
+@njit(cache=True, fastmath=True)
+def q8_dequantize_row(raw, out) -> None:
+    """out (n,) = the Q8_0 blocks in raw (n / 32 * 34 bytes): d * q, as ggml's dequantize_row_q8_0."""
+    for b in range(out.shape[0] // Q8_VALUES):
+        o = b * Q8_BYTES
+        d = q8_scale(raw, o)
+        for j in range(Q8_VALUES):
+            out[b * Q8_VALUES + j] = d * f32(raw[o + 2 + j])
+
+
+@njit(cache=True, error_model="numpy")
+def q8_quantize_row(x, raw) -> None:
+    """raw = x (n,) as Q8_0 blocks, ggml's quantize_row_q8_0_ref: d = max|x| / 127 (stored as f16),
+    q = roundf(x * (1 / d)) with halves away from zero (no fastmath: the bits match quant/'s NumPy)."""
+    for b in range(x.shape[0] // Q8_VALUES):
+        amax = f32(0.0)
+        for j in range(Q8_VALUES):
+            amax = max(amax, abs(x[b * Q8_VALUES + j]))
+        d = amax / f32(127.0)
+        inv = f32(1.0) / d if d != 0 else f32(0.0)
+        o = b * Q8_BYTES
+        bits = i32(f32_to_f16(d))
+        raw[o], raw[o + 1] = np.int8(np.uint8(bits & 0xFF)), np.int8(np.uint8(bits >> 8))
+        for j in range(Q8_VALUES):
+            v = x[b * Q8_VALUES + j] * inv
+            a = abs(v)
+            whole = np.floor(a)
+            r = whole + f32(1.0) if a - whole >= f32(0.5) else whole
+            raw[o + 2 + j] = np.int8(-r if v < 0 else r)
+
+
+@overload(kv_row, inline="always", jit_options={"cache": True})
+def _kv_row_impl(cache, i, buf):
+    if _is_q8(cache):
+
+        def dequantized(cache, i, buf):
+            q8_dequantize_row(cache[i], buf)
+            return buf
+
+        return dequantized
+    return lambda cache, i, buf: cache[i]
 
 
 @overload(kv_set_row, jit_options={"cache": True})
 def _kv_set_row_impl(cache, blk, off, row):
+    if _is_q8(cache):
+
+        def quantize(cache, blk, off, row):
+            for h in range(row.shape[0]):
+                q8_quantize_row(row[h], cache[blk, off, h])
+
+        return quantize
     if not _is_f16(cache):
 
         def copy(cache, blk, off, row):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..quant import dequantize
+from ..quant.ggml import BLOCK_Q8_0, dequant_q8_0
+from ..quant.quantize_legacy import quantize_q8_0
 
 
 def linear(x: np.ndarray, w_raw: np.ndarray, ggml_type: int) -> np.ndarray:
@@ -95,10 +97,26 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 def store_kv(
     k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
 ) -> None:
-    """Write k, v (T, KVH, D) into the paged cache at `slot_mapping` (T,)."""
+    """Write k, v (T, KVH, D) into the paged cache at `slot_mapping` (T,), in the cache's type."""
     nb, bs = k_cache.shape[:2]
-    k_cache.reshape(nb * bs, *k_cache.shape[2:])[slot_mapping] = k
-    v_cache.reshape(nb * bs, *v_cache.shape[2:])[slot_mapping] = v
+    k_cache.reshape(nb * bs, *k_cache.shape[2:])[slot_mapping] = to_storage(k, k_cache.dtype)
+    v_cache.reshape(nb * bs, *v_cache.shape[2:])[slot_mapping] = to_storage(v, v_cache.dtype)
+
+
+def to_storage(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """x (..., D) float32 in a cache's storage type: int8 holds q8_0 as ggml's block bytes (kernels/kv.py)."""
+    if dtype != np.int8:
+        return x.astype(dtype)
+    blocks = quantize_q8_0(np.ascontiguousarray(x, np.float32).reshape(-1, 32))
+    return blocks.view(np.int8).reshape(*x.shape[:-1], -1)
+
+
+def from_storage(raw: np.ndarray, head_dim: int) -> np.ndarray:
+    """q8_0 cache rows (..., width) as float32 (..., head_dim); other types' rows as they are."""
+    if raw.dtype != np.int8:
+        return raw
+    blocks = np.ascontiguousarray(raw).reshape(-1).view(BLOCK_Q8_0)
+    return dequant_q8_0(blocks).reshape(*raw.shape[:-1], head_dim)
 
 
 def gather_kv(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.ndarray:
@@ -133,8 +151,8 @@ def paged_attention(
     for s in range(len(context_lens)):
         q0, q1 = int(query_start_loc[s]), int(query_start_loc[s + 1])
         length = int(context_lens[s])
-        keys = gather_kv(k_cache, block_tables[s], length)  # (L, KVH, D)
-        values = gather_kv(v_cache, block_tables[s], length)
+        keys = from_storage(gather_kv(k_cache, block_tables[s], length), q.shape[2])  # (L, KVH, D)
+        values = from_storage(gather_kv(v_cache, block_tables[s], length), q.shape[2])
         q_pos = np.arange(length - (q1 - q0), length)
         k_pos = np.arange(length)
         mask = k_pos[None, :] <= q_pos[:, None]

@@ -16,12 +16,12 @@ from .packing import Q8_0, TILE_ROWS
 
 
 def warm_kernels(
-    weights: list[Any], threads: int, layer_ops: bool = True, kv_dtype: Any = np.float32
+    weights: list[Any], threads: int, layer_ops: bool = True, kv_dtypes: tuple = (np.float32, np.float32)
 ) -> None:
     """layer_ops=False: only what a step uses around a fused layer stack (embedding, final norm, output
     projection); the stack itself is one kernel, loaded at its first call.  Each kernel loaded from
     Numba's cache adds to start-up, so a fused model skips the op-by-op layer kernels.
-    kv_dtype: the KV cache's storage type (float32, or uint16 for f16)."""
+    kv_dtypes: the K and V caches' storage types (float32, uint16 for f16, int8 for q8_0)."""
     _warm_matmul(weights, threads, layer_ops)
     x = np.ones((2, 64), np.float32)
     layers.rms_norm_rows(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))
@@ -29,12 +29,18 @@ def warm_kernels(
         return
     layers.swiglu_rows(x, x, np.empty_like(x))
     layers.geglu_rows(x, x, np.empty_like(x))
-    kc = np.zeros((2, 4, 2, 32), kv_dtype)
+    kc, vc = (_cache((2, 4, 2), 32, t) for t in kv_dtypes)
     qk, pos = x.reshape(2, 2, 32), np.arange(2, dtype=np.int64)
     cos, sin = np.empty((2, 16), np.float32), np.empty((2, 16), np.float32)
     layers.rope_rows(pos, np.ones(16), 1.0, np.full(2, -1, np.int64), cos, sin)
-    layers.rope_store_kv(qk, qk, qk, cos, sin, 32, False, kc, kc, pos, np.empty_like(qk), np.empty_like(qk))
-    _warm_attention(threads, kv_dtype)
+    layers.rope_store_kv(qk, qk, qk, cos, sin, 32, False, kc, vc, pos, np.empty_like(qk), np.empty_like(qk))
+    _warm_attention(threads, kv_dtypes)
+
+
+def _cache(shape: tuple, head_dim: int, dtype: Any) -> np.ndarray:
+    """A zeroed cache of head_dim-wide rows in a storage type (q8_0's int8 rows hold 34 bytes per 32)."""
+    width = head_dim // 32 * 34 if np.dtype(dtype) == np.int8 else head_dim
+    return np.zeros((*shape, width), dtype)
 
 
 def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
@@ -68,13 +74,14 @@ def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
         matmul.linear_group(np.zeros((2, w.k), np.float32), matmul.WeightGroup.of((w, w)), threads)
 
 
-def _warm_attention(threads: int, kv_dtype: Any) -> None:
-    k_cache = np.zeros((2, 4, 1, 8), kv_dtype)  # (blocks, block_size, kv_heads, head_dim)
-    q = np.ones((2, 2, 8), np.float32)
+def _warm_attention(threads: int, kv_dtypes: tuple) -> None:
+    # (blocks, block_size, kv_heads, head_dim): 32 wide, a q8_0 block
+    k_cache, v_cache = (_cache((2, 4, 1), 32, t) for t in kv_dtypes)
+    q = np.ones((2, 2, 32), np.float32)
     qsl, ctx = np.array([0, 2], np.int64), np.array([2], np.int64)
     tables = np.zeros((1, 2), np.int64)
-    kv = np.ones((2, 1, 8), np.float32)
-    layers.store_kv_rows(k_cache, k_cache, kv, kv, np.arange(2, dtype=np.int64))
-    args = (q, k_cache, k_cache, qsl, ctx, tables, 1.0, 0, 0.0, np.empty_like(q))
+    kv = np.ones((2, 1, 32), np.float32)
+    layers.store_kv_rows(k_cache, v_cache, kv, kv, np.arange(2, dtype=np.int64))
+    args = (q, k_cache, v_cache, qsl, ctx, tables, 1.0, 0, 0.0, np.empty_like(q))
     attention.paged_attention_serial(*args)
     attention.paged_attention_par(*args, threads)

@@ -68,7 +68,7 @@ class EngineConfig:
     # (None: LOCALLLM_HOME/kv-cache, from index_dir's parent).
     kv_disk_mb: int = 0
     kv_disk_dir: Path | None = None
-    cache_type_k: str = "f16"  # KV cache element types (llama.cpp's --cache-type-k/-v): f16 or f32
+    cache_type_k: str = "f16"  # KV cache element types (llama.cpp's --cache-type-k/-v): f16, f32 or q8_0
     cache_type_v: str = "f16"
     # The model's models.toml defaults (only the sampling keys are read): what a request that leaves a
     # sampling value unset gets, before the built-in default (see sampling_params.resolve_sampling).
@@ -85,11 +85,7 @@ class EngineConfig:
             raise ConfigError(f"unknown backend '{self.backend}' (choose numba, numpy or torch)")
         if self.device not in ("auto", "cuda", "mps", "cpu"):
             raise ConfigError(f"unknown device '{self.device}' (choose auto, cuda, mps or cpu)")
-        for name in ("cache_type_k", "cache_type_v"):
-            if getattr(self, name) not in ("f16", "f32"):
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} {getattr(self, name)} is not supported (choose f16 or f32)"
-                )
+        self._check_cache_types()
         for name in ("threads", "ctx_size", "kv_cache_mb", "num_kv_blocks", "kv_disk_mb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
@@ -98,6 +94,16 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "draft_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
+
+    def _check_cache_types(self) -> None:
+        from localllm.backends.kv_types import CACHE_TYPE_NAMES
+
+        for name in ("cache_type_k", "cache_type_v"):
+            value, flag = getattr(self, name), f"--{name.replace('_', '-')}"
+            if value not in CACHE_TYPE_NAMES:
+                raise ConfigError(f"{flag} {value} is not supported (choose {', '.join(CACHE_TYPE_NAMES)})")
+            if value == "q8_0" and self.backend == "torch":
+                raise ConfigError(f"{flag} q8_0 needs the numba or numpy backend (torch has f16 and f32)")
 
     @property
     def speculative(self) -> bool:

@@ -6,7 +6,12 @@ works for architectures the engine does not run, and `localllm list` can afford 
 Memory, as this engine uses it:
   * weights: the file itself, memory-mapped (pages are read in as they are first touched);
   * KV cache: keys and values for every layer, stored as f16 by default (--cache-type-k/-v) -
-    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context.
+    2 x n_layers x n_kv_heads x head_dim x 2 bytes per token of context (q8_0: 34 bytes per 32 values);
+    in a hybrid model (qwen35, qwen3next) only its attention layers write any (the others' pages are
+    never touched);
+  * recurrent state (hybrid models): per sequence, each Gated DeltaNet layer's conv window and
+    delta-rule state in float32, for every sequence the engine may run plus one, and the prefix cache's
+    snapshots (engine/state_cache.py).
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from localllm.engine.kv_cache import CACHE_TYPE_BYTES, DEFAULT_CACHE_TYPE
+from localllm.engine.kv_cache import DEFAULT_CACHE_TYPE, KVLayout
 from localllm.printable import printable
 
-KV_DTYPE_BYTES = CACHE_TYPE_BYTES[DEFAULT_CACHE_TYPE]  # the engine's default K and V element size
+F16_KV = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)  # the engine's default K and V element types
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,40 +53,94 @@ class ModelInfo:
     tokenizer: str | None
     chat_template: str | None
     extra: dict[str, Any] = field(default_factory=dict)  # a few more general.* facts when present
+    recurrent_layers: int = 0  # layers keeping a per-sequence state instead of keys and values
+    state_bytes_per_sequence: int = 0  # their state, float32
 
     @property
     def kv_bytes_per_token(self) -> int | None:
-        if None in (self.n_layers, self.n_kv_heads, self.head_dim):
-            return None
-        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)  # type: ignore[arg-type]
+        return self.kv_bytes_per_token_as(F16_KV)
 
-    def memory(self, ctx_size: int | None = None) -> dict[str, Any]:
-        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context)."""
+    def kv_bytes_per_token_as(self, cache_types: tuple[str, str]) -> int | None:
+        """Keys and values of one token in these cache types (None: unknown dims); a hybrid model's
+        recurrent layers keep none."""
+        if self.n_layers is None or self.n_kv_heads is None or self.head_dim is None:
+            return None
+        layers = self.n_layers - self.recurrent_layers
+        return kv_bytes_per_token(layers, self.n_kv_heads, self.head_dim, cache_types)
+
+    def memory(
+        self, ctx_size: int | None = None, cache_types: tuple[str, str] = F16_KV, max_num_seqs: int = 16
+    ) -> dict[str, Any]:
+        """Bytes needed at `ctx_size` tokens of context (default: the model's trained context) with a
+        KV cache of `cache_types`, and the recurrent state pool of a hybrid model sized for
+        `max_num_seqs` sequences (plus one)."""
         ctx = ctx_size or self.context_length or 0
-        per_token = self.kv_bytes_per_token
+        per_token = self.kv_bytes_per_token_as(cache_types)
         kv = per_token * ctx if per_token is not None else None
+        from localllm.engine.state_cache import pool_slots, snapshot_slots
+
+        slots = (
+            pool_slots(max_num_seqs) + snapshot_slots(max_num_seqs) if self.state_bytes_per_sequence else 0
+        )
+        pool = self.state_bytes_per_sequence * slots
+        state = {"state_bytes_per_sequence": self.state_bytes_per_sequence, "state_slots": slots,
+                 "state_pool_bytes": pool} if pool else {}  # fmt: skip
         return {
             "weights_bytes": self.file_size,
+            "kv_cache_types": list(cache_types),
             "kv_bytes_per_token": per_token,
             "context": ctx,
             "kv_cache_bytes": kv,
-            "total_bytes": self.file_size + (kv or 0),
+            **state,
+            "total_bytes": self.file_size + (kv or 0) + pool,
         }
 
-    def as_dict(self, ctx_size: int | None = None) -> dict[str, Any]:
+    def as_dict(self, ctx_size: int | None = None, cache_types: tuple[str, str] = F16_KV) -> dict[str, Any]:
         data = asdict(self)
         data["tensor_types"] = {
             t.type: {k: v for k, v in asdict(t).items() if k != "type"} for t in self.tensor_types
         }
-        data["memory"] = self.memory(ctx_size)
+        data["memory"] = self.memory(ctx_size, cache_types)
         return data
 
 
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Whether weights + KV cache fit this machine's RAM, and a sentence saying so."""
+
+    verdict: str  # "fits" | "tight" (more than is free now, less than installed) | "too big"
+    needed_bytes: int
+    available_bytes: int
+    total_bytes: int
+    message: str
+
+
+def memory_fit(needed: int, weights: int, available: int, total: int) -> Fit:
+    """The verdict for `needed` bytes (weights + KV) on a machine with `total` RAM, `available` free.
+
+    Memory-mapped weights larger than RAM still "load", but every token then rereads them from disk:
+    far too slow to use, so that counts as not fitting."""
+    need, have, free = human_bytes(needed), human_bytes(total), human_bytes(available)
+    if needed > total:
+        part = "its weights alone need" if weights > total else "weights + KV cache need"
+        message = (
+            f"does not fit: {part} {need}, this machine has {have} of RAM. Use a smaller "
+            "quantization or --ctx-size, or run it across machines (docs/scaling.md)."
+        )
+        return Fit("too big", needed, available, total, message)
+    if needed > available:
+        message = (
+            f"tight: needs {need}, {free} of {have} is free now; close other programs or lower --ctx-size."
+        )
+        return Fit("tight", needed, available, total, message)
+    return Fit("fits", needed, available, total, f"fits: needs {need}, {free} of {have} is free.")
+
+
 def kv_bytes_per_token(
-    n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int = KV_DTYPE_BYTES
+    n_layers: int, n_kv_heads: int, head_dim: int, cache_types: tuple[str, str] = F16_KV
 ) -> int:
-    """Keys and values of one token across all layers."""
-    return 2 * n_layers * n_kv_heads * head_dim * dtype_bytes
+    """Keys and values of one token across all layers (as the engine's pool stores them)."""
+    return KVLayout(n_layers, n_kv_heads, head_dim, cache_types).bytes_per_token
 
 
 def summarize(gf: Any) -> ModelInfo:
@@ -133,7 +192,24 @@ def summarize(gf: Any) -> ModelInfo:
         tokenizer=printable(md["tokenizer.ggml.model"]) if md.get("tokenizer.ggml.model") else None,
         chat_template=printable(template, multiline=True) if template else None,
         extra=extra,
+        **recurrent_state(md, arch, arch_int("block_count") or 0),
     )
+
+
+def recurrent_state(md: Mapping[str, Any], arch: str, n_layers: int) -> dict[str, int]:
+    """ModelInfo's recurrent_layers and state_bytes_per_sequence from a Gated DeltaNet hybrid's ssm.*
+    keys (as models/qwen35.py reads them); {} for other models."""
+    keys = ("conv_kernel", "state_size", "group_count", "time_step_rank")
+    conv, d, n_k, n_v = (_as_int(md.get(f"{arch}.ssm.{k}")) or 0 for k in keys)
+    if not (conv and d and n_k and n_v and n_layers) or f"{arch}.full_attention_interval" not in md:
+        return {}
+    n_layers -= _as_int(md.get(f"{arch}.nextn_predict_layers")) or 0
+    interval = _as_int(md.get(f"{arch}.full_attention_interval")) or 4
+    flags = md.get(f"{arch}.attention.recurrent_layers")
+    n_rec = sum(bool(f) for f in list(flags)[:n_layers]) if flags is not None else \
+        sum((il + 1) % interval != 0 for il in range(n_layers))  # fmt: skip
+    per_layer = (conv - 1) * (2 * n_k + n_v) * d + n_v * d * d
+    return {"recurrent_layers": n_rec, "state_bytes_per_sequence": 4 * n_rec * per_layer}
 
 
 # <arch>.KEY -> the name `info` shows it under: what sets the newer families apart (issue 15).

@@ -98,8 +98,8 @@ class ReasoningParser(Protocol):
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, content) that `text` completes."""
 
-    def finish(self) -> tuple[str, str]:
-        """What was held back, at the end of the reply."""
+    def finish(self, cut: bool = False) -> tuple[str, str]:
+        """What was held back, at the end of the reply (`cut`: not by its own end token)."""
 
 
 def _held(text: str, markers: Sequence[str]) -> int:
@@ -177,7 +177,7 @@ class ThinkParser:
         else:
             content.append(text)
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, cut: bool = False) -> tuple[str, str]:
         rest, self.buf = self.buf, ""
         if self.in_reasoning:
             return rest.rstrip(), ""
@@ -195,7 +195,7 @@ class HarmonyParser:
         self.fresh = True  # no header of the reply itself read yet
         self.channel = ""
         self.call: str | None = None  # the function a commentary message calls
-        self.call_body = False  # the call's arguments text has begun
+        self.call_body = ""  # the call's arguments text so far
         self.buf = ""
         self.reasoned = False  # some reasoning went out (the next analysis message is set apart)
         self.in_reasoning = False
@@ -243,7 +243,7 @@ class HarmonyParser:
         after = head.split(H_CHANNEL, 1)[1].split() if H_CHANNEL in head else []
         self.channel = after[0] if after else ""
         self.call = recipient.removeprefix("functions.") if recipient else None
-        self.call_body = False
+        self.call_body = ""
         self.in_reasoning = self.call is None and self.channel == "analysis"
         if out is None:
             return
@@ -271,7 +271,7 @@ class HarmonyParser:
         if not text:
             return
         if self.call is not None:
-            self.call_body = self.call_body or bool(text.strip())
+            self.call_body += text
             out[1].append(text)
         elif self.in_reasoning:
             self.reasoned = True
@@ -281,17 +281,30 @@ class HarmonyParser:
 
     def _close(self, out: tuple[list[str], list[str]]) -> None:
         if self.call is not None:
-            out[1].append(("" if self.call_body else "{}") + "}" + TOOL_CLOSE)
+            out[1].append(("" if self.call_body.strip() else "{}") + "}" + TOOL_CLOSE)
             self.call = None
         self.in_reasoning = False
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, cut: bool = False) -> tuple[str, str]:
+        """A call `cut` short (by a length limit, not `<|call|>`) is left open unless its arguments are
+        whole: closing it would make partial ones look whole to a stream's reader (the tool parser
+        drops it)."""
         out: tuple[list[str], list[str]] = ([], [])
         if self.state == "body":  # a header cut short is dropped: it is markup, not text
             self._write(self.buf, out)
+            if cut and not _whole_json(self.call_body):
+                self.call = None
             self._close(out)
         self.buf = ""
         return "".join(out[0]), "".join(out[1])
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -319,8 +332,8 @@ class ReasoningState:
         reasoning, content = self.parser.feed(text)
         if count and inside and self.parser.in_reasoning:  # the markers themselves are not counted
             self.tokens += 1
-        if final:
-            more = self.parser.finish()
+        if final:  # ending on a generated token, not an end-of-text one: the reply was cut
+            more = self.parser.finish(cut=count)
             reasoning, content = reasoning + more[0], content + more[1]
         return reasoning, content
 

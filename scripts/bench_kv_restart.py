@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 
-def phase(model: str, tokens: int, threads: int, disk: str, warm: bool) -> None:
+def phase(model: str, tokens: int, threads: int, disk: str, warm: bool, prefault: bool = True) -> None:
     from localllm.config import EngineConfig
     from localllm.engine.engine import LLMEngine
     from localllm.sampling_params import SamplingParams
@@ -33,6 +33,8 @@ def phase(model: str, tokens: int, threads: int, disk: str, warm: bool) -> None:
         max_num_seqs=1, kv_disk_mb=4096, kv_disk_dir=Path(disk),
     )  # fmt: skip
     engine = LLMEngine(config)
+    if not prefault:
+        engine.kv_cache.prefault_blocks = 0  # restores fault the pool's pages in one by one
     text = "".join(p.read_text() for p in sorted(Path("localllm").rglob("*.py")))
     ids = engine.tokenize_prompt(text)[:tokens]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5)
@@ -56,32 +58,29 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warm", action="store_true", help="a short unrelated request first in each process")
+    ap.add_argument(
+        "--compare-prefault",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N rounds of restarts without and with the pool's pages pre-faulted, alternating",
+    )
+    ap.add_argument("--no-prefault", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--phase", help=argparse.SUPPRESS)
     ap.add_argument("--disk", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phase:
-        phase(args.model, args.tokens, args.threads, args.disk, args.warm)
+        phase(args.model, args.tokens, args.threads, args.disk, args.warm, not args.no_prefault)
         return
     disk = tempfile.mkdtemp(prefix="kv-restart-")
-    results = []
-    for name in ("first", "restarted"):
-        cmd = [
-            sys.executable,
-            __file__,
-            args.model,
-            "--tokens",
-            str(args.tokens),
-            "--threads",
-            str(args.threads),
-        ]
-        out = subprocess.run(
-            [*cmd, "--phase", name, "--disk", disk], capture_output=True, text=True, check=True
-        )
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(name, json.dumps([{k: v for k, v in r.items() if k != "lp"} for r in results[-1]["runs"]]))
-        print("  ", results[-1]["disk"], flush=True)
+    names = ["first", "restarted"]
+    if args.compare_prefault:
+        names = ["first"] + ["restarted-no-prefault", "restarted"] * args.compare_prefault
+    results = [_phase(args, name, disk) for name in names]
+    if args.compare_prefault:
+        _compare_prefault(names, results)
     cold, hit1 = results[0]["runs"]
-    restored, hit2 = results[1]["runs"]
+    restored, hit2 = results[-1]["runs"]
     print(f"TTFT cold {cold['ttft']:.3f} s, memory hit {hit1['ttft']:.3f} / {hit2['ttft']:.3f} s, "
           f"restored from disk {restored['ttft']:.3f} s")  # fmt: skip
     hit = min(hit1["ttft"], hit2["ttft"])
@@ -90,6 +89,27 @@ def main() -> None:
     same = all(r["lp"] == cold["lp"] for r in (hit1, restored, hit2))
     print(f"first 4 tokens' top-5 logprobs identical in all four requests: {same}")
     shutil.rmtree(disk, ignore_errors=True)
+
+
+def _phase(args: argparse.Namespace, name: str, disk: str) -> dict:
+    """One phase in a fresh process (as after a restart), its JSON line."""
+    cmd = [sys.executable, __file__, args.model, "--tokens", str(args.tokens), "--threads", str(args.threads)]
+    cmd += ["--warm"] * args.warm + ["--no-prefault"] * name.endswith("no-prefault")
+    out = subprocess.run([*cmd, "--phase", name, "--disk", disk], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(name, json.dumps([{k: v for k, v in r.items() if k != "lp"} for r in result["runs"]]))
+    print("  ", result["disk"], flush=True)
+    return result
+
+
+def _compare_prefault(names: list[str], results: list[dict]) -> None:
+    """Each restarted process's restored / memory-hit TTFT ratio, without and with pre-faulting."""
+    for label in ("restarted-no-prefault", "restarted"):
+        mine = [r["runs"] for n, r in zip(names, results, strict=True) if n == label]
+        ratios = [runs[0]["ttft"] / runs[1]["ttft"] for runs in mine]
+        restored = [runs[0]["ttft"] for runs in mine]
+        print(f"{label}: restored / memory hit = {', '.join(f'{x:.2f}x' for x in ratios)}; "
+              f"restored TTFT {', '.join(f'{x:.3f}' for x in restored)} s")  # fmt: skip
 
 
 if __name__ == "__main__":

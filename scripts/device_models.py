@@ -36,10 +36,12 @@ class LlamaShape:
     kv_heads: int
     vocab: int
     tied: bool
+    arch: str = "llama"  # "qwen3": q/k RMS norms per head, rope base 1e6
+    head_size: int = 0  # 0: dim // heads (Qwen3 sets it: 32 heads of 128 on a 2,560 hidden size)
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.heads
+        return self.head_size or self.dim // self.heads
 
     def matrices(self) -> list[tuple[str, int, int]]:
         """(name, rows, cols) of every matrix, in file order."""
@@ -65,6 +67,9 @@ SHAPES = {
     "1b": LlamaShape("llama-3.2-1b", 2048, 8192, 16, 32, 8, 49152, tied=True),
     "3b": LlamaShape("llama-3.2-3b", 3072, 8192, 28, 24, 8, 49152, tied=True),
     "8b": LlamaShape("llama-3.1-8b", 4096, 14336, 32, 32, 8, 49152, tied=False),
+    # the real models' vocabularies (the output projection is 7-13% of their weights)
+    "8b-full": LlamaShape("llama-3.1-8b-v128k", 4096, 14336, 32, 32, 8, 128256, tied=False),
+    "qwen3-4b": LlamaShape("qwen3-4b", 2560, 9728, 36, 32, 8, 151936, True, "qwen3", 128),
 }
 
 
@@ -81,15 +86,18 @@ def _writer(path: Path, s: LlamaShape):  # type: ignore[no-untyped-def]
     import gguf
     from tiny_model import write_vocabulary
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), s.arch)
     w.add_block_count(s.n_layers)
     w.add_context_length(8192)
     w.add_embedding_length(s.dim)
     w.add_feed_forward_length(s.ffn)
     w.add_head_count(s.heads)
     w.add_head_count_kv(s.kv_heads)
-    w.add_rope_freq_base(500000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    if s.head_size:
+        w.add_key_length(s.head_size)
+        w.add_value_length(s.head_size)
+    w.add_rope_freq_base(1e6 if s.arch == "qwen3" else 500000.0)
+    w.add_layer_norm_rms_eps(1e-6 if s.arch == "qwen3" else 1e-5)
     write_vocabulary(w, _vocabulary(s.vocab))
     return w
 
@@ -98,6 +106,8 @@ def _norms(s: LlamaShape) -> list[tuple[str, int]]:
     names = [("output_norm.weight", s.dim)]
     for il in range(s.n_layers):
         names += [(f"blk.{il}.attn_norm.weight", s.dim), (f"blk.{il}.ffn_norm.weight", s.dim)]
+        if s.arch == "qwen3":
+            names += [(f"blk.{il}.attn_{qk}_norm.weight", s.head_dim) for qk in "qk"]
     return names
 
 

@@ -211,6 +211,7 @@ SERVER_FLOORS: tuple[tuple[str, ...], ...] = (
     ("tool_calls", "tool_stream", "structured_output", "streaming"),  # tools, constraints, SSE framing
     ("jobs",),  # submission, collection, streams on the engine thread
     ("state",),  # ServerConfig, ServerState
+    ("model_pool",),  # the served models: loaded on demand, leased, unloaded when idle
     ("pipeline",),  # validation, parameters, prompts, submission
     ENDPOINTS,
     ("app", "runner"),  # the route table and lifespan; uvicorn

@@ -154,6 +154,24 @@ class Backend:
         """(T, 1) sigmoid(h . weight): the shared expert's gate."""
         raise NotImplementedError
 
+    def sigmoid_mul(self, x: Any, gate: Any) -> Any:
+        """x * sigmoid(gate), element-wise (an attention output gate)."""
+        raise NotImplementedError
+
+    # ---- recurrent mixers (runs_gated_delta: whether a backend has these) -----------------------
+
+    runs_gated_delta = False
+
+    def gated_delta(
+        self, qkv: Any, z: Any, beta: Any, alpha: Any, lw: LayerWeights, spec: LayerSpec, batch: ForwardBatch,
+        conv_state: Any, ssm_state: Any, eps: float,
+    ) -> Any:  # fmt: skip
+        """A Gated DeltaNet layer between its input projections (qkv (T, conv channels), z (T, Hv*Dv),
+        beta and alpha (T, Hv)) and its output projection: causal conv + silu, L2-normed q/k, the gated
+        delta rule over each sequence's slot of conv_state (slots, taps-1, channels) and ssm_state
+        (slots, Hv, Dv, Dk), updated in place, then the silu(z)-gated per-head norm. (T, Hv*Dv)."""
+        raise NotImplementedError
+
     # ---- optional capabilities (defaults: not had) ----------------------------------------------
 
     def begin_step(self, batch: ForwardBatch, model: Transformer) -> ForwardBatch:

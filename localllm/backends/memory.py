@@ -15,6 +15,8 @@ import mmap
 
 import numpy as np
 
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+ (Python 3.11 lacks the name)
+
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """A writable zeroed array whose pages become resident only when written (no huge pages)."""
@@ -27,3 +29,22 @@ def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux: also where THP is "always", not only "madvise"
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, dt).reshape(shape)  # the array keeps the mapping alive
+
+
+def populate(a: np.ndarray, start: int, length: int) -> bool:
+    """Make bytes [start, start + length) of a lazy_zeros array resident in one call (madvise
+    MADV_POPULATE_WRITE: no fault per page); False where the array or the kernel cannot."""
+    buf = a.base
+    while isinstance(buf, np.ndarray):
+        buf = buf.base
+    buf = buf.obj if isinstance(buf, memoryview) else buf
+    if not isinstance(buf, mmap.mmap) or not hasattr(buf, "madvise") or length <= 0:
+        return False
+    page = mmap.PAGESIZE
+    lo = start // page * page
+    hi = min(len(buf), -(-(start + length) // page) * page)
+    try:
+        buf.madvise(MADV_POPULATE_WRITE, lo, hi - lo)
+    except (OSError, ValueError):  # an older kernel: the pages fault in as they are written
+        return False
+    return True

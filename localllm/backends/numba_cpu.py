@@ -20,10 +20,12 @@ import numpy as np
 
 from localllm.backends import bounds
 from localllm.backends.base import Backend
+from localllm.backends.kv_types import row_width
 from localllm.backends.memory import lazy_zeros
+from localllm.backends.numba_hybrid import HybridPlan, is_hybrid
 from localllm.backends.numba_stack import DecoderPlan, plan_for
 from localllm.backends.threads import ModelGovernors, ThreadGovernor
-from localllm.kernels import attention, layers, matmul, moe
+from localllm.kernels import attention, gated_delta, layers, matmul, moe
 from localllm.kernels.packing import PackedWeight, pack_weight
 from localllm.quant import dequantize
 
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from localllm.models.spec import LayerSpec, RopeSpec
     from localllm.models.transformer import Transformer
 
-_KV_STORAGE = {"f32": np.float32, "f16": np.uint16}
+_KV_STORAGE = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # q8_0: ggml's block bytes
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
@@ -74,6 +76,7 @@ class NumbaBackend(Backend):
         numba.set_num_threads(self.threads)
         self._governors = ModelGovernors(self.threads, adaptive_threads)
         self._prepared: dict[tuple, PackedWeight] = {}
+        self._raws: list[np.ndarray] = []  # the arrays _prepared's keys name
         self._groups: dict[tuple[int, ...], matmul.WeightGroup] = {}
         self._rope_tables: dict[RopeSpec, tuple[np.ndarray, ...]] = {}
         self._plans: dict[
@@ -81,6 +84,7 @@ class NumbaBackend(Backend):
         ] = {}  # id(model) -> (model, DecoderPlan or None)
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
         self.moe_stats = np.zeros(2, np.int64)  # op path's expert bytes launched, rows (kernels/moe.py)
+        self._conv_taps: dict[int, tuple[np.ndarray, object]] = {}  # id(conv weights) -> (taps, C), owner
 
     # ---- weights and cache -------------------------------------------------------------------
 
@@ -94,6 +98,8 @@ class NumbaBackend(Backend):
         if packed is None:
             pack = cache.pack if cache is not None else pack_weight
             packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type, pack)
+            # kept alive (a view of the file, or rows gathered from a tensor): no later array reuses its key
+            self._raws.append(raw)
         return packed
 
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> WeightCache:
@@ -122,9 +128,11 @@ class NumbaBackend(Backend):
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """f16 is stored as IEEE half bits in uint16 (Numba has no float16 arrays; kernels/kv.py)."""
-        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        k, v = (lazy_zeros(shape, _KV_STORAGE[t]) for t in cache_types)  # resident as blocks are written
+        """f16 is stored as IEEE half bits in uint16 (Numba has no float16 arrays), q8_0 as its blocks'
+        bytes in int8 (kernels/kv.py)."""
+        shape = (n_layers, num_blocks, block_size, kv_heads)
+        # resident as blocks are written
+        k, v = (lazy_zeros((*shape, row_width(t, head_dim)), _KV_STORAGE[t]) for t in cache_types)
         return k, v
 
     as_i64 = staticmethod(_i64)
@@ -148,7 +156,8 @@ class NumbaBackend(Backend):
         """The model's fused-stack plan, built once (None: the stack cannot run its specs)."""
         entry = self._plans.get(id(model))
         if entry is None:
-            entry = self._plans[id(model)] = (model, plan_for(model))  # keeps the id's model alive
+            build = HybridPlan.build if is_hybrid(model) else None
+            entry = self._plans[id(model)] = (model, plan_for(model, build))  # keeps the id's model alive
         return entry[1]
 
     def fused(self, model: Transformer) -> bool:
@@ -215,7 +224,7 @@ class NumbaBackend(Backend):
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """(rope(q), rope(k)), with the rotated k and v stored in the cache."""
         q3, k3, v3, pos, slots = _f32(q), _f32(k), _f32(v), _i64(positions), _i64(slot_mapping)
-        bounds.check_kv_write((k3.shape, v3.shape), (k_cache.shape, v_cache.shape), slots, pos)
+        bounds.check_kv_write((k3.shape, v3.shape), (k_cache, v_cache), slots, pos)
         q_out, k_out = np.empty_like(q3), np.empty_like(k3)
         tab_pos, cos, sin, freqs = self._rope_table(pos, rope)
         layers.rope_rows(pos, freqs, float(rope.mscale()), tab_pos, cos, sin)
@@ -277,7 +286,7 @@ class NumbaBackend(Backend):
     ) -> np.ndarray:
         q3 = _f32(q)
         qsl, ctx, tables = _i64(query_start_loc), _i64(context_lens), _i64(block_tables)
-        bounds.check_attention(q3.shape, k_cache.shape, qsl, ctx, tables)
+        bounds.check_attention(q3.shape, (k_cache, v_cache), qsl, ctx, tables)
         out = np.empty_like(q3)
         s = np.empty(0, np.float32) if sinks is None else _f32(sinks).reshape(-1)
         if s.size not in (0, q3.shape[1]):
@@ -321,6 +330,33 @@ class NumbaBackend(Backend):
         moe.sigmoid_gate(h2, _f32(weight), out.reshape(-1))
         return out
 
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        return _f32(x) / (np.float32(1.0) + np.exp(-_f32(gate)))
+
+    # ---- recurrent mixers ----------------------------------------------------------------------
+
+    runs_gated_delta = True
+
+    def gated_delta(self, qkv, z, beta, alpha, lw, spec, batch, conv_state, ssm_state, eps):
+        """kernels/gated_delta.mixer_core; the conv taps transposed to (taps, channels) once."""
+        qkv2, z2 = _f32(qkv), _f32(z)
+        bounds.check_gated_delta(qkv2.shape, spec, batch, conv_state.shape, ssm_state.shape)
+        taps = self._conv_taps.get(id(lw.ssm_conv))
+        if taps is None:
+            taps = self._conv_taps[id(lw.ssm_conv)] = (
+                np.ascontiguousarray(lw.ssm_conv.reshape(-1, spec.ssm_conv).T),
+                lw,
+            )
+        out = np.empty(z2.shape, np.float32)
+        gated_delta.mixer_core(
+            qkv2, z2, _f32(beta), _f32(alpha), taps[0], lw.ssm_dt, lw.ssm_a, lw.ssm_norm,
+            _i64(batch.query_start_loc), _i64(batch.positions), _i64(batch.state_slots), conv_state,
+            ssm_state,
+            spec.ssm_k_heads, spec.ssm_head_dim, spec.ssm_interleaved, float(eps), np.empty_like(qkv2), out,
+            self.threads,
+        )  # fmt: skip
+        return out
+
     # ---- compilation -------------------------------------------------------------------------
 
     def warmup(self, model: Transformer | None = None, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
@@ -331,7 +367,8 @@ class NumbaBackend(Backend):
         from localllm.kernels.warmup import warm_kernels
 
         fused = model is not None and self.fused(model)
-        warm_kernels(list(self._prepared.values()), self.threads, not fused, _KV_STORAGE[cache_types[0]])
+        kv_dtypes = (_KV_STORAGE[cache_types[0]], _KV_STORAGE[cache_types[1]])
+        warm_kernels(list(self._prepared.values()), self.threads, not fused, kv_dtypes)
         if fused and model is not None:
             self._warm_stack(model, cache_types)
 
@@ -344,6 +381,19 @@ class NumbaBackend(Backend):
         a = model.args
         k, v = self.allocate_kv(a.n_layers, 1, 16, *a.kv_row_shape(), cache_types)
         one = np.zeros(1, np.int64)
-        batch = ForwardBatch(one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one)
+        batch = ForwardBatch(
+            one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one, one
+        )
         x = np.zeros((1, a.dim), np.float32)
-        self.run_layers(model, x, batch, SimpleNamespace(k=k, v=v))
+        self.run_layers(model, x, batch, SimpleNamespace(k=k, v=v, states=_one_state(a)))
+
+
+def _one_state(args: object) -> SimpleNamespace | None:
+    """A one-slot recurrent state pool (the engine's StateCache's arrays) for a warm-up step."""
+    recurrent = [s for s in args.layers if s.recurrent]  # type: ignore[attr-defined]
+    if not recurrent:
+        return None
+    shapes = recurrent[0].state_shapes()
+    return SimpleNamespace(
+        arrays=tuple(np.zeros((len(recurrent), 1, *shape), np.float32) for _, shape in shapes)
+    )

@@ -35,6 +35,8 @@ EXECUTED = frozenset(
      "router_bias", "expert_bias"}
     | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length", "v_from_k", "v_norm", "out_scale"}
     | {"head_dim", "kv_heads", "ffn_dim", "kv_source"}
+    # run by numba_hybrid.HybridPlan (kernels/hybrid_decoder.py), which plan_for picks for them
+    | {"mixer", "attn_gate", "ssm_conv", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "ssm_interleaved"}
 )  # fmt: skip
 
 
@@ -191,10 +193,16 @@ class DecoderPlan:
         """(expert-weight bytes launched, (token, layer) rows routed) since the plan was built."""
         return self.weights.moe_stats
 
-    @functools.cache  # noqa: B019 (one plan per model, kept as long as the model)
     def _path(self, use_int: bool) -> dk.StackWeights:
         """The weights with one path's tables: integer, or float (without AVX2 for long prompts,
-        whose kernels load only when needed)."""
+        whose kernels load only when needed), made once per plan. Kept on the plan, not in a
+        functools.cache, which would hold every plan (and its weights) after its model is unloaded."""
+        paths = self.__dict__.setdefault("_paths", {})
+        if use_int not in paths:
+            paths[use_int] = self._make_path(use_int)
+        return paths[use_int]
+
+    def _make_path(self, use_int: bool) -> dk.StackWeights:
         everything = self.everything
         gemm = int(everything[0].gemm) if matmul.needs_gemm(everything, use_int) else 0
         if use_int:
@@ -229,10 +237,11 @@ class StackBackend(Protocol):
     def as_i64(self, a: np.ndarray) -> np.ndarray: ...
 
 
-def plan_for(model: Transformer) -> DecoderPlan | None:
-    """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs."""
+def plan_for(model: Transformer, build: Any = None) -> Any:
+    """The model's plan, or None (logged once, naming the field) when the stack cannot run its specs;
+    `build` makes it (DecoderPlan.build by default; numba_hybrid.HybridPlan.build for hybrids)."""
     reason = refusal(model.args.layers)
     if reason is not None:
         log.warning("running %s layer by layer: %s", model.args.architecture, reason)
         return None
-    return DecoderPlan.build(model)
+    return (build or DecoderPlan.build)(model)

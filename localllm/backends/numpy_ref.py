@@ -13,14 +13,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localllm.backends.base import Backend
+from localllm.backends.kv_types import row_width
 from localllm.backends.memory import lazy_zeros
-from localllm.kernels import moe_reference
+from localllm.kernels import gated_delta_reference, moe_reference
 from localllm.kernels import reference as ref
 from localllm.quant import dequantize
 
 if TYPE_CHECKING:
     from localllm.models.layers import LayerWeights
     from localllm.models.spec import LayerSpec
+
+_KV_STORAGE = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
 
 
 @dataclass(slots=True)
@@ -48,8 +51,9 @@ class NumpyBackend(Backend):
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        shape = (n_layers, num_blocks, block_size, kv_heads, head_dim)
-        k, v = (lazy_zeros(shape, {"f32": np.float32, "f16": np.float16}[t]) for t in cache_types)
+        """q8_0 as ggml's block bytes in int8, as the Numba backend stores it (reference.to_storage)."""
+        shape = (n_layers, num_blocks, block_size, kv_heads)
+        k, v = (lazy_zeros((*shape, row_width(t, head_dim)), _KV_STORAGE[t]) for t in cache_types)
         return k, v
 
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
@@ -93,3 +97,16 @@ class NumpyBackend(Backend):
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return moe_reference.sigmoid_gate(h.astype(np.float32), weight)
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        return (x / (np.float32(1.0) + np.exp(-gate))).astype(np.float32)
+
+    runs_gated_delta = True
+
+    def gated_delta(self, qkv, z, beta, alpha, lw, spec, batch, conv_state, ssm_state, eps):
+        """kernels/gated_delta_reference.mixer: a prefill chunk in the chunkwise form."""
+        return gated_delta_reference.mixer(
+            qkv, z, beta, alpha, lw.ssm_conv.reshape(-1, spec.ssm_conv), lw.ssm_dt, lw.ssm_a, lw.ssm_norm,
+            batch.query_start_loc, batch.positions, batch.state_slots, conv_state, ssm_state,
+            spec.ssm_k_heads, spec.ssm_interleaved, eps,
+        )  # fmt: skip

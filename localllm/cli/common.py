@@ -26,10 +26,10 @@ CtxSize = Annotated[
     ),
 ]
 CacheTypeK = Annotated[
-    str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for keys: f16 or f32.")
+    str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for keys: f16, f32 or q8_0.")
 ]
 CacheTypeV = Annotated[
-    str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for values: f16 or f32.")
+    str, typer.Option("--cache-type-v", "-ctv", help="KV cache type for values: f16, f32 or q8_0.")
 ]
 KvDiskMb = Annotated[
     int | None,

@@ -78,16 +78,58 @@ DrainTimeout = Annotated[
         "(0 = end them at once, as Ctrl-C does).",
     ),
 ]
+KvEventsConfig = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-events-config",
+        help="Publish KV-cache events (blocks stored/removed) on ZMQ in vLLM's format for KV-aware "
+        'routers; vLLM\'s JSON, e.g. \'{"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"}\' '
+        "(needs localllm[events]; docs/scaling.md).",
+    ),
+]
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
-Model = Annotated[
-    str | None, typer.Argument(help="A .gguf path or registry name. [default: the registry's default]")
+Models = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[MODEL]...",
+        help="A .gguf path or registry name; several: each loads on its first request. "
+        "[default: the registry's default]",
+    ),
+]
+ModelsDir = Annotated[
+    Path | None, typer.Option("--models-dir", help="Also serve each .gguf file in this folder.")
+]
+KeepAlive = Annotated[
+    str,
+    typer.Option(
+        "--keep-alive",
+        help="Several models: how long an idle one stays loaded (seconds or e.g. 10m, 1h; -1 forever).",
+    ),
+]
+MaxLoaded = Annotated[
+    int, typer.Option("--max-loaded", help="Several models: loaded at once, at most (0 = no limit).")
+]
+MaxMemoryMb = Annotated[
+    int,
+    typer.Option(
+        "--max-memory-mb",
+        help="Several models: MiB the loaded ones may need together (info's estimate; 0 = no budget).",
+    ),
+]
+LoadTimeout = Annotated[
+    float, typer.Option("--load-timeout", help="Seconds a request waits for its model to load.")
 ]
 
 
 @app.command()
 def serve(
-    model: Model = None,
+    models: Models = None,
+    models_dir: ModelsDir = None,
+    keep_alive: KeepAlive = "5m",
+    max_loaded: MaxLoaded = 0,
+    max_memory_mb: MaxMemoryMb = 0,
+    load_timeout: LoadTimeout = 600.0,
     port: Port = 8080,
     host: Host = "127.0.0.1",
     parallel: Parallel = 8,
@@ -119,10 +161,12 @@ def serve(
     webui: WebUI = True,
     metrics_public: MetricsPublic = False,
     drain_timeout: DrainTimeout = 30.0,
+    kv_events_config: KvEventsConfig = None,
     alias: Alias = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says otherwise).
+    """Serve MODEL (or several) over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says
+    otherwise).
 
     OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models.
 
@@ -139,31 +183,72 @@ def serve(
 
       localllm serve model.gguf --alias gpt-4o-mini --alias default
 
+      localllm serve smollm2-135m-instruct gemma-3-270m --keep-alive 10m --max-loaded 1
+
       curl localhost:8080/v1/completions -d '{"prompt": "Once upon a time", "max_tokens": 32}'
 
     /v1/completions stops at 16 tokens without max_tokens (OpenAI's default); chat runs to the context.
+
+    With several models, a request's `model` picks one (none: the first); each loads on its first
+    request and unloads after --keep-alive idle (or a request's `keep_alive`); a load that would pass
+    --max-loaded or --max-memory-mb first unloads the least recently used.
     """
     _serve_command(SimpleNamespace(**locals()))
 
 
 def _serve_command(o: SimpleNamespace) -> None:
-    from localllm.engine.engine import LLMEngine
+    from localllm.cli.serve_models import check_single_model_flags, model_names, served_models
     from localllm.server.connections import ConnectionLimits
-    from localllm.server.state import ServerConfig
-    from localllm.tokenizer.chat_template import chat_template_source
 
     check_values(vars(o))
+    pool_limits = _pool_limits(o)
     limits = ConnectionLimits(o.max_connections, o.header_timeout, o.body_timeout)
-    path, defaults = c.resolve(o.model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
+    names = model_names(o.models, o.models_dir)
+    flags = {"--alias": o.alias, "--chat-template": o.chat_template, "--draft-model": o.draft_model,
+             "--kv-events-config": o.kv_events_config}  # fmt: skip
+    check_single_model_flags(len(names), flags)
     spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
     spec |= c.kv_disk_options(o.kv_disk_mb, o.kv_disk_dir, default_on=True)
-    engine_config = c.engine_config(
-        path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=o.parallel, kv_cache_mb=o.kv_cache_mb,
-        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, device=o.device, **spec,
-    )  # fmt: skip
-    config = ServerConfig(
-        model_id=served_id(o.model, path),
-        model_aliases=tuple({path.name, path.stem, *([o.model] if o.model else [])}),
+
+    def resolve(name: str | None) -> tuple[Path, dict[str, Any], Any]:
+        path, defaults = c.resolve(name, o.backend, o.threads, (o.cache_type_k, o.cache_type_v))
+        engine_config = c.engine_config(
+            path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=o.parallel,
+            kv_cache_mb=o.kv_cache_mb, cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
+            device=o.device, **spec,
+        )  # fmt: skip
+        return path, defaults, engine_config
+
+    if len(names) == 1:
+        _serve_one(o, names[0], resolve, limits)
+        return
+    base = _server_config(o, names[0] or "default", (), None)
+    models = served_models(names, resolve, base, served_id)
+    c.first_run_notice(o.backend)
+    run_server(None, base, o.log_level, limits, models, pool_limits)
+
+
+def _serve_one(o: SimpleNamespace, name: str | None, resolve: Any, limits: Any) -> None:
+    """One model, loaded as the server starts (a failed load ends the server)."""
+    from localllm.engine.engine import LLMEngine
+    from localllm.tokenizer.chat_template import chat_template_source
+
+    path, defaults, engine_config = resolve(name)
+    template = chat_template_source(o.chat_template, defaults.get("chat_template"))
+    config = _server_config(
+        o, served_id(name, path), (path.name, path.stem, *([name] if name else [])), template
+    )
+    c.first_run_notice(o.backend)
+    publisher = kv_event_publisher(o.kv_events_config)
+    run_server(with_kv_events(lambda: LLMEngine(engine_config), publisher), config, o.log_level, limits)
+
+
+def _server_config(o: SimpleNamespace, model_id: str, aliases: tuple[str, ...], template: str | None) -> Any:
+    from localllm.server.state import ServerConfig
+
+    return ServerConfig(
+        model_id=model_id,
+        model_aliases=tuple(set(aliases)),
         served_aliases=_split(o.alias),
         api_key=o.api_key or None,
         cors_origins=_split(o.cors_origins),
@@ -172,7 +257,7 @@ def _serve_command(o: SimpleNamespace) -> None:
         max_queue=o.max_queue,
         max_embedding_tokens=o.max_embedding_tokens,
         max_choice_tokens=o.max_choice_tokens,
-        chat_template=chat_template_source(o.chat_template, defaults.get("chat_template")),
+        chat_template=template,
         reasoning_budget=o.reasoning_budget,
         host=o.host,
         port=o.port,
@@ -180,8 +265,53 @@ def _serve_command(o: SimpleNamespace) -> None:
         metrics_public=o.metrics_public,
         drain_timeout=o.drain_timeout,
     )
-    c.first_run_notice(o.backend)
-    run_server(lambda: LLMEngine(engine_config), config, o.log_level, limits)
+
+
+def _pool_limits(o: SimpleNamespace) -> Any:
+    from localllm.server.model_pool import PoolLimits, parse_keep_alive
+
+    try:
+        keep_alive = parse_keep_alive(o.keep_alive)
+    except ValueError as e:
+        _usage_error(f"--keep-alive: {e}")
+    return PoolLimits(keep_alive, o.max_loaded, o.max_memory_mb * 2**20, o.load_timeout)
+
+
+def kv_event_publisher(text: str | None) -> Any:
+    """The KV-event publisher --kv-events-config asks for (its socket bound now, so a taken port is a
+    usage error before the model loads), or None; a bad value or a missing extra is one line."""
+    from localllm.engine import kv_events
+
+    if not text:
+        return None
+    try:
+        config = kv_events.KVEventsConfig.parse(text)
+    except (ValueError, TypeError) as e:
+        _usage_error(str(e))
+    if not config.enabled:
+        return None
+    missing = kv_events.missing_dependencies()
+    if missing:
+        _usage_error(missing)
+    try:
+        return kv_events.KVEventPublisher(config)
+    except Exception as e:  # zmq.ZMQError: address in use, bad endpoint
+        _usage_error(f"--kv-events-config: cannot open {config.endpoint}: {e}")
+
+
+def with_kv_events(factory: Any, publisher: Any) -> Any:
+    """`factory`, its engine's block manager wired to `publisher` (kv_events.attach) when there is one."""
+    if publisher is None:
+        return factory
+
+    def make() -> Any:
+        from localllm.engine import kv_events
+
+        engine = factory()
+        kv_events.attach(engine.block_manager, publisher)
+        return engine
+
+    return make
 
 
 # flag -> (lowest allowed, highest allowed or None, what the range means)
@@ -199,6 +329,9 @@ RANGES: dict[str, tuple[float, float | None, str]] = {
     "body_timeout": (0.1, None, "at least 0.1 s"),
     "max_body_mb": (0.001, None, "at least 0.001"),
     "drain_timeout": (0, None, "0 (at once) or more seconds"),
+    "max_loaded": (0, None, "0 (no limit) or more"),
+    "max_memory_mb": (0, None, "0 (no budget) or more"),
+    "load_timeout": (0.1, None, "at least 0.1 s"),
 }
 
 
@@ -230,10 +363,12 @@ def served_id(model: str | None, path: Path) -> str:
     return entry.name if entry is not None and entry.file_name == path.name else path.stem
 
 
-def run_server(factory: Any, config: Any, log_level: str = "info", limits: Any = None) -> None:
+def run_server(
+    factory: Any, config: Any, log_level: str = "info", limits: Any = None, models: Any = (), pool: Any = None
+) -> None:
     """Run until SIGINT (open streams end with an error event, then the engine stops) or SIGTERM (a
     drain: open requests finish first, see localllm.server.runner); exits with an error if the model
-    fails to load."""
+    fails to load. With `models` (several, within `pool`'s limits), each loads on demand instead."""
     from localllm.errors import LocalLLMError
     from localllm.server.app import create_app
     from localllm.server.connections import ConnectionLimits, raise_open_file_limit, usable_connections
@@ -251,7 +386,7 @@ def run_server(factory: Any, config: Any, log_level: str = "info", limits: Any =
     # More descriptors than connections, so the limit (not EMFILE) is what a flood of sockets meets.
     usable = usable_connections(limits.max_connections, raise_open_file_limit())
     limits = dataclasses.replace(limits, max_connections=usable)
-    app_ = create_app(factory, dataclasses.replace(config, on_load_error=on_load_error))
+    app_ = create_app(factory, dataclasses.replace(config, on_load_error=on_load_error), models, pool)
     server = make_server(app_, config.host, config.port, limits, log_level, log_config(log_level))
     server.run()
     if failures:

@@ -1,10 +1,14 @@
-"""BlockManager: the paged KV cache's bookkeeping. Blocks, reference counts and automatic prefix caching.
+"""BlockManager: the paged KV cache's bookkeeping. Blocks, reference counts and automatic prefix caching,
+and for a model with recurrent layers each sequence's slot in the state pool (state_cache.py), taken
+with its first blocks and given back with them.
 
 A full block is keyed by a chained digest of (parent block's key, its token ids), rooted in the model
 fingerprint (block_identity.py), so a hit on a block implies its whole prefix matches; tokens are
 compared on a hit to rule out collisions. Freed blocks keep their contents and stay findable until they
 are reused, least recently freed first. With a disk tier (`tier`, kv_disk.py), a block that memory
 misses is looked for there and restored into a free block, and every block registered is handed to it.
+With `events` set (kv_events.py), each block made findable and each one forgotten is logged for
+KV-cache-aware routers.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Protocol
 
 from localllm.engine.block_identity import block_hash
 from localllm.engine.sequence import Sequence
+from localllm.engine.state_cache import StateSlots, StateSnapshots
 
 __all__ = ["Block", "BlockManager", "BlockTier", "block_hash"]
 
@@ -32,6 +37,10 @@ class BlockTier(Protocol):
 
     def store(self, key: bytes, token_ids: tuple[int, ...], block_id: int) -> None: ...
 
+    def close(self) -> None:
+        """Write out what is pending and stop (the engine is being closed)."""
+        ...
+
 
 class Block:
     __slots__ = ("block_id", "ref_count", "hash", "token_ids")
@@ -45,8 +54,11 @@ class Block:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, fingerprint: bytes = b""
-    ):
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, fingerprint: bytes = b"",
+        state_slots: StateSlots | None = None, snapshots: StateSnapshots | None = None,
+    ):  # fmt: skip
+        self.state_slots = state_slots
+        self.snapshots = snapshots  # states at cached block boundaries (a model with recurrent layers)
         self.block_size = block_size
         self.fingerprint = fingerprint  # the first block's parent key: the model's (block_identity.py)
         self.num_blocks = num_blocks
@@ -58,6 +70,7 @@ class BlockManager:
         self.num_prefix_hits = 0  # of which found
         self.num_disk_hits = 0  # of which restored from the disk tier
         self.tier: BlockTier | None = None  # the disk tier (kv_disk.KVDiskTier), when one is on
+        self.events: Any = None  # kv_events.KVEventLog: blocks stored and removed, for a router
 
     @property
     def num_free_blocks(self) -> int:
@@ -86,6 +99,9 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             found.append(block_id)
+        if self.snapshots is not None:  # a recurrent state resumes only where a snapshot was kept
+            keep = [i + 1 for i, b in enumerate(found) if self.snapshots.has(self.blocks[b].hash)]
+            found = found[: max(keep, default=0)]
         return found
 
     def _restore(self, key: bytes, tokens: tuple[int, ...], found: list[int]) -> int | None:
@@ -102,6 +118,9 @@ class BlockManager:
         block.hash, block.token_ids = key, tokens
         self.hash_to_block_id[key] = block_id
         self.free_block_ids.move_to_end(block_id)
+        if self.events is not None:
+            parent = self.blocks[found[-1]].hash if found else None
+            self.events.stored([key], parent, list(tokens))
         self.num_disk_hits += self.block_size
         return block_id
 
@@ -113,6 +132,12 @@ class BlockManager:
         reusable = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         if need > self.num_free_blocks - reusable:
             return False
+        if self.state_slots is not None and seq.state_slot < 0:
+            if not self.state_slots.num_free:
+                return False
+            seq.state_slot = self.state_slots.take()
+            if cached_block_ids and self.snapshots is not None:
+                self.snapshots.restore(self.blocks[cached_block_ids[-1]].hash, seq.state_slot)  # type: ignore[arg-type]
         for block_id in cached_block_ids:
             self._take(block_id)
             seq.block_table.append(block_id)
@@ -125,15 +150,43 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         parent = None
+        new: list[int] = []  # indices of the blocks registered here, for BlockStored events
         for i in range(seq.num_computed_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
                 block.hash, block.token_ids = block_hash(parent, tokens, self.fingerprint), tokens
-                self.hash_to_block_id.setdefault(block.hash, block.block_id)
+                if self.hash_to_block_id.setdefault(block.hash, block.block_id) == block.block_id:
+                    new.append(i)
                 if self.tier is not None:
                     self.tier.store(block.hash, tokens, block.block_id)
             parent = block.hash
+        if new and self.events is not None:
+            self._log_stored(seq, new)
+
+    def _log_stored(self, seq: Sequence, new: list[int]) -> None:
+        """One BlockStored per run of consecutive new blocks (indices into seq's block table), each
+        naming the block before it as its parent."""
+        start = 0
+        for k in range(1, len(new) + 1):
+            if k < len(new) and new[k] == new[k - 1] + 1:
+                continue
+            blocks = [self.blocks[seq.block_table[i]] for i in new[start:k]]
+            first = new[start]
+            parent = self.blocks[seq.block_table[first - 1]].hash if first else None
+            tokens = [t for b in blocks for t in b.token_ids]
+            self.events.stored([b.hash for b in blocks], parent, tokens)
+            start = k
+
+    def snapshot(self, seq: Sequence) -> None:
+        """Keep seq's recurrent state when its computed tokens end on a cached block's boundary."""
+        n, bs = seq.num_computed_tokens, self.block_size
+        if self.snapshots is None or seq.state_slot < 0 or n == 0 or n % bs or len(seq.block_table) < n // bs:
+            return
+        key = self.blocks[seq.block_table[n // bs - 1]].hash
+        if key is not None:
+            self.snapshots.save(key, seq.state_slot, seq.snapshot_key)
+            seq.snapshot_key = key
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first, so a shared prefix is the last to be evicted. A block that
@@ -148,6 +201,9 @@ class BlockManager:
                 if block.hash is None:
                     self.free_block_ids.move_to_end(block_id, last=False)
         seq.block_table = []
+        if self.state_slots is not None and seq.state_slot >= 0:
+            self.state_slots.give(seq.state_slot)
+        seq.state_slot = -1
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Give back seq's blocks past the first num_tokens tokens (a verify step's rejected drafts).
@@ -182,5 +238,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]
+            if self.events is not None:
+                self.events.removed(block.hash)
         block.hash, block.token_ids = None, ()
         return block_id

@@ -21,7 +21,13 @@ from localllm.engine.loop_guard import LoopGuard
 from localllm.engine.output import RequestOutput, SampledToken, StepOutput, TokenLogprob
 from localllm.engine.scheduler import ScheduledSeq, Scheduler
 from localllm.engine.sequence import Sequence
-from localllm.errors import ContextLengthExceededError, InvalidRequestError, KVCacheFullError, LocalLLMError
+from localllm.errors import (
+    ConfigError,
+    ContextLengthExceededError,
+    InvalidRequestError,
+    KVCacheFullError,
+    LocalLLMError,
+)
 from localllm.reasoning import ReasoningState, marker_ids
 from localllm.sampler import make_generator
 from localllm.sampling_params import (
@@ -75,6 +81,11 @@ class LLMEngine:
         self.cache_types = self.kv_cache.cache_types
         self.sampling_defaults = model_sampling_defaults(config.sampling_defaults, self.gguf.metadata)
         self.spec = None
+        if config.speculative and self.args.recurrent:
+            raise ConfigError(
+                f"speculative decoding is not supported on {self.args.architecture}: its recurrent state "
+                "cannot be rolled back over rejected drafts"
+            )
         if config.speculative:
             from localllm.engine.spec_decode import open_spec_decoder
 
@@ -148,6 +159,19 @@ class LLMEngine:
         if seq.constraint is None and reasoning.due():
             seq.forced = list(reasoning.close_ids)
 
+    def close(self) -> None:
+        """Let go of what outlives a dropped reference: the disk tier's writer (its queue written out,
+        then stopped), the grammar sandbox and threads, the mask thread, and the file pages mapped so
+        far. Call it with the engine idle, from the thread that stepped it or after that thread ended;
+        the memory goes with the last reference to the engine. Idempotent."""
+        if self.block_manager.tier is not None:
+            self.block_manager.tier.close()
+        if self._grammars is not None:
+            self._grammars.close()
+            self._grammars = None
+        self.runner.close()
+        self.gguf.release_pages()
+
     @property
     def grammars(self) -> Any:
         """The compiler (and cache) of this model's constrained-decoding grammars; llguidance loads here,
@@ -206,6 +230,13 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Schedule, run one forward pass over the mixed batch, and turn sampled tokens into outputs."""
+        try:
+            return self._step()
+        finally:
+            if self.block_manager.events is not None:  # the step's KV events, to a router (kv_events.py)
+                self.block_manager.events.flush()
+
+    def _step(self) -> list[StepOutput]:
         while self._calls:
             self._calls.popleft()()
         plan = self.scheduler.schedule()
@@ -222,6 +253,7 @@ class LLMEngine:
         for item, tokens in zip(plan.scheduled, sampled, strict=True):
             item.seq.num_computed_tokens += item.num_tokens
             self.block_manager.cache_full_blocks(item.seq)
+            self.block_manager.snapshot(item.seq)
             outputs += self._on_tokens(self.requests[item.seq.request_id], item, tokens, now)
         if self.spec is not None:
             self.spec.record_step(plan, now - start)

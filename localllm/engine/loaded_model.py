@@ -22,6 +22,14 @@ from localllm.engine.block_identity import model_fingerprint
 from localllm.engine.block_manager import BlockManager
 from localllm.engine.kv_cache import KVCache, KVLayout
 from localllm.engine.model_runner import ModelRunner
+from localllm.engine.state_cache import (
+    StateCache,
+    StateLayout,
+    StateSlots,
+    StateSnapshots,
+    pool_slots,
+    snapshot_slots,
+)
 from localllm.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -78,13 +86,38 @@ class LoadedModel:
             num_blocks = pool_blocks(config, max_model_len, layout.bytes_per_token)
         else:  # as large as the target's: every target sequence may have a shadow here
             num_blocks = target.block_manager.num_blocks
-        kv_cache = KVCache(backend, layout, num_blocks, config.block_size)
+        states, slots, snapshots = _state_pool(model, config, target)
+        kv_cache = KVCache(backend, layout, num_blocks, config.block_size, states)
         fingerprint = model_fingerprint(gguf, backend, layout, max_model_len, config.block_size)
-        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, fingerprint)
+        blocks = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, fingerprint, slots, snapshots
+        )
         if target is None and config.kv_disk_mb and config.enable_prefix_caching:
             blocks.tier = open_disk_tier(config, kv_cache, fingerprint)
         backend.warmup(model, layout.cache_types)
         return cls(gguf, model, tokenizer, max_model_len, kv_cache, blocks, ModelRunner(model, kv_cache), ids)
+
+
+def _state_pool(
+    model: Transformer, config: EngineConfig, target: LoadedModel | None
+) -> tuple[StateCache | None, StateSlots | None, StateSnapshots | None]:
+    """The recurrent state pool, its bookkeeping and (with prefix caching) its snapshots, for a model
+    with recurrent layers; Nones for others."""
+    layout = StateLayout.of(model.args)
+    if layout is None:
+        return None, None, None
+    if target is not None:
+        raise ConfigError(f"a draft model with recurrent layers ({model.args.architecture}) is not supported")
+    n = pool_slots(config.max_num_seqs)
+    cache = StateCache(layout, n)
+    snaps = (
+        StateSnapshots(cache, snapshot_slots(config.max_num_seqs)) if config.enable_prefix_caching else None
+    )
+    log.info(
+        "recurrent state pool: %d slots and %d snapshots of %.1f MiB", n, snaps.num_snapshots if snaps else 0,
+        layout.bytes_per_sequence / 2**20,
+    )  # fmt: skip
+    return cache, StateSlots(n), snaps
 
 
 def open_disk_tier(config: EngineConfig, kv_cache: KVCache, fingerprint: bytes) -> Any:

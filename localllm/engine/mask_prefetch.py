@@ -43,6 +43,12 @@ class MaskPrefetcher:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="localllm-mask")
         return _Pending(self._pool.submit(_fill, constraints))
 
+    def close(self) -> None:
+        """Stop the mask thread, if one started (the engine is being closed)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
 
 def _fill(constraints: list[Any]) -> None:
     for constraint in constraints:

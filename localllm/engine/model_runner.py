@@ -30,6 +30,9 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self._masks = MaskPrefetcher()
 
+    def close(self) -> None:
+        self._masks.close()
+
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         input_ids, positions, slots, query_start, context_lens = [], [], [], [0], []
         logits_indices: list[int] = []
@@ -54,6 +57,7 @@ class ModelRunner:
             context_lens=np.asarray(context_lens, dtype=np.int64),
             block_tables=self._block_tables(scheduled),
             logits_indices=np.asarray(logits_indices, dtype=np.int64),
+            state_slots=np.asarray([item.seq.state_slot for item in scheduled], dtype=np.int64),
         )
 
     @staticmethod

@@ -23,6 +23,8 @@ class ForwardBatch:
     context_lens: np.ndarray  # (S,) int64: cached positions after this step
     block_tables: np.ndarray  # (S, max_blocks) int64, padded with 0
     logits_indices: np.ndarray  # (L,) int64: rows whose logits are needed
+    # (S,) int64: each sequence's slot in the recurrent state pool (models with recurrent layers)
+    state_slots: np.ndarray | None = None
 
 
 class PagedKV(Protocol):
@@ -33,5 +35,6 @@ class PagedKV(Protocol):
     v: Any
     num_blocks: int
     block_size: int
+    states: Any  # the recurrent layers' state pool (engine/state_cache.py's StateCache), or None
 
     def layer(self, il: int) -> tuple[Any, Any]: ...

@@ -33,7 +33,7 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "output_norm.weight": ("dim",),
     "rope_freqs.weight": ("rope_dim/2",),
     "blk.N.attn_norm.weight": ("dim",),
-    "blk.N.attn_q.weight": ("n_heads*head_dim", "dim"),
+    "blk.N.attn_q.weight": ("n_heads*head_dim", "dim"),  # 2*n_heads*head_dim with per-head gates (qwen35)
     "blk.N.attn_k.weight": ("n_kv_heads*head_dim", "dim"),
     "blk.N.attn_v.weight": ("n_kv_heads*head_dim", "dim"),
     "blk.N.attn_output.weight": ("dim", "n_heads*head_dim"),
@@ -47,7 +47,7 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.ffn_norm.weight": ("dim",),
     "blk.N.ffn_gate.weight": ("ffn_dim", "dim"),
     "blk.N.ffn_up.weight": ("ffn_up_rows", "dim"),  # 2 * ffn_dim where gate and up are fused (phi3)
-    "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3)
+    "blk.N.attn_qkv.weight": ("qkv_rows", "dim"),  # fused q, k, v (phi3); a Gated DeltaNet's conv input
     "blk.N.ffn_down.weight": ("dim", "ffn_dim"),
     "blk.N.post_ffw_norm.weight": ("dim",),
     "blk.N.layer_output_scale.weight": ("one",),
@@ -56,6 +56,16 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.ffn_up_exps.weight": ("experts", "expert_ffn_dim", "dim"),
     "blk.N.ffn_down_exps.weight": ("experts", "dim", "expert_ffn_dim"),
     "blk.N.ffn_gate_inp_shexp.weight": ("dim",),
+    # Gated DeltaNet (qwen35, qwen3next)
+    "blk.N.attn_gate.weight": ("ssm_inner", "dim"),
+    "blk.N.ssm_beta.weight": ("ssm_v_heads", "dim"),
+    "blk.N.ssm_alpha.weight": ("ssm_v_heads", "dim"),
+    "blk.N.ssm_ba.weight": ("2*ssm_v_heads", "dim"),
+    "blk.N.ssm_conv1d.weight": ("ssm_channels", "ssm_conv"),
+    "blk.N.ssm_dt.bias": ("ssm_v_heads",),
+    "blk.N.ssm_a": ("ssm_v_heads",),
+    "blk.N.ssm_norm.weight": ("ssm_head_dim",),
+    "blk.N.ssm_out.weight": ("dim", "ssm_inner"),
     "blk.N.attn_sinks.weight": ("n_heads",),
     "blk.N.ffn_gate_inp.bias": ("experts",),
     "blk.N.ffn_gate_exps.bias": ("experts", "expert_ffn_dim"),
@@ -86,7 +96,11 @@ def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None)
     check_hyperparameters(args, gf.metadata)
     sizes, shapes = _sizes(args), _shape_table(names)
     per_layer = [_sizes(args, il) for il in range(args.n_layers)]  # (gemma4's layers differ in size)
+    if any(s.attn_gate for s in args.layers):  # q's projection also holds each head's gate
+        shapes = {**shapes, "blk.N.attn_q.weight": ("2*n_heads*head_dim", "dim")}
     for info in gf.tensors.values():
+        if info.name in args.spec_tensors and info.name.startswith("blk."):
+            continue  # a layer the model does not run (multi-token prediction), not loaded
         role = _role(info.name, args.n_layers, shapes)
         if role is not None:
             match = _LAYER_NAME.fullmatch(info.name)
@@ -180,8 +194,20 @@ def _sizes(args: ModelArgs, il: int | None = None) -> dict[str, int]:
         "qkv_rows": (args.n_heads + 2 * kvh) * hd,
         "per_layer_dim": args.per_layer_dim,
         "n_layers*per_layer_dim": args.n_layers * args.per_layer_dim,
+        "2*n_heads*head_dim": 2 * args.n_heads * hd,
         **_expert_sizes(args),
+        **_ssm_sizes(args),
     }
+
+
+def _ssm_sizes(args: ModelArgs) -> dict[str, int]:
+    """The first Gated DeltaNet layer's sizes (its conv input replaces phi3's fused qkv rows)."""
+    spec = next((s for s in args.layers if s.mixer == "gated_delta_net"), None)
+    n_v, d = (spec.ssm_v_heads, spec.ssm_head_dim) if spec is not None else (0, 0)
+    channels = (2 * spec.ssm_k_heads + n_v) * d if spec is not None else 0
+    fused = {"qkv_rows": channels} if spec is not None else {}
+    return {**fused, "ssm_channels": channels, "ssm_conv": spec.ssm_conv if spec else 0, "ssm_inner": n_v * d,
+            "ssm_v_heads": n_v, "2*ssm_v_heads": 2 * n_v, "ssm_head_dim": d}  # fmt: skip
 
 
 def _expert_sizes(args: ModelArgs) -> dict[str, int]:

@@ -17,7 +17,8 @@ from localllm.models.spec import LayerSpec, ModelArgs
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
 
-MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "ple_gate", "ple_proj"})
+MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "ple_gate", "ple_proj", "wg",
+                      "ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_out"})  # fmt: skip
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
 EXPERT_BIASES = ("gate_exps_b", "up_exps_b", "down_exps_b")  # (experts, rows): one bias row per expert
 
@@ -28,11 +29,11 @@ class LayerWeights:
     asks for them."""
 
     attn_norm: Any
-    wq: Any
-    wo: Any
     ffn_norm: Any
-    wk: Any = None  # None on a layer that attends another's KV cache (spec.kv_source)
+    wq: Any = None  # attention (None in a recurrent layer)
+    wk: Any = None  # None also on a layer that attends another's KV cache (spec.kv_source)
     wv: Any = None
+    wo: Any = None
     gate: Any = None  # the dense FFN (a mixture-of-experts layer's shared expert), None where none
     up: Any = None
     down: Any = None
@@ -58,13 +59,34 @@ class LayerWeights:
     ple_gate: Any = None  # (per_layer_dim, dim), (dim, per_layer_dim), (dim,): the per-layer input's
     ple_proj: Any = None  # gate, projection and norm (ModelArgs.per_layer_dim)
     ple_norm: Any = None
+    wg: Any = None  # (n_heads * head_dim, dim): the attention output gate (attn_gate)
+    # Gated DeltaNet (models/gated_delta.py): input projections, conv taps (channels * taps floats),
+    # dt bias, decay speeds a = -exp(A_log), the per-head output norm and the output projection
+    ssm_qkv: Any = None
+    ssm_z: Any = None
+    ssm_beta: Any = None
+    ssm_alpha: Any = None
+    ssm_conv: Any = None
+    ssm_dt: Any = None
+    ssm_a: Any = None
+    ssm_norm: Any = None
+    ssm_out: Any = None
+
+
+SSM_FIELDS = ("ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_conv", "ssm_dt", "ssm_a", "ssm_norm",
+              "ssm_out")  # fmt: skip
 
 
 def wanted(spec: LayerSpec, per_layer_input: bool = False) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
-    stores = spec.kv_source < 0  # a layer attending an earlier layer's cache projects no k or v
-    names = ["attn_norm", "wq", "wo", "ffn_norm"] + (["wk"] if stores else [])
-    names += ["wv"] if stores and not spec.v_from_k else []
+    names = ["attn_norm", "ffn_norm"]
+    if spec.mixer == "gated_delta_net":
+        names += list(SSM_FIELDS)
+    else:
+        stores = spec.kv_source < 0  # a layer attending an earlier layer's cache projects no k or v
+        names += ["wq", "wo"] + (["wk"] if stores else [])
+        names += ["wv"] if stores and not spec.v_from_k else []
+    names += ["wg"] if spec.attn_gate else []
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
     names += ["shexp_gate"] if spec.shared_expert else []
@@ -94,15 +116,34 @@ def fused_rows(args: ModelArgs) -> dict[str, tuple[str, int, int]]:
     return out
 
 
+def gathered_rows(args: ModelArgs) -> dict[str, tuple[str, np.ndarray]]:
+    """Matrices whose rows a file interleaves with another's: field -> (tensor, row ids). A gated q
+    projection holds per head head_dim rows of q, then head_dim of its gate (qwen35); a fused ssm_ba
+    per key head its value heads' beta rows, then their alpha rows (qwen3next)."""
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    if any(s.attn_gate for s in args.layers):
+        hd = args.head_dim
+        rows = np.arange(2 * args.n_heads * hd).reshape(args.n_heads, 2, hd)
+        out.update(wq=("attn_q.weight", rows[:, 0].ravel()), wg=("attn_q.weight", rows[:, 1].ravel()))
+    spec = next((s for s in args.layers if s.mixer == "gated_delta_net"), None)
+    if args.fused_ba and spec is not None:
+        r = spec.ssm_v_heads // spec.ssm_k_heads
+        rows = np.arange(2 * spec.ssm_v_heads).reshape(spec.ssm_k_heads, 2, r)
+        out.update(
+            ssm_beta=("ssm_ba.weight", rows[:, 0].ravel()), ssm_alpha=("ssm_ba.weight", rows[:, 1].ravel())
+        )
+    return out
+
+
 def load_layer(
-    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[str, int, int]],
+    w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[Any, ...]],
     head_dim: int = 0, per_layer_input: bool = False,
 ) -> LayerWeights:  # fmt: skip
     values = {}
     for field in wanted(spec, per_layer_input):
         if field in fused:
-            name, lo, hi = fused[field]
-            values[field] = w.matrix(f"blk.{il}.{name}", (lo, hi))
+            name, *rows = fused[field]
+            values[field] = w.matrix(f"blk.{il}.{name}", rows[0] if len(rows) == 1 else tuple(rows))
             continue
         name = f"blk.{il}.{names[field]}"
         if field in EXPERTS:
@@ -133,17 +174,19 @@ def self_attention(
     il: int,
 ) -> Any:
     """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out
-    (a layer with a kv_source only projects q, and attends that layer's cache)."""
+    (a layer with a kv_source only projects q, and attends that layer's cache; the attention times
+    sigmoid of its gate first, where the spec has one)."""
     n_tokens, hd, kvh = h.shape[0], args.head_dim_of(il), args.kv_heads_of(il)
     stores = spec.kv_source < 0
     k_cache, v_cache = kv.layer(il if stores else spec.kv_source)
     slots, tables = _layer_slots(batch, k_cache.shape[0] // kv.num_blocks, kv.block_size)
+    gated = [lw.wg] if spec.attn_gate else []
     if stores:
-        q, k, v = b.linear_many(h, [lw.wq, lw.wk, lw.wv])
+        q, k, v, *gate = b.linear_many(h, [lw.wq, lw.wk, lw.wv] + gated)
         k = _add_bias(k, lw.bk).reshape(n_tokens, kvh, hd)
         v = _add_bias(v, lw.bv).reshape(n_tokens, kvh, hd)
     else:
-        q = b.linear(h, lw.wq)
+        q, *gate = b.linear_many(h, [lw.wq] + gated)
     q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, hd)
     if spec.qk_norm:
         q = b.rms_norm(q, lw.q_norm, args.norm_eps)
@@ -161,7 +204,8 @@ def self_attention(
         q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, tables,
         args.attn_scale, spec.window, spec.attn_softcap, **sinks,
     )  # fmt: skip
-    out = b.linear(out.reshape(n_tokens, args.n_heads * hd), lw.wo)
+    out = out.reshape(n_tokens, args.n_heads * hd)
+    out = b.linear(b.sigmoid_mul(out, gate[0]) if gate else out, lw.wo)
     return _add_bias(out, lw.bo) if spec.o_bias else out
 
 
@@ -196,8 +240,11 @@ def decoder_layer(
 ) -> Any:  # fmt: skip
     """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised; then
     + the per-layer input's term where `per_layer` (T, per_layer_dim) is given."""
+    from localllm.models.gated_delta import gated_delta_net
+
     spec, eps = args.layers[il], args.norm_eps
-    h = self_attention(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
+    mixer = gated_delta_net if spec.mixer == "gated_delta_net" else self_attention
+    h = mixer(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
     h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
     x = x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)

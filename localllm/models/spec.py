@@ -17,6 +17,9 @@ import numpy as np
 # swiglu_oai, whose constants are fixed in its code, not read from the file)
 ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+# What mixes tokens in a layer: softmax attention over the paged KV cache, or a recurrent mixer whose
+# per-sequence state lives in the engine's state pool (engine/state_cache.py)
+MIXERS = ("attention", "gated_delta_net")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +113,48 @@ class LayerSpec:
     kv_heads: int = 0
     ffn_dim: int = 0
     kv_source: int = -1
+    mixer: str = "attention"  # one of MIXERS
+    attn_gate: bool = False  # q's projection also gives a per-head gate: out *= sigmoid(gate) (qwen35)
+    # Gated DeltaNet (mixer "gated_delta_net", kernels/gated_delta.py): a causal conv of ssm_conv taps
+    # over q/k/v, then the gated delta rule with ssm_k_heads key and ssm_v_heads value heads, each
+    # ssm_head_dim wide; value head h reads key head h // (v/k) where ssm_interleaved, else h % k
+    ssm_conv: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         if self.attn_temp_scale and self.attn_temp_length <= 0:
             raise ValueError("an attention temperature needs a positive attn_temp_length")
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer '{self.mixer}' is not one of {', '.join(MIXERS)}")
+        if self.mixer == "gated_delta_net" and not (
+            self.ssm_conv > 0 and self.ssm_head_dim > 0 and 0 < self.ssm_k_heads <= self.ssm_v_heads
+            and self.ssm_v_heads % self.ssm_k_heads == 0
+        ):  # fmt: skip
+            raise ValueError(
+                f"a gated_delta_net layer needs conv taps, a head dim and value heads a multiple of key "
+                f"heads (conv {self.ssm_conv}, {self.ssm_k_heads} key / {self.ssm_v_heads} value heads)"
+            )
         if self.experts and not 0 < self.experts_used <= self.experts:
             raise ValueError(f"{self.experts_used} experts used per token of {self.experts}")
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the layer keeps a per-sequence state (rather than, or besides, KV)."""
+        return self.mixer != "attention"
+
+    def state_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The per-sequence state tensors of this layer as (name, shape), float32; () for attention.
+        The engine's state pool holds one of each per sequence (engine/state_cache.py)."""
+        if self.mixer != "gated_delta_net":
+            return ()
+        channels = (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim
+        d = self.ssm_head_dim
+        return (("conv", (self.ssm_conv - 1, channels)), ("ssm", (self.ssm_v_heads, d, d)))
 
     @property
     def dense_ffn(self) -> bool:
@@ -163,6 +200,12 @@ class ModelArgs(Hyper):
     # Per-layer inputs (gemma4 E2B/E4B): each layer adds a projection of a gated per-layer embedding
     # (per_layer_token_embd) of this width; 0 = none
     per_layer_dim: int = 0
+    fused_ba: bool = False  # Gated DeltaNet beta and alpha stored as one ssm_ba, grouped by key head
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a per-sequence recurrent state (a hybrid model)."""
+        return any(s.recurrent for s in self.layers)
 
     def head_dim_of(self, il: int) -> int:
         return self.layers[il].head_dim or self.head_dim

@@ -13,7 +13,7 @@ import numpy as np
 from localllm.architectures import TENSOR_NAMES
 from localllm.errors import ModelFormatError
 from localllm.models.base import ForwardBatch, PagedKV, WeightLoader
-from localllm.models.layers import decoder_layer, fused_rows, load_layer
+from localllm.models.layers import decoder_layer, fused_rows, gathered_rows, load_layer
 from localllm.models.spec import ModelArgs
 
 if TYPE_CHECKING:
@@ -36,12 +36,17 @@ class Transformer:
                 f"{gf.path.name}: the {backend.name} backend does not run mixture-of-experts layers "
                 f"({args.architecture}); use --backend numba"
             )
+        if args.recurrent and not backend.runs_gated_delta:
+            raise ModelFormatError(
+                f"{gf.path.name}: the {backend.name} backend does not run gated_delta_net layers "
+                f"({args.architecture}); use --backend numba"
+            )
         names = {**TENSOR_NAMES, **(names or {})}
         w = WeightLoader(gf, backend, weight_cache)
         self.tok_embd = w.matrix("token_embd.weight")
         self.output = self.tok_embd if args.tied_output else w.matrix("output.weight")
         self.output_norm = w.vector("output_norm.weight")
-        fused, ple = fused_rows(args), args.per_layer_dim > 0
+        fused, ple = {**fused_rows(args), **gathered_rows(args)}, args.per_layer_dim > 0
         self.layers = [load_layer(w, il, spec, names, fused, args.head_dim_of(il), ple)
                        for il, spec in enumerate(args.layers)]  # fmt: skip
         if ple:  # gemma4's per-layer inputs: an embedding and a projection of the input, normed

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server, assembled: the route table, the lifespan, and `create_app`.
 
 `create_app(engine_factory, config)` returns the FastAPI app. The engine loads on a background thread
-when the app starts, so /health answers 503 while the model loads and 200 once it serves. The floors
+when the app starts, so /health answers 503 while the model loads and 200 once it serves. With
+`models` (several), each loads on its first request instead (model_pool.py). The floors
 below this module: each endpoint family in its own module (chat, completions, embeddings, responses,
 messages, models, tokens, health), the shared pipeline (pipeline.py), the state (state.py), and the
 error shapes and handlers (errors.py) and ASGI guards (guards.py) around them all.
@@ -9,8 +10,7 @@ error shapes and handlers (errors.py) and ASGI guards (guards.py) around them al
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,13 +34,14 @@ from localllm.server.guards import (
 )
 from localllm.server.health import drain, health, metrics, readiness
 from localllm.server.messages import count_message_tokens, create_message
+from localllm.server.model_pool import LeaseMiddleware, ModelPool, PoolLimits, ServedModel
 from localllm.server.models import get_model, list_models
 from localllm.server.responses import create_response
 from localllm.server.state import ServerConfig, ServerState
 from localllm.server.tokens import detokenize, tokenize
 from localllm.server.webui import WEBUI_PATHS, add_webui_routes
 
-__all__ = ["ServerConfig", "ServerState", "create_app"]
+__all__ = ["PoolLimits", "ServedModel", "ServerConfig", "ServerState", "create_app"]
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request"},
@@ -75,13 +76,13 @@ def _routes(app: FastAPI) -> None:
     app.add_api_route("/metrics", metrics, methods=["GET"], response_class=Response)
 
 
-def _lifespan(state: ServerState, factory: Callable[[], LLMEngine]) -> Callable:
+def _lifespan(pool: ModelPool) -> Callable:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load after the socket is open: /health says 503 meanwhile instead of refusing connections.
-        threading.Thread(target=state.load, args=(factory,), name="localllm-load", daemon=True).start()
+        pool.start()
         yield
-        await run_in_threadpool(state.shutdown)
+        await run_in_threadpool(pool.shutdown)
 
     return lifespan
 
@@ -100,8 +101,10 @@ def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def _middleware(app: FastAPI, config: ServerConfig) -> None:
+def _middleware(app: FastAPI, config: ServerConfig, pool: ModelPool) -> None:
     # The last added runs first: origin/Host guard, CORS (preflights, before auth), body limit, auth.
+    if not pool.pinned:
+        app.add_middleware(LeaseMiddleware, pool=pool)  # innermost: releases a model once its reply is sent
     app.add_middleware(SessionHeaderMiddleware)  # innermost: x-session-id for the cache-break report
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
@@ -118,19 +121,26 @@ def _middleware(app: FastAPI, config: ServerConfig) -> None:
     app.add_middleware(BrowserGuard, cors_origins=origins, bind_host=config.host, allowed_hosts=hosts)
 
 
-def create_app(engine_factory: Callable[[], LLMEngine], config: ServerConfig) -> FastAPI:
-    """The app; `engine_factory` runs on a background thread once the server starts."""
-    state = ServerState(config)
-    app = FastAPI(
-        title="localllm",
-        summary="OpenAI-compatible local LLM server",
-        lifespan=_lifespan(state, engine_factory),
-    )
-    app.state.server = state
+def create_app(
+    engine_factory: Callable[[], LLMEngine] | None,
+    config: ServerConfig,
+    models: Sequence[ServedModel] = (),
+    limits: PoolLimits | None = None,
+) -> FastAPI:
+    """The app serving one model (`engine_factory`, run on a background thread once the server starts),
+    or several (`models`, each loaded on demand within `limits`)."""
+    if models:
+        pool = ModelPool(models, config, limits or PoolLimits())
+    else:
+        assert engine_factory is not None
+        pool = ModelPool([ServedModel(config, engine_factory)], config, None)
+    app = FastAPI(title="localllm", summary="OpenAI-compatible local LLM server", lifespan=_lifespan(pool))
+    app.state.pool = pool
+    app.state.server = pool.default  # the (first) model's state, as handlers and tests read it
     _routes(app)
     if config.webui:
         add_webui_routes(app)
     app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
     add_error_handlers(app)
-    _middleware(app, config)
+    _middleware(app, config, pool)
     return app

@@ -10,16 +10,16 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from localllm.server.jobs import CLIENT_CLOSED, EventStream, collect, events
+from localllm.server.model_pool import model_state
 from localllm.server.pipeline import start_chat
 from localllm.server.protocol import ChatCompletionRequest
 from localllm.server.replies import chat_choice, chat_logprobs, chat_response, token_logprobs
-from localllm.server.state import server_state
 from localllm.server.streaming import ChunkBuilder
 from localllm.server.tool_stream import tool_stream
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = server_state(request)
+    state = await model_state(request, body)
     run = await start_chat(state, body)
     llm, jobs, tools, n = state.llm, run.jobs, run.tools, body.num_choices
     rid, totals = jobs[0].id, run.usage

@@ -27,6 +27,7 @@ from localllm.server.jobs import (
     submit_choices,
     total_usage,
 )
+from localllm.server.model_pool import model_state
 from localllm.server.pipeline import build_params, check_context, check_prompt_chars, check_request
 from localllm.server.protocol import CompletionRequest, check_token_ids
 from localllm.server.replies import (
@@ -36,7 +37,7 @@ from localllm.server.replies import (
     join_logprobs,
     token_logprobs,
 )
-from localllm.server.state import ServerState, server_state
+from localllm.server.state import ServerState
 from localllm.server.streaming import ChunkBuilder
 from localllm.server.structured_output import constrained_params
 from localllm.tokenizer.fim import fim_tokens, infill_ids
@@ -50,13 +51,13 @@ def completion_prompts(
         out = []
         for prompt in body.prompts():
             chars = len(body.suffix) + (len(prompt) if isinstance(prompt, str) else 0)
-            check_prompt_chars(state, chars, body.max_tokens, "prompt")
+            check_prompt_chars(state, chars, body.reserved(body.max_tokens), "prompt")
             out.append((infill_prompt(llm, prompt, body.suffix), ""))
         return out
     out = []
     for prompt in body.prompts():
         if isinstance(prompt, str):
-            check_prompt_chars(state, len(prompt), body.max_tokens, "prompt")
+            check_prompt_chars(state, len(prompt), body.reserved(body.max_tokens), "prompt")
             out.append((llm.tokenize_prompt(prompt), prompt))
         else:
             check_token_ids(prompt, llm.tokenizer.vocab_size, "prompt")
@@ -97,14 +98,14 @@ async def echo_of(
 
 
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    state = server_state(request)
+    state = await model_state(request, body)
     llm = check_request(state, body).engine
     prompts = await run_in_threadpool(completion_prompts, state, llm, body)
     generates, n = body.generates(), body.num_choices
     params = build_params(llm, body, body.max_tokens if generates else 1, body.logprobs)
     params = await run_in_threadpool(constrained_params, llm, body, params)
     for ids, _ in prompts:
-        check_context(llm, len(ids), params.max_tokens if generates else None, "prompt")
+        check_context(llm, len(ids), body.reserved(params.max_tokens) if generates else None, "prompt")
     echoes = [await echo_of(state, body, ids, text) for ids, text in prompts for _ in range(n)]
     ids_list = [ids for ids, _ in prompts]
     jobs = await submit_choices(state.submitter, ids_list, params, n, "cmpl") if generates else []

@@ -21,8 +21,9 @@ from localllm.engine.embedding import check_input_length, embed_token_ids
 from localllm.errors import LocalLLMError
 from localllm.server.errors import APIError
 from localllm.server.jobs import ClientGone, run_on_engine, unless_client_gone
-from localllm.server.protocol import NOOP, _Request, check_token_ids
-from localllm.server.state import ServerState, server_state
+from localllm.server.model_pool import model_state
+from localllm.server.protocol import NOOP, KeepAlive, _Request, check_token_ids
+from localllm.server.state import ServerState
 
 if TYPE_CHECKING:
     from localllm.engine.engine import LLMEngine
@@ -37,6 +38,7 @@ PASSES_PER_CALL = 1  # forward passes per engine call: a generation step runs be
 class EmbeddingRequest(_Request):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
+    keep_alive: KeepAlive = None
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: int | None = Field(None, ge=1, description="Only the model's own width is accepted.")
     user: str | None = Field(None, description=NOOP)
@@ -121,7 +123,7 @@ async def embed_groups(state: ServerState, request: Request, work: list[list[lis
 
 
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any] | Response:
-    state = server_state(request)
+    state = await model_state(request, body)
     llm = state.ready().engine
     state.check_model(body.model)
     if body.dimensions is not None and body.dimensions != llm.args.dim:

@@ -9,28 +9,28 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from localllm.server.errors import APIError
-from localllm.server.state import server_state
+from localllm.server.model_pool import request_pool
 
 
 async def health(request: Request) -> dict[str, str]:
-    state = server_state(request)
-    if not state.draining:
-        state.ready()  # the 503 that says why: loading, the load failed, or stopping
+    pool = request_pool(request)
+    if not pool.draining:
+        pool.ready()  # the 503 that says why: loading, the load failed, or stopping
     return {"status": "ok"}  # alive; a draining server still answers its open requests
 
 
 async def readiness(request: Request) -> dict[str, str]:
-    server_state(request).ready()
+    request_pool(request).ready()
     return {"status": "ready"}
 
 
 async def drain(request: Request) -> JSONResponse:
-    state = server_state(request)
+    state = request_pool(request)
     if not state.request_drain():
         raise APIError("this server cannot drain: it was not started by `localllm serve`", 501)
     return JSONResponse({"status": "draining", "in_flight": state.in_flight()}, status_code=202)
 
 
 async def metrics(request: Request) -> Response:
-    content, media_type = server_state(request).metrics.render()
+    content, media_type = request_pool(request).render_metrics()
     return Response(content, media_type=media_type)

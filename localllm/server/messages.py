@@ -23,10 +23,10 @@ from pydantic import Field
 from localllm.engine.output import StepOutput
 from localllm.server.errors import APIError, error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
+from localllm.server.model_pool import model_state
 from localllm.server.pipeline import chat_prompt_length, start_chat
-from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_request
+from localllm.server.protocol import NOOP, NOT_YET, KeepAlive, _Request, chat_request
 from localllm.server.replies import chat_choice, cut_short
-from localllm.server.state import server_state
 from localllm.server.streaming import live_deltas, sse_event
 
 
@@ -37,6 +37,7 @@ class AnthropicMessage(_Request):
 
 class MessagesRequest(_Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     system: str | list[dict[str, Any]] | None = None
@@ -132,6 +133,7 @@ class CountTokensRequest(_Request):
     """POST /v1/messages/count_tokens: what a request would put in the prompt."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -301,7 +303,7 @@ def message_body(rid: str, model: str, run: ChatRun, outs: list[StepOutput]) -> 
 
 
 async def create_message(body: MessagesRequest, request: Request) -> Response:
-    state = server_state(request)
+    state = await model_state(request, body)
     run = await start_chat(state, body.to_chat(), "msg")
     rid, model = run.jobs[0].id.replace("-", "_", 1), state.config.model_id
     if body.stream:
@@ -313,7 +315,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 
 
 async def count_message_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
-    return {"input_tokens": await chat_prompt_length(server_state(request), body.to_chat())}
+    return {"input_tokens": await chat_prompt_length(await model_state(request, body), body.to_chat())}
 
 
 def event(kind: str, **data: Any) -> bytes:

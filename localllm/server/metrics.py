@@ -145,6 +145,36 @@ def relabelled(family: Metric, prefix: str, model_name: str) -> Metric:
     return out
 
 
+class _Families(Collector):
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+PoolSample = tuple[str, str, str, dict[str, str], float]  # name (no prefix), type, help, labels, value
+
+
+def merged_exposition(registries: list[CollectorRegistry], extra: list[PoolSample]) -> tuple[bytes, str]:
+    """Several models' metrics as one scrape: each family once, holding every model's samples (each
+    labelled with its model_name), and `extra` (the model pool's own) under both prefixes."""
+    families: dict[str, Metric] = {}
+    for registry in registries:
+        for family in registry.collect():
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            merged.samples.extend(family.samples)
+    for name, kind, doc, labels, value in extra:
+        for prefix in PREFIXES:
+            family = families.setdefault(prefix + name, Metric(prefix + name, doc, kind))
+            family.add_sample(prefix + name + ("_total" if kind == "counter" else ""), labels, value)
+    out = CollectorRegistry(auto_describe=False)
+    out.register(_Families(list(families.values())))
+    return generate_latest(out), CONTENT_TYPE_LATEST
+
+
 class ServerMetrics:
     """The request counters and histograms, and the engine's stats read through `get_stats` (None
     while the model loads) at each scrape, exposed under both names (`_Dialects`)."""

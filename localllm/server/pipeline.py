@@ -154,14 +154,21 @@ def past_reasoning(dicts: list[dict[str, Any]], template_source: str) -> list[di
 
 
 def reasoning_params(
-    state: ServerState, body: ChatCompletionRequest, params: SamplingParams
+    state: ServerState, body: ChatCompletionRequest, params: SamplingParams, tools: ToolPlan | None = None
 ) -> SamplingParams:
     """`params` reading the reply's thinking apart, with the request's (or --reasoning-budget's) budget.
-    A constrained reply (a schema, a forced call) is all answer: its grammar starts at the first token."""
-    if state.reasoning is None or params.structured is not None:
+    A constrained reply (a schema, a forced call) is all answer: its grammar starts at the first token.
+    But a call forced in harmony's framing is read by the harmony parser, which turns it into a call."""
+    if state.reasoning is None or (params.structured is not None and not harmony_call(params, tools)):
         return params
     budget = body.reasoning_budget if body.reasoning_budget is not None else state.config.reasoning_budget
     return dataclasses.replace(params, reasoning=state.reasoning.with_budget(budget))
+
+
+def harmony_call(params: SamplingParams, tools: ToolPlan | None) -> bool:
+    """Is the constraint a forced call in harmony's framing (structured/tools.harmony_grammar)?"""
+    forced = tools is not None and tools.choice != "auto"  # then the constraint is the call's grammar
+    return forced and tools.family.name == "harmony" and params.structured is not None
 
 
 async def chat_prompt_length(state: ServerState, body: ChatCompletionRequest) -> int:
@@ -186,7 +193,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     /v1/chat/completions, /v1/responses and /v1/messages share."""
     llm = check_request(state, body).engine
     tools = tool_plan(body, state.template.source) if state.template is not None else None
-    max_tokens, extra = body.max_new_tokens(), body.template_kwargs()
+    max_tokens, extra = body.reserved(body.max_new_tokens()), body.template_kwargs()
     prompt_ids = await run_in_threadpool(
         chat_prompt_ids,
         state,
@@ -199,8 +206,8 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     )
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
-    params = reasoning_params(state, body, params)
-    check_context(llm, len(prompt_ids), params.max_tokens, "messages")
+    params = reasoning_params(state, body, params, tools)
+    check_context(llm, len(prompt_ids), body.reserved(params.max_tokens), "messages")
     cache_break = state.cache_breaks.observe(
         conversation_key(body), prompt_ids, len(body.messages), llm.tokenizer.decode
     )

@@ -57,6 +57,15 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
 
 
+KeepAlive = Annotated[
+    str | float | None,
+    Field(
+        description="Ollama's: how long the model stays loaded after this request, in seconds or as a "
+        'duration such as "10m"; 0 unloads it at once, -1 keeps it (a server of several models).',
+    ),
+]
+
+
 def _refused(default: Any = None) -> Any:
     return Field(default, description=NOT_YET)
 
@@ -65,6 +74,7 @@ class SamplingRequest(_Request):
     """Fields shared by chat and completions: OpenAI's, then llama.cpp/vLLM extensions."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
@@ -99,6 +109,9 @@ class SamplingRequest(_Request):
     return_progress: bool | None = Field(None, description="llama-server: false only.")
     min_tokens: int | None = Field(None, ge=0, description="vLLM: no end-of-text before this many tokens.")
     skip_special_tokens: bool | None = Field(None, description="vLLM: false keeps special tokens' text.")
+    # What vllm-router and sglang-router add to every request they forward, at these values (docs/scaling.md)
+    no_stop_trim: bool | None = Field(None, description="SGLang: false only (stop strings are trimmed).")
+    return_hidden_states: bool | None = Field(None, description="SGLang: false only.")
 
     # field -> the values that mean "not used" (accepted); any other value is a 400 naming the field
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {}
@@ -111,6 +124,8 @@ class SamplingRequest(_Request):
         "id_slot": ((None, -1), "there are no slots to pin a request to (the prefix cache is shared)"),
         "timings_per_token": ((None, False), "per-token timings are not reported"),
         "return_progress": ((None, False), "prompt progress is not streamed"),
+        "no_stop_trim": ((None, False), "a stop string is always trimmed from the reply"),
+        "return_hidden_states": ((None, False), "hidden states are not returned"),
     }
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None  # OpenAI's when the client gives none (None: no limit)
 
@@ -145,6 +160,12 @@ class SamplingRequest(_Request):
         if self.n_predict == 0 and not isinstance(self, CompletionRequest):
             raise APIError("n_predict must be at least 1 here (or -1: no limit)", param="n_predict")
         self.max_tokens = None if self.n_predict == -1 else self.n_predict
+
+    def reserved(self, max_tokens: int | None) -> int | None:
+        """The completion tokens the prompt must leave room for, checked up front: OpenAI's max_tokens
+        (a 400 when prompt and it overflow the context); none for llama-server's n_predict, a cap there:
+        the reply stops at the context's end and says `length` (its suite's test_ctx_shift_disabled_*)."""
+        return None if self.n_predict is not None else max_tokens
 
     def default_max_tokens(self) -> int | None:
         """max_tokens when none is given: the endpoint's default, none after n_predict -1."""
@@ -240,6 +261,15 @@ class ChatCompletionRequest(SamplingRequest):
     # vLLM's assistant prefill: the reply continues the final assistant message instead of a new turn
     continue_final_message: bool | None = Field(None, description="vLLM: continue the last assistant turn.")
     add_generation_prompt: bool | None = Field(None, description="vLLM: false renders no new turn's header.")
+    # A thinking model's reasoning is always apart (reasoning_content) and streamed: the routers' true
+    separate_reasoning: bool | None = Field(None, description="SGLang: true only.")
+    stream_reasoning: bool | None = Field(None, description="SGLang: true only.")
+    include_reasoning: bool | None = Field(None, description="vLLM: true only.")
+    DIALECT: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = SamplingRequest.DIALECT | {
+        "separate_reasoning": ((None, True), "reasoning is always returned apart, as reasoning_content"),
+        "stream_reasoning": ((None, True), "reasoning is always streamed, as delta.reasoning_content"),
+        "include_reasoning": ((None, True), "reasoning is always returned, as reasoning_content"),
+    }
     # OpenAI features not implemented yet
     audio: Any = _refused()
     modalities: Any = _refused()
@@ -354,6 +384,7 @@ class TokenizeRequest(_Request):
     """vLLM's /tokenize: a prompt, or messages rendered with the chat template."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
@@ -363,6 +394,7 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     tokens: list[int]
 
 

@@ -24,12 +24,12 @@ from fastapi.responses import JSONResponse, Response
 from localllm.engine.output import StepOutput
 from localllm.server.errors import stream_error_of
 from localllm.server.jobs import CLIENT_CLOSED, ChatRun, EventStream, collect
+from localllm.server.model_pool import model_state
 from localllm.server.pipeline import start_chat
 from localllm.server.replies import chat_choice, cut_short
 from localllm.server.responses_protocol import (
     ResponsesRequest,
 )
-from localllm.server.state import server_state
 from localllm.server.streaming import live_deltas, sse_event
 
 # --------------------------------------------------------------------------------------- the reply
@@ -138,7 +138,7 @@ def reply_message(run: ChatRun, outs: list[StepOutput]) -> dict[str, Any]:
 
 
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    state = server_state(request)
+    state = await model_state(request, body)
     run = await start_chat(state, body.to_chat(), "resp")
     response = response_body(
         run.jobs[0].id.replace("-", "_", 1), body, state.config.model_id, int(time.time()), []

@@ -8,13 +8,14 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from localllm.server.errors import APIError
-from localllm.server.protocol import NOOP, NOT_YET, _Request, chat_request
+from localllm.server.protocol import NOOP, NOT_YET, KeepAlive, _Request, chat_request
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class ResponsesRequest(_Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)

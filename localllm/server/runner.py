@@ -22,7 +22,7 @@ import uvicorn.config
 from fastapi import FastAPI
 
 from localllm.server.connections import ConnectionGuard, ConnectionLimits
-from localllm.server.state import ServerState
+from localllm.server.model_pool import ModelPool
 
 GRACEFUL_TIMEOUT_S = 5  # then uvicorn cancels what is left; streams normally end in milliseconds
 log = logging.getLogger("localllm.server")
@@ -31,7 +31,7 @@ log = logging.getLogger("localllm.server")
 class GracefulServer(uvicorn.Server):
     """uvicorn's server that drains on SIGTERM and tells the app first when it starts shutting down."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState):
+    def __init__(self, config: uvicorn.Config, state: ModelPool):
         super().__init__(config)
         self.state = state
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -109,4 +109,4 @@ def make_server(
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S,
     )
-    return GracefulServer(config, app.state.server)
+    return GracefulServer(config, app.state.pool)

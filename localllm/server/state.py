@@ -1,6 +1,7 @@
 """The server's shared state: its configuration (`ServerConfig`, built at the CLI edge) and
 `ServerState`, which loads the engine on a background thread, answers whether it serves yet, and ends
-the work in flight when the server shuts down. Every endpoint reads it through `server_state(request)`.
+the work in flight when the server shuts down. One per served model (model_pool.py holds them); an
+endpoint gets its model's through `model_pool.model_state(request, body)`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class ServerState:
         )
         self.max_token_bytes = 0  # the longest token's text: bounds a prompt's tokens before tokenizing
         self.fingerprint: str | None = None  # system_fingerprint, once loaded
+        self.load_seconds: float | None = None  # how long the last load took
         self.cache_breaks = CacheBreaks(self.metrics.registry)  # each conversation's last prompt
         self.submitter = Submitter(self.ready, self.metrics)  # what jobs use; told when the server shuts down
         self._closing = False
@@ -94,6 +96,7 @@ class ServerState:
         """Runs on a background thread: build the engine, then start serving."""
         from localllm.tokenizer.chat_template import resolve_chat_template
 
+        self.load_error = None  # a model served on demand is tried again after a failed load
         try:
             started = time.perf_counter()
             llm = factory()
@@ -107,10 +110,17 @@ class ServerState:
             self._load_failed(e)
             return
         if self._closing:
-            engine.shutdown()
+            close_engine(engine)
             return
         self.engine = engine
-        log.info("%s", banner(self.config, llm, time.perf_counter() - started))
+        self.load_seconds = time.perf_counter() - started
+        log.info("%s", banner(self.config, llm, self.load_seconds))
+
+    def detach(self) -> AsyncEngine | None:
+        """On the event loop: stop serving the model (requests see it unloaded from now on) and hand
+        over its engine for `close_engine`, off the loop."""
+        engine, self.engine = self.engine, None
+        return engine
 
     def _load_failed(self, error: BaseException) -> None:
         self.load_error = str(error) or type(error).__name__
@@ -163,6 +173,12 @@ class ServerState:
         self._closing = True
         if self.engine is not None:
             self.engine.shutdown()
+
+
+def close_engine(engine: AsyncEngine) -> None:
+    """Stop the engine's thread, then release what the model holds (LLMEngine.close)."""
+    engine.shutdown()
+    engine.engine.close()
 
 
 def server_state(request: Request) -> ServerState:

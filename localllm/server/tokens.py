@@ -8,13 +8,13 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from localllm.server.errors import APIError
+from localllm.server.model_pool import model_state
 from localllm.server.pipeline import chat_prompt_ids, check_prompt_chars, check_request
 from localllm.server.protocol import DetokenizeRequest, TokenizeRequest, check_token_ids
-from localllm.server.state import server_state
 
 
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
-    state = server_state(request)
+    state = await model_state(request, body)
     llm = check_request(state, body).engine
     if (body.prompt is None) == (body.messages is None):
         raise APIError("give exactly one of 'prompt' and 'messages'", param="prompt")
@@ -31,7 +31,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
 
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
-    state = server_state(request)
+    state = await model_state(request, body)
     llm = check_request(state, body).engine
     check_token_ids(body.tokens, llm.tokenizer.vocab_size, "tokens")
     return {"prompt": llm.tokenizer.decode(body.tokens)}

@@ -45,7 +45,7 @@ class ToolPlan:
         chosen = [f for f in self.functions if self.choice == "required" or f["name"] == self.named]
         tools = [Tool(f["name"], f.get("parameters") or {}) for f in chosen]
         parallel = self.parallel and self.choice == "required"
-        return self.family.grammar(tools, parallel, marker_terminal(tokenizer, self.family.start))
+        return self.family.grammar(tools, parallel, lambda marker: marker_terminal(tokenizer, marker))
 
     def openai_tools(self) -> list[dict[str, Any]]:
         return [{"type": "function", "function": f} for f in self.functions]

@@ -132,7 +132,7 @@ class ToolStream:
         """Where the next call's JSON starts (after its marker, if the family has one), if it has."""
         rest = self.text[self.pos :]
         marker = self.plan.family.start
-        if self.plan.family.name == "hermes":
+        if self.plan.family.parsed_as == "hermes":
             at = rest.find(marker)
             return None if at < 0 else self.pos + at + len(marker)
         body = rest.lstrip().removeprefix(marker).lstrip(" \t\n;")  # llama3: `;` between calls

@@ -6,6 +6,9 @@ Families (picked from the chat template's text):
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several in a row for parallel calls.
 - llama3: a bare JSON object `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`).
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- harmony (gpt-oss): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`
+  (`<|call|>` ends the generation: one call a reply). The reasoning parser (reasoning.HarmonyParser)
+  rewrites such a message as the Hermes text above, so calls are read back and streamed as Hermes'.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,11 +98,19 @@ class ToolFamily:
         schema: dict[str, Any] = {"anyOf": calls, "x-guidance": JSON_OPTIONS}
         return schema | ({"$defs": defs} if defs else {})
 
-    def grammar(self, tools: list[Tool], parallel: bool, marker: str) -> StructuredSpec:
+    @property
+    def parsed_as(self) -> str:
+        """The syntax its replies' text is read in (harmony's reaches the tool parser as Hermes')."""
+        return "hermes" if self.name == "harmony" else self.name
+
+    def grammar(self, tools: list[Tool], parallel: bool, terminal: Callable[[str], str]) -> StructuredSpec:
         """A Lark grammar that admits only calls of `tools` (one, or several when `parallel`).
-        `marker` is the start marker as a Lark terminal (a quoted string, or `<[id]>` for a special
+        `terminal` writes a marker as a Lark terminal (a quoted string, or `<[id]>` for a special
         token)."""
+        if self.name == "harmony":
+            return harmony_grammar(tools, terminal)
         body = f"%json {json.dumps(self.calls_schema(tools))}"
+        marker = terminal(self.start)
         if self.name == "hermes":
             call = f'{marker} "\\n" json_call "\\n</tool_call>"'
             start = 'start: call ("\\n" call)*\n' if parallel else "start: call\n"
@@ -112,7 +124,7 @@ class ToolFamily:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """The content left around the calls, and the calls (none when the text holds no valid call)."""
-        if self.name == "hermes":
+        if self.parsed_as == "hermes":
             return _parse_hermes(text)
         if self.name == "mistral":
             return _parse_mistral(text)
@@ -140,11 +152,35 @@ FAMILIES = {
     "hermes": ToolFamily("hermes", "<tool_call>", "arguments", "</tool_call>"),
     "llama3": ToolFamily("llama3", "<|python_tag|>", "parameters"),
     "mistral": ToolFamily("mistral", "[TOOL_CALLS]", "arguments"),
+    "harmony": ToolFamily("harmony", "<tool_call>", "arguments", "</tool_call>"),  # as HarmonyParser writes
 }
+
+
+# gpt-oss writes its arguments compact, as harmony's examples do: `{"location":"Tokyo"}`
+HARMONY_JSON = {**JSON_OPTIONS, "item_separator": ",", "key_separator": ":"}
+
+
+def harmony_grammar(tools: list[Tool], terminal: Callable[[str], str]) -> StructuredSpec:
+    """A forced call in harmony's own framing: the reply is one commentary message to one of `tools`,
+    its arguments a JSON document of that tool's schema (its own root: `$ref`s need no rebasing),
+    ended by `<|call|>` as gpt-oss ends a call. The reply is the call, no analysis message first: a
+    thought of unbounded length could not be closed in time by the budget steering."""
+    markers = ("<|channel|>", "<|constrain|>", "<|message|>", "<|call|>")
+    channel, constrain, message, call = map(terminal, markers)
+    rules = []
+    for i, tool in enumerate(tools):
+        head = json.dumps(f"commentary to=functions.{tool.name} ")
+        rules.append(f'call{i}: {channel} {head} {constrain} "json" {message} args{i} {call}')
+        schema = {**(tool.parameters or {"type": "object"}), "x-guidance": HARMONY_JSON}
+        rules.append(f"args{i}: %json {json.dumps(schema)}")
+    start = "start: " + " | ".join(f"call{i}" for i in range(len(tools)))
+    return StructuredSpec("lark", "\n".join([start, *rules]) + "\n", "tool_choice")
 
 
 def tool_family(template_source: str) -> ToolFamily:
     """The call syntax a chat template teaches its model (hermes when it teaches none)."""
+    if "<|channel|>" in template_source and "<|message|>" in template_source:
+        return FAMILIES["harmony"]
     if "[TOOL_CALLS]" in template_source:
         return FAMILIES["mistral"]
     if "<|python_tag|>" in template_source or (

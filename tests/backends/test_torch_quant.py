@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from quant_blocks import random_rows
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'localllm[torch]')")
 import torch  # noqa: E402
 
+from localllm.backends.device_weights import DEVICE_QUANTIZED, device_weight_bytes  # noqa: E402
 from localllm.backends.torch_backend.weights import TYPES, dequantize_torch, repack, upload  # noqa: E402
 from localllm.quant import dequantize  # noqa: E402
 
@@ -27,6 +29,10 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 CPU = torch.device("cpu")
 # K per type: legacy blocks where K is no multiple of the kernels' 256-wide K tiles (masked tails)
 SHAPES = {t: (20, 96 if TYPES[t][0] == 32 else 512) for t in TYPES}
+
+
+def test_info_knows_which_types_stay_quantized() -> None:
+    assert set(DEVICE_QUANTIZED) == set(TYPES)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -41,6 +47,9 @@ def test_planes_are_lossless_and_torch_dequantizes_like_numpy(qtype: str) -> Non
     # every bit of the file is kept: the planes hold as many bytes (+4 per K-quant block: spread scales)
     extra = 4 * raw.shape[0] * (shape[1] // 256) if qtype in ("Q4_K", "Q5_K") else 0
     assert sum(p.nbytes for p in planes) == raw.nbytes + extra
+    # and `info`'s prediction (no torch import there) counts the same bytes
+    info = SimpleNamespace(ggml_type=ggml_type, shape=shape, nbytes=raw.nbytes)
+    assert device_weight_bytes([info], "cuda") == raw.nbytes + extra
     w = upload(raw, ggml_type, CPU)
     assert same_bits(dequantize_torch(w).numpy(), dequantize(raw, ggml_type))
     ids = torch.tensor([3, 0, 19, 3])
@@ -160,6 +169,8 @@ def test_quantized_weights_through_torch_ops(quant_models, monkeypatch, caplog, 
     gf = GGUFFile.open(quant_models[name])
     tensor_bytes = sum(t.nbytes for t in gf.tensors.values())
     assert backend.memory.total <= 1.15 * tensor_bytes
+    matrices = [t for t in gf.tensors.values() if len(t.shape) > 1]
+    assert backend.memory.total == device_weight_bytes(matrices, "cpu")  # what `info` predicts
     said = [r.getMessage() for r in caplog.records if "weights take" in r.getMessage()]
     assert said and f"{qtype} " in said[-1] and "torch kernels" in said[-1]  # the load says what they take
     expected = score_tokens(_engine(quant_models[name], "numpy"), PROMPT)

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from localllm.cli import info as _info  # noqa: F401  (registers the command)
+from localllm.cli import info as _info  # registers the command
 from localllm.cli import manage
 from localllm.cli.app import app
 from localllm.loading.file import GGUFFile
@@ -68,10 +68,16 @@ def test_info_json(tiny_model_path, env):
     assert data["parameters"] == MATRIX_PARAMS + VECTOR_PARAMS
     assert data["memory"] == {
         "weights_bytes": tiny_model_path.stat().st_size,
+        "kv_cache_types": ["f16", "f16"],
         "kv_bytes_per_token": KV_PER_TOKEN,
         "context": 1000,
         "kv_cache_bytes": KV_PER_TOKEN * 1000,
         "total_bytes": tiny_model_path.stat().st_size + KV_PER_TOKEN * 1000,
+        # on a GPU: the Q8_0 matrices' blocks as they are (34 bytes per 32 values), vectors in float32
+        "device_weights_bytes": {
+            "cpu": tiny_model_path.stat().st_size,
+            "cuda": MATRIX_PARAMS // 32 * 34 + 4 * VECTOR_PARAMS,
+        },
     }
     assert data["chat_template"].startswith("{% for message in messages %}")
 
@@ -84,6 +90,27 @@ def test_info_text(tiny_model_path, env):
     assert f"{MATRICES}" in out and "F32" in out
     assert human_bytes(KV_PER_TOKEN) in out and human_bytes(KV_PER_TOKEN * CTX) in out and f"@ {CTX}" in out
     assert "{% endif %}" in out and "--full" not in out  # a short template is shown whole
+
+
+def test_info_sizes_a_q8_0_kv_cache(tiny_model_path, tmp_path, env):
+    """-ctk/-ctv q8_0: 34 bytes per 32 values (0.53x of f16); a head size 32 does not divide is refused."""
+    from tiny_arch import Shape, write_arch_model
+
+    path = write_arch_model(tmp_path / "hd32.gguf", "llama", n_layers=2, shape=Shape(dim=128, head_dim=32))
+    q8 = ["-ctk", "q8_0", "-ctv", "q8_0"]
+    result = CliRunner().invoke(app, ["info", str(path), "--json", *q8], env=env)
+    assert result.exit_code == 0, result.output
+    memory = json.loads(result.stdout)["memory"]
+    assert memory["kv_cache_types"] == ["q8_0", "q8_0"]
+    assert (
+        memory["kv_bytes_per_token"]
+        == 2 * 2 * KV_HEADS * 34
+        == kv_bytes_per_token(2, KV_HEADS, 32) * 34 // 64
+    )
+    text = CliRunner().invoke(app, ["info", str(path), "-ctk", "q8_0"], env=env).stdout
+    assert "(K 34/32 B (q8_0) + V 2 B (f16)) / 2" in text
+    refused = CliRunner().invoke(app, ["info", str(tiny_model_path), *q8], env=env)
+    assert refused.exit_code != 0 and "divisible by 32 (this model has 16)" in str(refused.exception)
 
 
 def test_long_templates_are_shortened():
@@ -129,3 +156,33 @@ def test_help_has_examples(env):
 def test_format_params():
     assert format_params(91264) == "91.3K" and format_params(134_515_008) == "135M"
     assert format_params(1_711_376_384) == "1.7B" and format_params(7_000_000_000) == "7B"
+
+
+def test_memory_fit_verdicts():
+    from localllm.model_info import memory_fit
+
+    assert memory_fit(100, 60, available=200, total=400).verdict == "fits"
+    tight = memory_fit(300, 60, available=200, total=400)
+    assert tight.verdict == "tight" and "free now" in tight.message
+    too_big = memory_fit(500, 60, available=200, total=400)
+    assert too_big.verdict == "too big" and "weights + KV cache need" in too_big.message
+    assert "docs/scaling.md" in too_big.message
+    assert "weights alone" in memory_fit(900, 800, available=200, total=400).message
+
+
+def test_info_says_when_a_model_cannot_fit(tiny_model_path, env, monkeypatch):
+    # a machine with less RAM than the tiny model's file: the verdict is plain, in text and JSON
+    size = tiny_model_path.stat().st_size
+    monkeypatch.setattr(_info, "machine_memory", lambda: (size // 4, size // 2))
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path)], env=env)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "does not fit: its weights alone need" in text and "docs/scaling.md" in text
+    assert f"@ {CTX:,} tokens of context" in text  # the trained 256, under the default cap
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json", "-c", "64"], env=env)
+    fit = json.loads(result.stdout)["fit"]
+    assert fit["verdict"] == "too big" and fit["context"] == 64
+    assert fit["needed_bytes"] == size + KV_PER_TOKEN * 64 and fit["total_bytes"] == size // 2
+    monkeypatch.setattr(_info, "machine_memory", lambda: (10 * size, 20 * size))
+    result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json"], env=env)
+    assert json.loads(result.stdout)["fit"]["verdict"] == "fits"

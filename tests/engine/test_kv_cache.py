@@ -73,8 +73,8 @@ def test_f16_cache_halves_the_pool_and_stays_close_to_f32(tiny_model_path) -> No
 
 
 def test_unsupported_cache_types_are_one_line_errors() -> None:
-    with pytest.raises(ConfigError, match="cache-type-k q8_0 is not supported"):
-        EngineConfig(model="x.gguf", cache_type_k="q8_0")
+    with pytest.raises(ConfigError, match="cache-type-k q4_0 is not supported"):
+        EngineConfig(model="x.gguf", cache_type_k="q4_0")
 
 
 def _resident_kib(a: np.ndarray) -> int:
@@ -103,3 +103,22 @@ def test_a_short_request_makes_only_its_blocks_resident(tiny_model_path) -> None
     written = int(np.count_nonzero(k.reshape(k.shape[0], k.shape[1], -1).any(-1)))  # (layer, block) pairs
     assert written > 0
     assert _resident_kib(k) <= written * (k[0, 0].nbytes // 1024 + 8) + 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_restore_prefaults_its_chunk_of_the_pool_in_one_go(tiny_model_path) -> None:
+    """Before the disk tier writes a block, its chunk of PREFAULT_BLOCKS blocks becomes resident in every
+    layer (one madvise each, no fault per page); blocks written nowhere else stay unmapped."""
+    from localllm.engine.kv_cache import PREFAULT_BLOCKS
+
+    eng = _engine(tiny_model_path, "f16", kv_cache_mb=64)
+    kv = eng.kv_cache
+    chunk = kv.k[:, :PREFAULT_BLOCKS].nbytes // 1024  # KiB, every layer
+    assert _resident_kib(kv.k) < chunk // 4
+    k, v = kv.read_block(3)
+    kv.write_block(PREFAULT_BLOCKS + 3, k + 1, v)
+    assert chunk <= _resident_kib(kv.k) <= chunk + 1024
+    assert (kv.k[:, PREFAULT_BLOCKS + 3] == k + 1).all()
+    kv.prefault_blocks = 0
+    kv.write_block(5 * PREFAULT_BLOCKS, k, v)  # off: only the written pages
+    assert _resident_kib(kv.k) <= chunk + 1024 + 2 * kv.k[:, 0].nbytes // 1024 + 64

@@ -189,3 +189,17 @@ def test_the_checksum_sees_every_single_bit_flip_and_a_truncation():
     damaged.append(checksum(bytes(payload[:-1])))
     damaged.append(checksum(bytes(payload) + b"\0"))  # a zero byte more: only the length differs
     assert original not in damaged and len(damaged) == len(payload) * 8 + 2
+
+
+def test_closing_the_engine_writes_out_the_queue_and_stops_the_writer(tiny_model_path, index_dir, tmp_path):
+    """What the server's model pool does when it unloads a model: LLMEngine.close."""
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_model_path), backend="numpy", index_dir=index_dir, threads=1,
+                     kv_disk_mb=64, kv_disk_dir=tmp_path)
+    )  # fmt: skip
+    tier = tier_of(engine)
+    engine.generate([np.random.default_rng(5).integers(3, 250, 40).tolist()], ONE)
+    engine.close()
+    assert not tier._thread.is_alive() and tier._queue.unfinished_tasks == 0
+    assert tier.stats.writes == 40 // 16 == len(list(tmp_path.rglob(f"*{SUFFIX}")))
+    engine.close()  # twice is harmless

@@ -5,8 +5,11 @@ honoured field changes what it should, and a value that asks for what this serve
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from server_harness import BAN_END, CHAT, Running, engine_factory, error_of, post, running_server
 
@@ -62,15 +65,54 @@ def test_n_predict_minus_one_is_no_limit(srv: Running) -> None:
     assert completion(srv, ignore_eos=True)["usage"]["completion_tokens"] == 16
 
 
+@contextmanager
+def model_never_ends(srv: Running) -> Iterator[None]:
+    """The tiny random model with its end-of-text tokens out of reach, through the engine's own sampling
+    step (the request's fields untouched)."""
+    runner = srv.engine.runner
+    sample = type(runner)._sample
+
+    def no_end(item: Any, logits: np.ndarray) -> Any:
+        logits = logits.copy()
+        logits[[int(t) for t in BAN_END]] = -np.inf
+        return sample(item, logits)
+
+    runner._sample = no_end
+    try:
+        yield
+    finally:
+        del runner._sample
+
+
 def test_ctx_shift_disabled_stream_as_llama_server_sends_it(srv: Running) -> None:
-    """llama.cpp's server suite's test_ctx_shift_disabled_stream: n_predict, streamed, ends "length"."""
+    """llama.cpp's server suite's test_ctx_shift_disabled_stream (tools/server/tests/unit/test_ctx_shift.py),
+    replayed as it is sent: the same body against a 256-token context (its slot's: n_ctx 512 over 2
+    slots), so n_predict 256 asks for more than the context leaves. llama-server takes n_predict as a
+    cap and stops at the context's end; so must this server (no 400), each chunk before the last with
+    no finish_reason and the last saying "length" after some text. Asserted as that test does, and
+    that the "length" chunk comes (it would pass without one)."""
     from server_harness import sse_payloads
 
-    body = {"n_predict": 64, "prompt": "Once", "stream": True, "ignore_eos": True}
-    chunks = sse_payloads(post(srv, "/v1/completions", body).text)
-    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
-    assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
-    assert "".join(c["choices"][0]["text"] for c in chunks)
+    with model_never_ends(srv):  # as stories260K does not within its test; the request stays as sent
+        r = post(srv, "/v1/completions", {"n_predict": 256, "prompt": "Once", "stream": True})
+    assert r.status_code == 200, r.text
+    content, reasons = "", []
+    for data in sse_payloads(r.text):
+        choice = data["choices"][0]
+        reasons.append(choice["finish_reason"])
+        if choice["finish_reason"] == "length":
+            assert len(content) > 0
+        else:
+            assert choice["finish_reason"] is None
+            content += choice["text"]
+    assert reasons[-1] == "length" and reasons.count("length") == 1
+    # not streamed, the same with ignore_eos (no end, no loop guard) runs to the context's end exactly;
+    # max_tokens keeps OpenAI's 400
+    whole = completion(srv, n_predict=256, prompt="Once", ignore_eos=True)
+    usage = whole["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 256, whole
+    over = post(srv, "/v1/completions", {"max_tokens": 256, "prompt": "Once"})
+    assert error_of(over, 400)["code"] == "context_length_exceeded"
 
 
 @pytest.mark.parametrize(
@@ -161,3 +203,41 @@ def test_messages_prefill_continues_the_assistant_turn(srv: Running) -> None:
 def test_unmapped_dialect_fields_stay_refused(srv: Running, field: str, value: object) -> None:
     for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": CHAT})):
         assert error_of(post(srv, path, {**body, field: value}), 400)["param"] == field
+
+
+# ------------------------------------------------------------------------------------------ routers
+
+# What vllm-router 0.1.17 and sglang-router add to each forwarded request (recorded from the bodies they
+# sent to a stub worker), at the values they send: all mean what this server always does.
+ROUTER_CHAT = {
+    "no_stop_trim": False, "ignore_eos": False, "continue_final_message": False, "skip_special_tokens": True,
+    "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False,
+    "include_reasoning": True, "logprobs": False, "stream": False,
+}  # fmt: skip
+ROUTER_COMPLETION = {
+    "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False,
+    "echo": False, "stream": False,
+}  # fmt: skip
+
+
+def test_router_added_fields_change_nothing(srv: Running) -> None:
+    base = {"max_tokens": 4, "logit_bias": BAN_END}
+    assert chat(srv, **base, **ROUTER_CHAT)["choices"] == chat(srv, **base)["choices"]
+    assert completion(srv, **base, **ROUTER_COMPLETION)["choices"] == completion(srv, **base)["choices"]
+
+
+@pytest.mark.parametrize(
+    "path,field,value",
+    [("/v1/completions", "no_stop_trim", True), ("/v1/chat/completions", "return_hidden_states", True)]
+    + [
+        ("/v1/chat/completions", "separate_reasoning", False),
+        ("/v1/chat/completions", "stream_reasoning", False),
+    ]
+    + [("/v1/chat/completions", "include_reasoning", False)],
+)
+def test_router_fields_asking_for_more_are_refused(
+    srv: Running, path: str, field: str, value: object
+) -> None:
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": CHAT}
+    err = error_of(post(srv, path, {**body, field: value}), 400)
+    assert err["param"] == field and "cannot be honoured" in err["message"]

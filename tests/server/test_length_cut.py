@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from server_harness import CHAT, MODEL_ID, Running, engine_factory, post, running_server, sse_payloads
 
 from localllm.structured.tools import FAMILIES
@@ -168,6 +168,62 @@ def test_steered_document_says_length_and_names_the_steering(srv: Running) -> No
         "output_config": {"format": {"type": "json_schema", "schema": FREE}},
     }
     assert post(srv, "/v1/messages", {**m, "temperature": 0}).json()["stop_reason"] == "max_tokens"
+
+
+class Pet(BaseModel):
+    name: str = Field(max_length=10)
+    age: int = Field(ge=0, le=99)
+    kind: Literal["cat", "dog", "bird"]
+    tags: list[Literal["old", "new", "small"]] = Field(max_length=2)
+
+
+class Spot(BaseModel):  # the tiny model's prompt with a tool nearly fills its context: a short call
+    city: Literal["Paris", "Rome"]
+    days: int = Field(ge=1, le=9)
+
+
+FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)  # x the answer's own length, as scripts/steering_check.py
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_openai_parse_raises_or_returns_the_full_values(srv: Running, seed: int) -> None:
+    """Issue 34's target through the official client: at budgets from 0.5x to 3x the answer's length,
+    chat.completions.parse() raises LengthFinishReasonError or returns exactly the values the model
+    writes with room to spare (each position's draw depends on the seed only, so the replies agree up
+    to where a budget changes one) - never a value cut or emptied by the budget steering."""
+    client = srv.client()
+    kw = {"model": MODEL_ID, "messages": CHAT, "temperature": 1.0, "seed": seed}
+    room = client.chat.completions.parse(**kw, response_format=Pet, max_tokens=400)
+    assert room.choices[0].finish_reason == "stop"
+    full, n = room.choices[0].message.parsed, room.usage.completion_tokens
+    outcomes = []
+    for factor in FACTORS:
+        try:
+            reply = client.chat.completions.parse(**kw, response_format=Pet, max_tokens=round(factor * n))
+            assert reply.choices[0].message.parsed == full, (factor, reply)
+            outcomes.append("same")
+        except openai.LengthFinishReasonError:
+            outcomes.append("raised")
+    assert outcomes[FACTORS.index(1.0) :] == ["same"] * 5 and outcomes[0] == "raised", outcomes
+
+
+def test_openai_parse_of_a_forced_call_raises_or_returns_the_full_arguments(srv: Running) -> None:
+    """The same for a forced call's parsed arguments (from 1x on, the model's call as it is)."""
+    client = srv.client()
+    tool = openai.pydantic_function_tool(Spot, name="plan_trip")
+    kw = {"model": MODEL_ID, "messages": CHAT, "temperature": 1.0, "seed": 0}
+    call_kw = {**kw, "tools": [tool], "tool_choice": "required"}
+    roomy_call = client.chat.completions.parse(**call_kw, max_tokens=300)
+    assert roomy_call.choices[0].finish_reason == "tool_calls"
+    full_args = roomy_call.choices[0].message.tool_calls[0].function.parsed_arguments
+    m = roomy_call.usage.completion_tokens
+    for factor in FACTORS:
+        try:
+            reply = client.chat.completions.parse(**call_kw, max_tokens=min(300, round(factor * m)))
+        except openai.LengthFinishReasonError:
+            assert factor < 1.0
+            continue
+        assert reply.choices[0].message.tool_calls[0].function.parsed_arguments == full_args, factor
 
 
 def test_completions_cut_says_length(srv: Running) -> None:

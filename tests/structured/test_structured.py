@@ -222,7 +222,7 @@ def test_parsers() -> None:
 def test_family_grammars_compile(engine: LLMEngine) -> None:
     tools = [Tool("f", {"type": "object", "properties": {"x": {"type": "integer"}}})]
     for family in FAMILIES.values():
-        engine.grammars.compile(family.grammar(tools, True, json.dumps(family.start)))
+        engine.grammars.compile(family.grammar(tools, True, json.dumps))
 
 
 # ------------------------------------------------------------------------------------------ server

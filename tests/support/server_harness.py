@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,7 @@ import uvicorn
 
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
-from localllm.server.app import ServerConfig, ServerState, create_app
+from localllm.server.app import PoolLimits, ServedModel, ServerConfig, ServerState, create_app
 from localllm.server.runner import make_server
 
 MODEL_ID = "tiny-llama"
@@ -54,6 +54,7 @@ class Running:
     url: str
     state: ServerState
     server: uvicorn.Server
+    pool: Any = None  # model_pool.ModelPool: the served models
 
     @property
     def engine(self) -> LLMEngine:
@@ -84,20 +85,28 @@ class Running:
 
 
 @contextmanager
-def running_server(factory: Callable[[], LLMEngine], wait: bool = True, **config: Any) -> Iterator[Running]:
-    """uvicorn in a thread on a loopback socket bound here (no free-port race)."""
+def running_server(
+    factory: Callable[[], LLMEngine] | None,
+    wait: bool = True,
+    models: Sequence[ServedModel] = (),
+    pool: PoolLimits | None = None,
+    **config: Any,
+) -> Iterator[Running]:
+    """uvicorn in a thread on a loopback socket bound here (no free-port race); with `models`, a server
+    of several (each loaded on demand within `pool`)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     limits = config.pop("limits", None)
-    app = create_app(factory, ServerConfig(model_id=config.pop("model_id", MODEL_ID), port=port, **config))
+    server_config = ServerConfig(model_id=config.pop("model_id", MODEL_ID), port=port, **config)
+    app = create_app(factory, server_config, models, pool)
     server = make_server(app, "127.0.0.1", port, limits, log_level="warning")  # as `localllm serve` runs
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
         assert thread.is_alive(), "uvicorn failed to start"
         time.sleep(0.01)
-    running = Running(f"http://127.0.0.1:{port}", app.state.server, server)
+    running = Running(f"http://127.0.0.1:{port}", app.state.server, server, app.state.pool)
     try:
         if wait:
             running.wait_ready()

@@ -36,7 +36,7 @@ from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, w
 from localllm.backends.torch_backend.sampling import sample_batch
 from localllm.backends.torch_backend.uploads import upload_ints
 from localllm.backends.torch_backend.weights import QuantWeight, dequantize_torch, keeps_quantized, upload
-from localllm.errors import ModelFormatError
+from localllm.errors import ConfigError, ModelFormatError
 from localllm.models.batch import ForwardBatch
 from localllm.models.spec import LayerSpec, RopeSpec
 from localllm.quant import dequantize
@@ -123,6 +123,8 @@ class TorchBackend(Backend):
         self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
         cache_types: tuple[str, str] = ("f32", "f32"),
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        if unsupported := [t for t in cache_types if t not in CACHE_DTYPES]:
+            raise ConfigError(f"the torch backend has no {unsupported[0]} KV cache: use f16 or f32, or numba")
         # one block more than the engine's pool: the scratch block static decode's padding rows write
         shape = (n_layers, num_blocks + 1, block_size, kv_heads, head_dim)
         k, v = (torch.zeros(shape, dtype=CACHE_DTYPES[t], device=self.device) for t in cache_types)

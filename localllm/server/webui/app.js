@@ -7,11 +7,13 @@
   const $ = (id) => document.getElementById(id);
   const KEYS = {
     conversations: "localllm.conversations", current: "localllm.current",
-    settings: "localllm.settings", apiKey: "localllm.apiKey",
+    settings: "localllm.settings", apiKey: "localllm.apiKey", model: "localllm.model",
   };
   const SETTINGS = ["system", "temperature", "top_p", "max_tokens", "seed"];
   const narrow = window.matchMedia("(max-width: 760px)");
-  const state = { conversations: [], currentId: null, controller: null, model: null, renderQueued: false };
+  const state = {
+    conversations: [], currentId: null, controller: null, model: null, models: [], renderQueued: false,
+  };
 
   // ---------------------------------------------------------------------------------------- storage
   function load(key, fallback) {
@@ -262,12 +264,37 @@
       $("model-info").textContent = "API key needed";
       return askForKey(Boolean(apiKey()));
     }
-    const card = response.ok ? ((await response.json()).data || [])[0] : null;
-    if (!card) return;
+    const cards = response.ok ? ((await response.json()).data || []) : [];
+    if (!cards.length) return;
+    state.models = cards;
+    if (cards.length > 1) return showModels(cards);
+    const card = cards[0];
     state.model = card;
     const context = card.max_model_len ? `context ${card.max_model_len.toLocaleString("en")} tokens` : "loading…";
     $("model-info").textContent = `${card.id} · ${context}`;
     if (!card.max_model_len) setTimeout(loadModel, 2000); // the model is still loading
+  }
+
+  // A server of several models: the user picks one (kept for the next visit); each card says
+  // whether it is loaded, and an unloaded one loads with the first message sent to it.
+  function showModels(cards) {
+    const select = $("model-select");
+    const wanted = (state.model && state.model.id) || load(KEYS.model, null);
+    const card = cards.find((c) => c.id === wanted) || cards[0];
+    select.replaceChildren(...cards.map((c) => new Option(`${c.id} (${c.state || "loaded"})`, c.id)));
+    select.value = card.id;
+    select.hidden = false;
+    state.model = card;
+    const context = card.max_model_len ? `context ${card.max_model_len.toLocaleString("en")} tokens` : "";
+    $("model-info").textContent = card.state === "loaded" ? context : "loads with the first message";
+  }
+
+  function pickModel() {
+    const card = state.models.find((c) => c.id === $("model-select").value);
+    if (!card) return;
+    state.model = card;
+    store(KEYS.model, card.id);
+    showModels(state.models);
   }
 
   function authHeaders() {
@@ -308,8 +335,9 @@
     const history = messages.map((m) => (m.reasoning
       ? { role: m.role, content: m.content, reasoning_content: m.reasoning }
       : { role: m.role, content: m.content }));
+    const model = state.models.length > 1 && state.model ? { model: state.model.id } : {};
     return {
-      messages: system ? [{ role: "system", content: system }, ...history] : history,
+      ...model, messages: system ? [{ role: "system", content: system }, ...history] : history,
       stream: true, stream_options: { include_usage: true }, ...fields,
     };
   }
@@ -339,6 +367,7 @@
       state.controller = null;
       if (conversation.messages.includes(reply)) finishReply(conversation, reply, timing, controller);
       setBusy(false, node);
+      if (state.models.length > 1) loadModel(); // the models' states changed (this one loaded, maybe another not)
     }
   }
 
@@ -480,6 +509,7 @@
       });
     }
     for (const name of SETTINGS) $(name).addEventListener("change", saveSettings);
+    $("model-select").addEventListener("change", pickModel);
     $("key-form").addEventListener("submit", (e) => {
       e.preventDefault();
       store(KEYS.apiKey, $("api-key").value.trim());

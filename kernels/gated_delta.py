@@ -1,0 +1,158 @@
+"""Gated DeltaNet (Qwen3.5, Qwen3-Next linear attention): the short causal convolution with its rolling
+window, and the gated delta rule over a per-sequence state, for a batch of sequences at any positions.
+
+A batch holds S sequences' tokens contiguously (qsl, as the paged attention's query_start_loc); each
+sequence owns slot `slots[s]` of the state pool. A sequence whose first token in the step is at
+position 0 starts from a zero state (so a slot never needs clearing); any other continues from the
+slot's state (a decode step, or the next chunk of a chunked prefill).
+
+Per value head h of a token (k, q L2-normalised; key head h // (Hv / Hk) where `interleaved`, else
+h % Hk, as llama.cpp repeats them per architecture):
+    S = S * exp(g);  d = (v - S k) * beta;  S = S + d k^T;  o = (S q) / sqrt(Dk)
+S is (Dv, Dk), row j holding what value dim j reads from the keys: every step of the rule is local to
+a row, so one pass over the state per token does all of it. Prefill runs the same recurrence token by
+token (per head the state stays in cache, and the recurrence is a few percent of the layer's
+matmuls on a CPU); kernels/gated_delta_reference.py has the NumPy twins, the chunkwise form included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .simd import f32, fast_exp
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def conv_silu(x, wt, qsl, positions, slots, conv_state, out) -> None:
+    """out = silu(causal depthwise conv of x) per sequence. x, out (T, C); wt (K, C), tap K-1 on the
+    current token; conv_state (slots, K-1, C): the K-1 inputs before the step, updated in place."""
+    K, C = wt.shape[0], wt.shape[1]
+    for s in range(qsl.shape[0] - 1):
+        a, b = qsl[s], qsl[s + 1]
+        if a == b:
+            continue
+        st = conv_state[slots[s]]
+        if positions[a] == 0:
+            st[:] = 0.0
+        n = b - a
+        ext = np.empty((K - 1 + n, C), np.float32)
+        ext[: K - 1] = st
+        ext[K - 1 :] = x[a:b]
+        for t in range(n):
+            row = out[a + t]
+            row[:] = 0.0
+            for i in range(K):
+                for c in range(C):
+                    row[c] += ext[t + i, c] * wt[i, c]
+            for c in range(C):
+                row[c] = row[c] / (f32(1.0) + fast_exp(-row[c]))
+        st[:] = ext[n : n + K - 1]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def l2_norm_heads(x, n_heads, head_dim, eps) -> None:
+    """x[t, h*D:(h+1)*D] /= sqrt(sum of squares + eps) for the first n_heads heads of each row."""
+    for t in range(x.shape[0]):
+        for h in range(n_heads):
+            o = h * head_dim
+            ss = 0.0
+            for i in range(head_dim):
+                ss += np.float64(x[t, o + i] * x[t, o + i])
+            inv = f32(1.0 / np.sqrt(ss + eps))
+            for i in range(head_dim):
+                x[t, o + i] *= inv
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def gates(beta_raw, alpha_raw, dt_bias, a, beta, g) -> None:
+    """beta = sigmoid(beta_raw); g = softplus(alpha_raw + dt_bias) * a (a = -exp(A_log) < 0)."""
+    for t in range(beta_raw.shape[0]):
+        for h in range(beta_raw.shape[1]):
+            beta[t, h] = f32(1.0) / (f32(1.0) + np.exp(-beta_raw[t, h]))
+            z = alpha_raw[t, h] + dt_bias[h]
+            sp = z if z > 20.0 else np.log1p(np.exp(z))
+            g[t, h] = sp * a[h]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _head(mixed, g, beta, a, b, slot_state, fresh, kh, h, n_k, dk, dv, scale, out) -> None:
+    """One (sequence, value head): tokens a..b-1 through the rule, state (Dv, Dk) updated in place."""
+    if fresh:
+        slot_state[:] = 0.0
+    q0, k0, v0 = kh * dk, n_k * dk + kh * dk, 2 * n_k * dk + h * dv
+    for t in range(a, b):
+        eg, bt = np.float32(np.exp(g[t, h])), beta[t, h]
+        for j in range(dv):
+            row = slot_state[j]
+            sk = f32(0.0)
+            for i in range(dk):
+                row[i] *= eg
+                sk += row[i] * mixed[t, k0 + i]
+            d = (mixed[t, v0 + j] - sk) * bt
+            o = f32(0.0)
+            for i in range(dk):
+                row[i] += d * mixed[t, k0 + i]
+                o += row[i] * mixed[t, q0 + i]
+            out[t, h * dv + j] = o * scale
+
+
+@njit(cache=True, nogil=True)
+def _items(mixed, g, beta, qsl, positions, slots, state, n_k, dk, interleaved, out, c, nth) -> None:
+    n_v, dv = g.shape[1], state.shape[2]
+    scale = f32(1.0 / np.sqrt(dk))
+    for item in range(c, (qsl.shape[0] - 1) * n_v, nth):
+        s, h = item // n_v, item % n_v
+        a, b = qsl[s], qsl[s + 1]
+        if a == b:
+            continue
+        kh = h // (n_v // n_k) if interleaved else h % n_k
+        _head(mixed, g, beta, a, b, state[slots[s], h], positions[a] == 0, kh, h, n_k, dk, dv, scale, out)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def delta_rule_par(mixed, g, beta, qsl, positions, slots, state, n_k, dk, interleaved, out, nth) -> None:
+    """delta_rule_serial with the (sequence, head) items spread over nth threads."""
+    for c in prange(nth):
+        _items(mixed, g, beta, qsl, positions, slots, state, n_k, dk, interleaved, out, c, nth)
+
+
+@njit(cache=True, nogil=True)
+def delta_rule_serial(mixed, g, beta, qsl, positions, slots, state, n_k, dk, interleaved, out) -> None:
+    """The gated delta rule. mixed (T, 2*Hk*Dk + Hv*Dv): q | k (L2-normalised) | v per token; g, beta
+    (T, Hv); state (slots, Hv, Dv, Dk); out (T, Hv*Dv)."""
+    _items(mixed, g, beta, qsl, positions, slots, state, n_k, dk, interleaved, out, 0, 1)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def gated_rms_norm(o, z, weight, eps) -> None:
+    """o (T, H*D) <- rms_norm(o per head of D = len(weight)) * weight * silu(z), in place."""
+    d = weight.shape[0]
+    for t in range(o.shape[0]):
+        for h in range(o.shape[1] // d):
+            base = h * d
+            ss = 0.0
+            for i in range(d):
+                ss += np.float64(o[t, base + i] * o[t, base + i])
+            inv = f32(1.0) / np.sqrt(f32(ss / d) + f32(eps))
+            for i in range(d):
+                zi = z[t, base + i]
+                o[t, base + i] = o[t, base + i] * inv * weight[i] * (zi / (f32(1.0) + fast_exp(-zi)))
+
+
+@njit(cache=True, nogil=True)
+def mixer_core(qkv, z, beta_raw, alpha_raw, conv_wt, dt_bias, a, norm_w, qsl, positions, slots, conv_state,
+               ssm_state, n_k, dk, interleaved, eps, mixed, out, nth) -> None:  # fmt: skip
+    """A Gated DeltaNet layer between its input projections (qkv, z, beta_raw, alpha_raw) and its
+    output projection: conv + silu into `mixed`, L2 norms, gates, the rule, the gated norm into out."""
+    conv_silu(qkv, conv_wt, qsl, positions, slots, conv_state, mixed)
+    l2_norm_heads(mixed, 2 * n_k, dk, eps)
+    beta = np.empty_like(beta_raw)
+    g = np.empty_like(beta_raw)
+    gates(beta_raw, alpha_raw, dt_bias, a, beta, g)
+    work = qkv.shape[0] * ssm_state.shape[1] * ssm_state.shape[2] * dk
+    if nth > 1 and work >= 1 << 15:
+        delta_rule_par(mixed, g, beta, qsl, positions, slots, ssm_state, n_k, dk, interleaved, out, nth)
+    else:
+        delta_rule_serial(mixed, g, beta, qsl, positions, slots, ssm_state, n_k, dk, interleaved, out)
+    gated_rms_norm(out, z, norm_w, eps)

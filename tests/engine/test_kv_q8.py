@@ -1,0 +1,83 @@
+"""The q8_0 KV cache in the engine: pool sizing (34 bytes per 32 values), the fused stack, the op path
+and the NumPy backend agreeing on it, its refusals, and the disk tier restoring it bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_arch import Shape, write_arch_model
+
+from localllm.config import EngineConfig
+from localllm.engine.engine import LLMEngine, score_tokens
+from localllm.errors import ConfigError
+from localllm.sampling_params import SamplingParams
+
+HD32 = Shape(dim=128, heads=4, kv_heads=2, head_dim=32)  # one q8_0 block per head
+IDS = list(range(5, 70))
+
+
+@pytest.fixture(scope="module")
+def hd32_path(tmp_path_factory: pytest.TempPathFactory):
+    return write_arch_model(
+        tmp_path_factory.mktemp("q8") / "qwen2-hd32.gguf", "qwen2", n_layers=2, shape=HD32
+    )
+
+
+def _engine(path, cache: str = "q8_0", backend: str = "numba", **kw) -> LLMEngine:
+    config = EngineConfig(
+        model=str(path), backend=backend, threads=2, cache_type_k=cache, cache_type_v=cache, **kw
+    )
+    return LLMEngine(config)
+
+
+def test_a_q8_0_pool_takes_34_bytes_per_32_values(hd32_path) -> None:
+    q8, f16 = _engine(hd32_path, kv_cache_mb=1), _engine(hd32_path, "f16", kv_cache_mb=1)
+    assert q8.kv_cache.k.dtype == np.int8 and q8.kv_cache.k.shape[-1] == 34
+    assert q8.kv_bytes_per_token == 2 * 2 * HD32.kv_heads * 34  # K and V, 2 layers
+    assert q8.kv_bytes_per_token / f16.kv_bytes_per_token == 34 / 64 <= 0.55
+    assert q8.kv_capacity_tokens >= f16.kv_capacity_tokens * 64 // 34 - 16
+    per_block = q8.kv_cache.k[:, 0].nbytes + q8.kv_cache.v[:, 0].nbytes
+    assert per_block == q8.kv_bytes_per_token * q8.kv_cache.block_size
+
+
+def test_fused_stack_op_path_and_numpy_agree_on_a_q8_0_cache(hd32_path) -> None:
+    fused = _engine(hd32_path)
+    assert fused.backend.fused(fused.model)
+    op = _engine(hd32_path)
+    op.backend.fuse_layers = False
+    twin = _engine(hd32_path, backend="numpy")
+    a, b, c = (np.asarray(score_tokens(e, IDS)) for e in (fused, op, twin))
+    scale = np.abs(c).max()
+    assert np.abs(a - b).max() / scale < 1e-4
+    assert np.abs(a - c).max() / scale < 0.02  # (8-bit activations in the Numba matmuls)
+    f16 = np.asarray(score_tokens(_engine(hd32_path, "f16"), IDS))
+    assert 0 < np.abs(a - f16).max() / np.abs(f16).max() < 0.02  # q8_0 rounds; not by much
+    assert (a.argmax(-1) == f16.argmax(-1)).mean() > 0.9
+
+
+def test_q8_0_refusals_are_one_line(tiny_model_path) -> None:
+    with pytest.raises(
+        ConfigError, match="q8_0 KV cache needs a head size divisible by 32 .this model has 16.$"
+    ):
+        _engine(tiny_model_path)  # head_dim 16, as llama.cpp refuses too
+    with pytest.raises(ConfigError, match="cache-type-k q8_0 needs the numba or numpy backend"):
+        EngineConfig(model="x.gguf", backend="torch", cache_type_k="q8_0")
+
+
+def test_a_restart_restores_a_q8_0_prefix_bit_for_bit(hd32_path, tmp_path) -> None:
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=5)
+    prompt = np.random.default_rng(2).integers(3, 250, 70).tolist()
+
+    def run(disk: bool) -> tuple:
+        e = _engine(hd32_path, kv_disk_mb=16 if disk else 0, kv_disk_dir=tmp_path, max_num_seqs=2)
+        out = e.generate([prompt], params)[0]
+        if disk:
+            assert e.block_manager.tier.flush()
+        return out.cached_tokens, [(t.token_id, t.logprob, t.top) for t in out.logprobs]
+
+    cold = run(False)
+    assert run(True) == cold
+    cached, tokens = run(True)
+    assert cached == 64 and tokens == cold[1]
+    f16 = _engine(hd32_path, "f16", kv_disk_mb=16, kv_disk_dir=tmp_path)
+    assert f16.generate([prompt], params)[0].cached_tokens == 0  # another fingerprint: never shared

@@ -1,0 +1,105 @@
+"""The q8_0 KV cache's kernels: the store writes ggml's Q8_0 bytes (as quant/'s NumPy quantizer, which
+matches llama.cpp's reference), and attention over it equals f32 attention over the dequantized values,
+and the NumPy twin (kernels/reference) within float rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localllm.backends import bounds
+from localllm.backends.kv_types import row_width
+from localllm.kernels import attention, layers
+from localllm.kernels import reference as ref
+from localllm.quant.ggml import BLOCK_Q8_0
+from localllm.quant.quantize_legacy import quantize_q8_0
+
+D, KVH, BS = 64, 2, 16
+WIDTH = row_width("q8_0", D)  # 68 bytes: two blocks of 34
+
+
+def _rows(seed: int, n: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """k, v (n, KVH, D) of mixed magnitudes, with an all-zero block and exact .5 quants (ties)."""
+    rng = np.random.default_rng(seed)
+    k, v = (rng.standard_normal((2, n, KVH, D)) * rng.uniform(0.01, 30, (2, n, KVH, 1))).astype(np.float32)
+    k[3, 0, :32] = 0.0
+    k[4, 1, :32] = np.arange(32, dtype=np.float32) - 15.5  # d = 16.5 / 127: many halves after scaling
+    return k, v
+
+
+def _slots(tables: np.ndarray, n: int) -> np.ndarray:
+    return tables[0, np.arange(n) // BS] * BS + np.arange(n) % BS
+
+
+def _q8_pool(blocks: int = 3) -> list[np.ndarray]:
+    return [np.zeros((blocks, BS, KVH, WIDTH), np.int8) for _ in range(2)]
+
+
+def test_the_store_writes_ggml_q8_0_blocks_as_the_numpy_quantizer_does() -> None:
+    k, v = _rows(0)
+    tables = np.array([[2, 0, 1]], np.int64)
+    pool, twin = _q8_pool(), _q8_pool()
+    layers.store_kv_rows(*pool, k, v, _slots(tables, 40))
+    ref.store_kv(*twin, k, v, _slots(tables, 40))
+    np.testing.assert_array_equal(pool[0], twin[0])
+    np.testing.assert_array_equal(pool[1], twin[1])
+    row = pool[0][2, 0, 1]  # token 0's second head: block 2 holds tokens 0..15
+    expected = quantize_q8_0(k[0, 1].reshape(-1, 32))
+    assert row.tobytes() == expected.tobytes() and expected.dtype.itemsize == 34
+    zero = pool[0][2, 3, 0, :34].view(BLOCK_Q8_0)[0]
+    assert zero["d"] == 0 and not zero["qs"].any()
+    back = ref.from_storage(pool[0], D)
+    err = np.abs(back[2, :, :, :] - k[:16]).max(axis=-1)
+    assert (err <= np.abs(k[:16]).max(axis=-1) / 127 * 0.51 + 1e-6).all()  # half a step of each block
+
+
+@pytest.mark.parametrize("window", [0, 7])
+def test_attention_over_q8_0_equals_f32_attention_over_the_dequantized_values(window: int) -> None:
+    """Attention dequantizes each row exactly as the NumPy twin does: identical results to the f32 kernel
+    reading those values, so q8_0 changes only the rounding at the store."""
+    k, v = _rows(1)
+    q = np.random.default_rng(2).standard_normal((40, 4, D)).astype(np.float32)
+    tables = np.array([[2, 0, 1]], np.int64)
+    pool = _q8_pool()
+    layers.store_kv_rows(*pool, k, v, _slots(tables, 40))
+    floats = [np.ascontiguousarray(ref.from_storage(c, D)) for c in pool]
+    qsl, ctx = np.array([0, 40], np.int64), np.array([40], np.int64)
+    outs = [np.empty_like(q) for _ in range(3)]
+    attention.paged_attention_serial(q, *pool, qsl, ctx, tables, 0.125, window, 0.0, outs[0])
+    attention.paged_attention_serial(q, *floats, qsl, ctx, tables, 0.125, window, 0.0, outs[1])
+    attention.paged_attention_par(q, *pool, qsl, ctx, tables, 0.125, window, 0.0, outs[2], 2)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    twin = ref.paged_attention(q, *pool, qsl, ctx, tables, 0.125, window)
+    np.testing.assert_allclose(outs[0], twin, rtol=1e-4, atol=1e-4 * np.abs(twin).max())
+
+
+def test_keys_and_values_may_differ_in_type() -> None:
+    """-ctk q8_0 -ctv f16 (llama.cpp allows any pair): each cache is read in its own type."""
+    k, v = _rows(3, 20)
+    q = np.random.default_rng(4).standard_normal((20, 4, D)).astype(np.float32)
+    tables = np.array([[1, 0]], np.int64)
+    kc, vc = np.zeros((2, BS, KVH, WIDTH), np.int8), np.zeros((2, BS, KVH, D), np.uint16)
+    layers.store_kv_rows(kc, vc, k, v, _slots(tables, 20))
+    qsl, ctx = np.array([0, 20], np.int64), np.array([20], np.int64)
+    out = np.empty_like(q)
+    attention.paged_attention_serial(q, kc, vc, qsl, ctx, tables, 0.125, 0, 0.0, out)
+    twin = ref.paged_attention(q, kc, vc.view(np.float16), qsl, ctx, tables, 0.125)
+    np.testing.assert_allclose(out, twin, rtol=1e-4, atol=1e-4 * np.abs(twin).max())
+
+
+def test_bounds_know_q8_0_rows() -> None:
+    pool = _q8_pool(2)
+    kv = np.zeros((1, KVH, D), np.float32)
+    slots = np.zeros(1, np.int64)
+    bounds.check_kv_write((kv.shape, kv.shape), tuple(pool), slots, slots)
+    with pytest.raises(bounds.KernelBoundsError, match="do not fit"):  # f32 rows of D into q8_0 rows
+        bounds.check_kv_write((kv.shape, kv.shape), (pool[0], np.zeros((2, BS, KVH, WIDTH), np.float32)),
+                              slots, slots)  # fmt: skip
+    odd = np.zeros((1, KVH, 48), np.float32)
+    with pytest.raises(bounds.KernelBoundsError, match="divisible by 32"):
+        bounds.check_kv_write((odd.shape, odd.shape), tuple(pool), slots, slots)
+    tables, one = np.zeros((1, 1), np.int64), np.array([0, 1], np.int64)
+    bounds.check_attention((1, 4, D), tuple(pool), one, one[1:], tables)
+    with pytest.raises(bounds.KernelBoundsError, match="head size"):
+        bounds.check_attention((1, 4, 32), tuple(pool), one, one[1:], tables)
