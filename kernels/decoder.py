@@ -45,7 +45,13 @@ F_O_BIAS = 12  # output projection bias (Extras.bo)
 F_EXPERT_BIAS = 13  # router and expert biases (Extras.router_b, *_exps_b)
 F_OAI = 14  # gpt-oss's clamped SwiGLU for the experts and the dense FFN
 F_V_NORM = 15  # RMSNorm over each head of v (weights StackWeights.v_norm)
-N_FLAGS = 16
+F_HEAD_DIM = 16  # the layer's own head width, KV heads and FFN width (at most Dims', which size buffers)
+F_KV_HEADS = 17
+F_FFN = 18
+F_KV_LAYER = 19  # the layer whose cache it attends (itself, or an earlier one: it then stores no K/V)
+F_KV_FACTOR = 20  # its blocks per pool block (KVCache.layer: pool rows / its rows)
+F_PER_LAYER = 21  # adds its per-layer input (Step.per_layer, StackWeights.ple_*)
+N_FLAGS = 22
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -79,6 +85,9 @@ class StackWeights(NamedTuple):
     v_norm: np.ndarray  # (L, head_dim): v's norm weights (F_V_NORM)
     out_scale: np.ndarray  # (L,) float32: the layer's output times this (1: none)
     extras: Extras
+    ple_gate: np.ndarray  # (L, 1, 5) launch tables of the per-layer input's gate (F_PER_LAYER)
+    ple_proj: np.ndarray  # (L, 1, 5) and of its projection back to dim
+    ple_norm: np.ndarray  # (L, dim)
 
 
 class Extras(NamedTuple):
@@ -93,6 +102,8 @@ class Extras(NamedTuple):
 
 
 class Dims(NamedTuple):
+    """The model's sizes; head_dim, n_kv_heads and ffn_dim are the largest of any layer's."""
+
     n_heads: int
     n_kv_heads: int
     head_dim: int
@@ -111,9 +122,12 @@ class Step(NamedTuple):
     rope_dims: np.ndarray  # (R, 2) int64: rotated dims, neox
     rope_freqs: np.ndarray  # (R, max half) float64: per-pair speeds (RopeSpec.frequencies), 0-padded
     rope_mscale: np.ndarray  # (R,) float64: cos/sin magnitude (RopeSpec.mscale)
+    per_layer: np.ndarray  # (L, T, P) float32 per-layer inputs (F_PER_LAYER), (L, 0, 0) without
 
 
 class Buffers(NamedTuple):
+    """One layer's views of the step's scratch: q/k/v/att and the FFN's in the layer's own sizes."""
+
     h: np.ndarray  # (T, dim) normalised input
     q: np.ndarray  # (T, n_heads, head_dim)
     k: np.ndarray  # (T, n_kv_heads, head_dim)
@@ -133,14 +147,35 @@ class Buffers(NamedTuple):
 
 @njit(cache=True)
 def _buffers(T, d, dims, n_ropes, half):
+    """The step's scratch at the largest layer's sizes (q, k, v, kn, att, gate, up, act, act2 flat)."""
     f, nq, nkv, hd, ffn = np.float32, dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.ffn_dim
     t2 = 2 * T if dims.two_pass else 0
     return Buffers(
-        np.empty((T, d), f), np.empty((T, nq, hd), f), np.empty((T, nkv, hd), f),
-        np.empty((T, nkv, hd), f), np.empty((T, nkv, hd), f), np.empty((T, nq, hd), f),
-        np.empty((T, d), f), np.empty((T, ffn), f), np.empty((T, ffn), f), np.empty((T, ffn), f),
-        np.empty((T, d), f), np.empty((t2, ffn), f), np.empty((t2, d), f),
+        np.empty((T, d), f), np.empty((T * nq * hd, 1, 1), f), np.empty((T * nkv * hd, 1, 1), f),
+        np.empty((T * nkv * hd, 1, 1), f), np.empty((T * nkv * hd, 1, 1), f),
+        np.empty((T * nq * hd, 1, 1), f),
+        np.empty((T, d), f), np.empty((T * ffn, 1), f), np.empty((T * ffn, 1), f), np.empty((T * ffn, 1), f),
+        np.empty((T, d), f), np.empty((t2 * ffn, 1), f), np.empty((t2, d), f),
         np.empty((n_ropes, T, half), f), np.empty((n_ropes, T, half), f),
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def _views(s, il, w, dims):
+    """Layer il's Buffers: the scratch `s` (_buffers) reshaped to its own head and FFN sizes."""
+    T, nq = s.h.shape[0], dims.n_heads
+    hd, nkv, ffn = w.flags[il, F_HEAD_DIM], w.flags[il, F_KV_HEADS], w.flags[il, F_FFN]
+
+    def heads(a, n):
+        return a.reshape(-1)[: T * n * hd].reshape((T, n, hd))
+
+    def rows(a, t):
+        return a.reshape(-1)[: t * ffn].reshape((t, ffn))
+
+    return Buffers(
+        s.h, heads(s.q, nq), heads(s.k, nkv), heads(s.v, nkv), heads(s.kn, nkv), heads(s.att, nq), s.o,
+        rows(s.gate, T), rows(s.up, T), rows(s.act, T), s.down, rows(s.act2, s.down2.shape[0]), s.down2,
+        s.cos, s.sin,
     )  # fmt: skip
 
 
@@ -182,14 +217,32 @@ def _heads_norm(x, weight, eps, out) -> None:
 
 
 @njit(cache=True)
-def _attend(q, k_cache, v_cache, step, scale, window, softcap, sinks, out, nth) -> None:
+def _attend(q, k_cache, v_cache, step, tables, scale, window, softcap, sinks, out, nth) -> None:
     ctx = step.ctx
     work = q.shape[0] * q.shape[1] * q.shape[2] * (ctx.max() if ctx.size else 0)
-    args = (q, k_cache, v_cache, step.qsl, ctx, step.block_tables, scale, window, softcap, sinks, out)
+    args = (q, k_cache, v_cache, step.qsl, ctx, tables, scale, window, softcap, sinks, out)
     if nth > 1 and work >= ATTN_PARALLEL_MIN:
         attention.paged_attention_sinks_par(*args, nth)
     else:
         attention.paged_attention_sinks_serial(*args)
+
+
+@njit(cache=True)
+def _layer_cache(il, w, step, kv):
+    """The K/V cache layer il attends, in its own sizes, and the step's slots and block tables in its
+    blocks (pool block b is its block b * factor: see KVCache.layer)."""
+    src, f = w.flags[il, F_KV_LAYER], w.flags[il, F_KV_FACTOR]
+    kc, vc = kv[0][src], kv[1][src]
+    kvh = w.flags[il, F_KV_HEADS]
+    width = kc.shape[2] * kc.shape[3] // (f * kvh)  # its head_dim, or a q8_0 row's bytes
+    shape = (kc.shape[0] * f, kc.shape[1], kvh, width)
+    if f == 1:
+        return kc.reshape(shape), vc.reshape(shape), step.slots, step.block_tables
+    bs, slots = kc.shape[1], step.slots.copy()
+    for t in range(slots.shape[0]):
+        if slots[t] >= 0:
+            slots[t] += (slots[t] // bs) * (f - 1) * bs
+    return kc.reshape(shape), vc.reshape(shape), slots, step.block_tables * f
 
 
 @njit(cache=True)
@@ -204,26 +257,32 @@ def _rotations(step, buf) -> None:
 
 
 @njit(cache=True)
-def _qkv(il, w, dims, buf, nth):
-    """q, k, v of buf.h, with biases and q/k norms; returns the (q, k) to rotate."""
-    _project(w.qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v), nth)
-    return _qkv_finish(il, w, dims, buf)
+def _qkv(il, w, dims, buf, stores, nth):
+    """q, k, v of buf.h (q alone where the layer stores no K/V), with biases and q/k norms; returns
+    the (q, k) to rotate."""
+    if stores:
+        _project(w.qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v), nth)
+    else:
+        _project(w.qkv[il, :1], w.gemm, w.quantize, buf.h, (buf.q,), nth)
+    return _qkv_finish(il, w, dims, buf, stores)
 
 
 @njit(cache=True)
-def _qkv_finish(il, w, dims, buf):
+def _qkv_finish(il, w, dims, buf, stores):
     """_qkv after its projection (kernels/hybrid_decoder.py projects a gate with q, k, v)."""
-    T = buf.h.shape[0]
+    T, hd = buf.h.shape[0], buf.q.shape[2]
+    nq, nkv = buf.q.shape[1] * hd, buf.k.shape[1] * hd
     if w.flags[il, F_BIAS]:
-        _add_bias(buf.q.reshape(T, -1), w.bq[il])
-        _add_bias(buf.k.reshape(T, -1), w.bk[il])
-        _add_bias(buf.v.reshape(T, -1), w.bv[il])
-    if w.flags[il, F_V_NORM]:  # in place: each row is read before it is written
-        _heads_norm(buf.v, w.v_norm[il], dims.eps, buf.v)
+        _add_bias(buf.q.reshape(T, -1), w.bq[il, :nq])
+        _add_bias(buf.k.reshape(T, -1), w.bk[il, :nkv])
+        _add_bias(buf.v.reshape(T, -1), w.bv[il, :nkv])
+    if w.flags[il, F_V_NORM] and stores:  # in place: each row is read before it is written
+        _heads_norm(buf.v, w.v_norm[il, :hd], dims.eps, buf.v)
     if not w.flags[il, F_QK_NORM]:
         return buf.q, buf.k
-    _heads_norm(buf.q, w.q_norm[il], dims.eps, buf.att)
-    _heads_norm(buf.k, w.k_norm[il], dims.eps, buf.kn)
+    _heads_norm(buf.q, w.q_norm[il, :hd], dims.eps, buf.att)
+    if stores:
+        _heads_norm(buf.k, w.k_norm[il, :hd], dims.eps, buf.kn)
     return buf.att, buf.kn
 
 
@@ -241,24 +300,29 @@ def _temperature(q, positions, scale, length) -> None:
 def _attention_block(il, x, w, dims, step, kv, buf, nth):
     """x += [post-norm] o_proj(attention(rope(q, k), v)) of rms_norm(x), k/v stored in the cache."""
     layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
-    q, k = _qkv(il, w, dims, buf, nth)
-    _rope_attend(il, w, dims, step, kv, q, k, buf, nth)
+    stores = w.flags[il, F_KV_LAYER] == il
+    q, k = _qkv(il, w, dims, buf, stores, nth)
+    _rope_attend(il, w, dims, step, kv, q, k, buf, stores, nth)
     _attention_out(il, x, w, dims, buf, nth)
 
 
 @njit(cache=True)
-def _rope_attend(il, w, dims, step, kv, q, k, buf, nth) -> None:
-    """Rotate q and k, store k/v in the cache, attend: the attention in buf.att."""
-    k_cache, v_cache = kv[0][il], kv[1][il]
+def _rope_attend(il, w, dims, step, kv, q, k, buf, stores, nth) -> None:
+    """Rotate q and k, store k/v in the cache (where the layer stores any), attend: the attention in
+    buf.att."""
+    k_cache, v_cache, slots, tables = _layer_cache(il, w, step, kv)
     r = w.flags[il, F_ROPE]
     dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
-    layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, step.slots,
-                         buf.q, buf.k)  # fmt: skip
+    if stores:
+        layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, slots,
+                             buf.q, buf.k)  # fmt: skip
+    else:
+        layers.rope_apply(q, buf.cos[r], buf.sin[r], dim, neox, buf.q)
     if w.attn_temp[il, 0] != 0.0:
         _temperature(buf.q, step.positions, w.attn_temp[il, 0], w.attn_temp[il, 1])
     window, cap = w.flags[il, F_WINDOW], w.softcap[il]
     sinks = w.extras.sinks[il] if w.flags[il, F_SINKS] else w.extras.sinks[il, :0]
-    _attend(buf.q, k_cache, v_cache, step, dims.attn_scale, window, cap, sinks, buf.att, nth)
+    _attend(buf.q, k_cache, v_cache, step, tables, dims.attn_scale, window, cap, sinks, buf.att, nth)
 
 
 @njit(cache=True)
@@ -346,6 +410,18 @@ def _ffn_block(il, x, w, dims, buf, nth):
     _residual(x, buf.down, w.flags[il, F_POST_FFN], w.post_ffn_norm[il], dims.eps, buf.h)
 
 
+@njit(cache=True)
+def _per_layer_input(il, x, w, dims, inp, buf, nth) -> None:
+    """x += rms_norm(proj(gelu(gate(x)) * inp)): the layer's per-layer input (inp (T, P))."""
+    T, P = inp.shape[0], inp.shape[1]
+    g, act = np.empty((T, P), np.float32), np.empty((T, P), np.float32)
+    _project(w.ple_gate[il], w.gemm, w.quantize, x, (g,), nth)
+    layers.geglu_rows(g, inp, act)
+    _project(w.ple_proj[il], w.gemm, w.quantize, act, (buf.o,), nth)
+    layers.rms_norm_rows(buf.o, w.ple_norm[il], dims.eps, buf.h)
+    _add_rows(x, buf.h)
+
+
 @njit(cache=True, nogil=True)
 def decoder_stack(x, w, dims, step, kv, nth):
     """Run every layer on x (T, dim) in place.  kv = (k cache, v cache), each (L, blocks,
@@ -354,8 +430,11 @@ def decoder_stack(x, w, dims, step, kv, nth):
     buf = _buffers(x.shape[0], x.shape[1], dims, step.rope_dims.shape[0], half)
     _rotations(step, buf)
     for il in range(w.flags.shape[0]):
-        _attention_block(il, x, w, dims, step, kv, buf, nth)
-        _ffn_block(il, x, w, dims, buf, nth)
+        lb = _views(buf, il, w, dims)
+        _attention_block(il, x, w, dims, step, kv, lb, nth)
+        _ffn_block(il, x, w, dims, lb, nth)
+        if w.flags[il, F_PER_LAYER]:
+            _per_layer_input(il, x, w, dims, step.per_layer[il], lb, nth)
         if w.out_scale[il] != 1.0:
             _scale_rows(x, w.out_scale[il])
     # keep the buffers alive past the kernels that only saw their addresses

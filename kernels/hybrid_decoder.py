@@ -85,8 +85,8 @@ def _gated_attention_block(il, x, w, dims, step, kv, rec, rb, buf, nth):
     """decoder._attention_block with q's gate projected beside q, k, v and applied to the attention."""
     layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, buf.h)
     dk._project(rec.gated_qkv[il], w.gemm, w.quantize, buf.h, (buf.q, buf.k, buf.v, rb.gate), nth)
-    q, k = dk._qkv_finish(il, w, dims, buf)
-    dk._rope_attend(il, w, dims, step, kv, q, k, buf, nth)
+    q, k = dk._qkv_finish(il, w, dims, buf, True)
+    dk._rope_attend(il, w, dims, step, kv, q, k, buf, True, nth)
     _sigmoid_mul(buf.att, rb.gate)
     dk._attention_out(il, x, w, dims, buf, nth)
 
@@ -113,13 +113,14 @@ def hybrid_stack(x, w, dims, step, kv, rec, rd, rs, nth):
     dk._rotations(step, buf)
     for il in range(w.flags.shape[0]):
         kind = rec.kind[il]
+        lb = dk._views(buf, il, w, dims)  # the layer's sizes (decoder.py's per-layer columns)
         if kind == KIND_GATED_DELTA:
-            _delta_net_block(il, x, w, dims, step, rec, rd, rs, rb, buf, nth)
+            _delta_net_block(il, x, w, dims, step, rec, rd, rs, rb, lb, nth)
         elif kind == KIND_GATED_ATTENTION:
-            _gated_attention_block(il, x, w, dims, step, kv, rec, rb, buf, nth)
+            _gated_attention_block(il, x, w, dims, step, kv, rec, rb, lb, nth)
         else:
-            dk._attention_block(il, x, w, dims, step, kv, buf, nth)
-        dk._ffn_block(il, x, w, dims, buf, nth)
+            dk._attention_block(il, x, w, dims, step, kv, lb, nth)
+        dk._ffn_block(il, x, w, dims, lb, nth)
         if w.out_scale[il] != 1.0:
             dk._scale_rows(x, w.out_scale[il])
     # keep the buffers alive past the kernels that only saw their addresses

@@ -64,4 +64,8 @@ TENSOR_NAMES: dict[str, str] = {
     "gate_exps_b": "ffn_gate_exps.bias",
     "up_exps_b": "ffn_up_exps.bias",
     "down_exps_b": "ffn_down_exps.bias",
+    # gemma4's per-layer inputs: the gate into, projection out of and norm of each layer's embedding
+    "ple_gate": "inp_gate.weight",
+    "ple_proj": "proj.weight",
+    "ple_norm": "post_norm.weight",
 }

@@ -158,6 +158,8 @@ def summarize(gf: Any) -> ModelInfo:
     if head_dim is None and dim and n_heads:
         head_dim = dim // n_heads
     n_kv_heads = arch_int("attention.head_count_kv") or n_heads
+    if isinstance(md.get(f"{arch}.attention.head_count_kv"), (list, tuple)):  # per layer (gemma4)
+        n_kv_heads, head_dim = _widest_kv_row(md, arch, head_dim)
     vocab = arch_int("vocab_size")
     if vocab is None and md.get("tokenizer.ggml.tokens") is not None:
         vocab = len(md["tokenizer.ggml.tokens"])
@@ -315,6 +317,21 @@ def _numel(shape: Any) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def _widest_kv_row(md: Mapping[str, Any], arch: str, head_dim: int | None) -> tuple[int | None, int | None]:
+    """(KV heads, head dim) of the layer with the widest KV rows, which the engine's KV pool gives
+    every layer, where head_count_kv has one value per layer (sliding layers' heads key_length_swa)."""
+    kv, pattern = md[f"{arch}.attention.head_count_kv"], md.get(f"{arch}.attention.sliding_window_pattern")
+    swa_dim = _as_int(md.get(f"{arch}.attention.key_length_swa")) or head_dim
+    rows = []
+    for il, heads in enumerate(kv):
+        sliding = isinstance(pattern, (list, tuple)) and il < len(pattern) and bool(pattern[il])
+        dim = swa_dim if sliding else head_dim
+        if _as_int(heads) is None or dim is None:
+            return None, head_dim
+        rows.append((int(heads), int(dim)))
+    return max(rows, key=lambda r: r[0] * r[1], default=(None, head_dim))
 
 
 def _as_int(value: Any) -> int | None:

@@ -74,14 +74,16 @@ def check_attention(q_shape: tuple, caches: tuple, qsl: np.ndarray, ctx: np.ndar
 
 
 def check_step(args: Any, x: np.ndarray, batch: Any, k: np.ndarray, v: np.ndarray) -> None:
-    """A fused step: x (T, dim), the batch's arrays and the whole KV pool against the model's dims."""
-    shape = (args.n_layers, k.shape[1], k.shape[2], args.n_kv_heads)
+    """A fused step: x (T, dim), the batch's arrays and the whole KV pool against the model's dims (the
+    pool's rows, ModelArgs.kv_row_shape; a narrower layer's view of them holds as many bytes)."""
+    kv_heads, head_dim = args.kv_row_shape()
+    shape = (args.n_layers, k.shape[1], k.shape[2], kv_heads)
     _require(k.shape[:4] == v.shape[:4] == shape, "KV pool does not match the model")
     _require(x.ndim == 2 and x.shape[1] == args.dim, "hidden states do not match the model")
     t = x.shape[0]
-    kv_shape = (t, args.n_kv_heads, args.head_dim)
+    kv_shape = (t, kv_heads, head_dim)
     check_kv_write((kv_shape, kv_shape), (k[0], v[0]), batch.slot_mapping, batch.positions)
-    q_shape = (t, args.n_heads, args.head_dim)
+    q_shape = (t, args.n_heads, head_dim)
     check_attention(q_shape, (k[0], v[0]), batch.query_start_loc, batch.context_lens, batch.block_tables)
 
 

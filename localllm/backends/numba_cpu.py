@@ -147,7 +147,8 @@ class NumbaBackend(Backend):
             return None
         bounds.check_step(model.args, x, batch, kv.k, kv.v)
         start = time.perf_counter()
-        out = plan.run(self, _f32(x), batch, kv)
+        per_layer = model.per_layer_inputs(batch.input_ids, x) if model.args.per_layer_dim else None
+        out = plan.run(self, _f32(x), batch, kv, per_layer)
         self.thread_governor(model).record(x.shape[0], self.threads, time.perf_counter() - start)
         return out
 
@@ -378,7 +379,7 @@ class NumbaBackend(Backend):
         from localllm.models.base import ForwardBatch
 
         a = model.args
-        k, v = self.allocate_kv(a.n_layers, 1, 16, a.n_kv_heads, a.head_dim, cache_types)
+        k, v = self.allocate_kv(a.n_layers, 1, 16, *a.kv_row_shape(), cache_types)
         one = np.zeros(1, np.int64)
         batch = ForwardBatch(
             one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one, one

@@ -4,7 +4,6 @@ tables for the Gated DeltaNet and gated attention layers, run with the engine's 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,23 +73,30 @@ class HybridPlan:
         dims = hd.RecDims(n_k, n_v, d, channels, bool(spec.ssm_interleaved) if spec else False)
         return cls(base, kinds, index, vectors, groups, dims)
 
-    @functools.cache  # noqa: B019 (one plan per model, kept as long as the model)
     def _rec(self, use_int: bool) -> hd.RecWeights:
-        tables = [_tables(g, use_int) for g in self.groups]
-        return hd.RecWeights(self.kinds, self.state_index, *tables, *self.vectors)
+        """The recurrent layers' tables for one path, made once and kept on the plan (a functools.cache
+        would hold every plan, and its weights, after its model is unloaded)."""
+        recs = self.__dict__.setdefault("_recs", {})
+        if use_int not in recs:
+            tables = [_tables(g, use_int) for g in self.groups]
+            recs[use_int] = hd.RecWeights(self.kinds, self.state_index, *tables, *self.vectors)
+        return recs[use_int]
 
     @property
     def moe_stats(self) -> np.ndarray:
         return self.base.moe_stats
 
-    def run(self, backend: StackBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV) -> np.ndarray:
-        """All layers on x (T, dim), in place; returns x."""
+    def run(self, backend: StackBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV,
+            per_layer: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """All layers on x (T, dim), in place; returns x (hybrid models have no per-layer inputs)."""
+        if per_layer is not None:
+            raise bounds.KernelBoundsError("per-layer inputs in a hybrid model")
         base, i64 = self.base, backend.as_i64
         use_int = base.any_int and x.shape[0] <= matmul.INT_PATH_MAX_T
         step = dk.Step(
             i64(batch.positions), i64(batch.slot_mapping), i64(batch.query_start_loc),
             i64(batch.context_lens), i64(batch.block_tables), base.rope_dims, base.rope_freqs,
-            base.rope_mscale,
+            base.rope_mscale, np.zeros((len(base.weights.flags), 0, 0), np.float32),
         )  # fmt: skip
         rs = self._states(kv, i64, batch)
         hd.hybrid_stack(x, base._path(use_int), base.dims, step, (kv.k, kv.v), self._rec(use_int), self.dims,

@@ -17,7 +17,7 @@ import numpy as np
 
 from localllm.kernels import decoder as dk
 from localllm.kernels import matmul
-from localllm.models.spec import LayerSpec, RopeSpec, spec_fields
+from localllm.models.spec import LayerSpec, ModelArgs, RopeSpec, spec_fields
 
 if TYPE_CHECKING:
     from localllm.models.base import ForwardBatch, PagedKV
@@ -34,6 +34,7 @@ EXECUTED = frozenset(
      "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert", "attn_sinks", "o_bias",
      "router_bias", "expert_bias"}
     | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length", "v_from_k", "v_norm", "out_scale"}
+    | {"head_dim", "kv_heads", "ffn_dim", "kv_source"}
     # run by numba_hybrid.HybridPlan (kernels/hybrid_decoder.py), which plan_for picks for them
     | {"mixer", "attn_gate", "ssm_conv", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "ssm_interleaved"}
 )  # fmt: skip
@@ -61,11 +62,11 @@ def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
 
 
 def _stack(vectors: list[Any], width: int) -> np.ndarray:
-    """Per-layer vectors as (layers, width) float32; missing ones as zeros."""
+    """Per-layer vectors as (layers, width) float32, zero-padded (a layer's may be narrower)."""
     out = np.zeros((len(vectors), width), np.float32)
     for i, v in enumerate(vectors):
         if v is not None:
-            out[i] = v
+            out[i, : len(v)] = v
     return out
 
 
@@ -76,9 +77,14 @@ def _down_mode(spec: LayerSpec, down: Any) -> int:
     return dk.DOWN_INT16 if down.kind == matmul.Q8_0 else dk.DOWN_TWO_PASS
 
 
-def _flags(specs: tuple[LayerSpec, ...], layers: list[Any], ropes: list[RopeSpec]) -> np.ndarray:
+def _flags(a: ModelArgs, layers: list[Any], ropes: list[RopeSpec]) -> np.ndarray:
+    specs = a.layers
     flags = np.zeros((len(specs), dk.N_FLAGS), np.int64)
     for il, (s, lw) in enumerate(zip(specs, layers, strict=True)):
+        flags[il, dk.F_HEAD_DIM], flags[il, dk.F_KV_HEADS] = a.head_dim_of(il), a.kv_heads_of(il)
+        flags[il, dk.F_FFN], flags[il, dk.F_PER_LAYER] = a.ffn_dim_of(il), a.per_layer_dim > 0
+        flags[il, dk.F_KV_LAYER] = il if s.kv_source < 0 else s.kv_source
+        flags[il, dk.F_KV_FACTOR] = a.kv_block_factor(il)
         flags[il, dk.F_WINDOW] = s.window
         flags[il, dk.F_GELU] = s.activation == "gelu_tanh"
         flags[il, dk.F_BIAS], flags[il, dk.F_QK_NORM] = s.qkv_bias, s.qk_norm
@@ -145,13 +151,16 @@ class DecoderPlan:
     def build(cls, model: Transformer) -> DecoderPlan:
         a, L = model.args, model.layers
         ropes = list(dict.fromkeys(s.rope for s in a.layers))
-        flags = _flags(a.layers, L, ropes)
+        flags = _flags(a, L, ropes)
         groups = (
-            [(x.wq, x.wk, x.wv) for x in L], [(x.wo,) for x in L],
+            [(x.wq, x.wk, x.wv) if x.wk is not None else (x.wq,) for x in L], [(x.wo,) for x in L],
             [(x.gate, x.up) for x in L], [(x.down,) for x in L], [(x.router,) for x in L],
             [x.gate_exps for x in L], [x.up_exps for x in L], [x.down_exps for x in L],
+            [(x.ple_gate,) for x in L], [(x.ple_proj,) for x in L],
         )  # fmt: skip
-        nq, nkv, hd = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.head_dim
+        n = range(a.n_layers)  # buffers at the largest layer's sizes
+        hd, kvh, ffn = (max(f(il) for il in n) for f in (a.head_dim_of, a.kv_heads_of, a.ffn_dim_of))
+        nq, nkv = a.n_heads * hd, kvh * hd
         weights = dk.StackWeights(
             *(_tables(g, True) for g in groups[:4]), _int16_tables(L, flags),
             *(_stack([getattr(x, f) for x in L], a.dim)
@@ -159,16 +168,15 @@ class DecoderPlan:
             _stack([x.q_norm for x in L], hd), _stack([x.k_norm for x in L], hd),
             _stack([x.bq for x in L], nq), _stack([x.bk for x in L], nkv), _stack([x.bv for x in L], nkv),
             flags, np.array([s.attn_softcap for s in a.layers], np.float32), 0, True,
-            *(_tables(g, True) for g in groups[4:]), _stack([x.shexp_gate for x in L], a.dim),
+            *(_tables(g, True) for g in groups[4:8]), _stack([x.shexp_gate for x in L], a.dim),
             np.zeros(2, np.int64),
             np.array([(s.attn_temp_scale, s.attn_temp_length) for s in a.layers], np.float64),
             _stack([x.v_norm for x in L], hd), np.array([s.out_scale for s in a.layers], np.float32),
-            _extras(a.layers, L),
+            _extras(a.layers, L), *(_tables(g, True) for g in groups[8:]),
+            _stack([x.ple_norm for x in L], a.dim),
         )  # fmt: skip
         two_pass = bool((flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS).any())
-        dims = dk.Dims(
-            a.n_heads, a.n_kv_heads, hd, a.ffn_dim, float(a.norm_eps), float(a.attn_scale), two_pass
-        )
+        dims = dk.Dims(a.n_heads, kvh, hd, ffn, float(a.norm_eps), float(a.attn_scale), two_pass)
         rope_dims = np.array([(r.dim, r.neox) for r in ropes], np.int64)
         return cls(weights, dims, groups, rope_dims, *_rope_rows(ropes))
 
@@ -201,16 +209,21 @@ class DecoderPlan:
             return self.weights._replace(gemm=gemm, quantize=True)
         f = [_tables(g, False) for g in self.groups]
         return self.weights._replace(qkv=f[0], o=f[1], gate_up=f[2], down=f[3], router=f[4], gate_exps=f[5],
-                                     up_exps=f[6], down_exps=f[7], gemm=gemm, quantize=False)  # fmt: skip
+                                     up_exps=f[6], down_exps=f[7], ple_gate=f[8], ple_proj=f[9], gemm=gemm,
+                                     quantize=False)  # fmt: skip
 
-    def run(self, backend: StackBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV) -> np.ndarray:
-        """All layers on x (T, dim), in place; returns x."""
+    def run(self, backend: StackBackend, x: np.ndarray, batch: ForwardBatch, kv: PagedKV,
+            per_layer: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """All layers on x (T, dim), in place; returns x. per_layer: (T, layers, P) per-layer inputs
+        (Transformer.per_layer_inputs) where the model has them."""
         use_int = self.any_int and x.shape[0] <= matmul.INT_PATH_MAX_T
         i64 = backend.as_i64
+        inputs = np.zeros((len(self.weights.flags), 0, 0), np.float32) if per_layer is None else \
+            np.ascontiguousarray(np.asarray(per_layer, np.float32).transpose(1, 0, 2))  # fmt: skip
         step = dk.Step(
             i64(batch.positions), i64(batch.slot_mapping), i64(batch.query_start_loc),
             i64(batch.context_lens), i64(batch.block_tables), self.rope_dims, self.rope_freqs,
-            self.rope_mscale,
+            self.rope_mscale, inputs,
         )  # fmt: skip
         dk.decoder_stack(x, self._path(use_int), self.dims, step, (kv.k, kv.v), backend.threads)
         return x

@@ -4,7 +4,9 @@ What llama.cpp's convert_hf_to_gguf does for these families, and no more: tensor
 the llama family's q/k rows permuted from Hugging Face's rotate-half layout to GGUF's interleaved pairs,
 Gemma's norms stored as 1 + w, Gemma's embedding rows beyond the vocabulary dropped, the vocabulary and
 special tokens from the tokenizer files (vocab.py).  Tensors are stored as `--type` chooses, with the
-same per-tensor rules as `localllm quantize` (norms and 1-D tensors F32; mixes as llama.cpp picks).
+same per-tensor rules as `localllm quantize` (norms and 1-D tensors F32; mixes as llama.cpp picks);
+a tensor the checkpoint stores as MXFP4 stays MXFP4, its blocks moved bit for bit (as llama.cpp's
+gpt-oss conversion keeps them), unless `--type` is F32 or F16 (then its exact values).
 The file is written under a temporary name and renamed at the end (localllm.partial_file).
 """
 
@@ -18,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from localllm.convert.check import check_tensors, quoted
-from localllm.convert.checkpoint import TensorRef, list_tensors, load_tensor, read_config, tensor_files
+from localllm.convert.checkpoint import (
+    MXFP4,
+    TensorRef,
+    ggml_mxfp4,
+    list_tensors,
+    load_tensor,
+    read_config,
+    tensor_files,
+)
 from localllm.convert.hparams import gguf_hparams, llama3_rope_factors
 from localllm.convert.names import ARCHITECTURES, gguf_name, norm_shift, permute_qk
 from localllm.convert.vocab import Vocab, add_vocab, load_vocab, special_vocab
@@ -67,14 +77,21 @@ def plan(arch: str, config: dict[str, Any], refs: list[TensorRef], n_vocab: int,
     tied, layers = "output.weight" not in names, layer_positions(names)
     for item in items:
         item.target = choose_type(item.name, item.shape, target, tied, layers.get(item.name))
+        if _is_mxfp4(item) and target not in ("F32", "F16"):
+            item.target = MXFP4
     return items
 
 
-def prepare(arch: str, config: dict[str, Any], item: Item) -> np.ndarray:
-    """A tensor as GGUF stores it (before type conversion), float32."""
+def _is_mxfp4(item: Item) -> bool:
+    return item.ref is not None and item.ref.dtype == MXFP4
+
+
+def prepare(arch: str, config: dict[str, Any], item: Item, raw: bool = False) -> np.ndarray:
+    """A tensor as GGUF stores it (before type conversion), float32; `raw`: an MXFP4 tensor's ggml
+    blocks, rows in the same order."""
     if item.data is not None:
         return item.data
-    data = load_tensor(item.ref)[: item.shape[0]]
+    data = (ggml_mxfp4(item.ref) if raw else load_tensor(item.ref))[: item.shape[0]]
     if arch == "llama" and item.name.split(".")[-2] in ("attn_q", "attn_k"):
         heads = config["num_attention_heads"]
         if item.name.split(".")[-2] == "attn_k":
@@ -163,6 +180,9 @@ def _write(path: Path, ck: Checkpoint) -> None:
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for it in ck.items:
+        if it.target == MXFP4 and _is_mxfp4(it) and not norm_shift(ck.arch, it.name):
+            writer.write_tensor_data(prepare(ck.arch, ck.config, it, raw=True))
+            continue
         plan = Plan(it.name, it.shape, "F32", it.target)
         writer.write_tensor_data(
             convert_tensor(prepare(ck.arch, ck.config, it), GGMLQuantizationType.F32, plan)

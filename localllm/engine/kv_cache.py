@@ -9,6 +9,7 @@ import numpy as np
 
 from localllm.backends.kv_types import CACHE_TYPE_BLOCKS, check_cache_type, row_bytes
 from localllm.backends.memory import populate
+from localllm.errors import ConfigError
 
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
@@ -30,17 +31,27 @@ class KVLayout:
     kv_heads: int
     head_dim: int
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
+    # (kv heads, head dim) of each layer where they differ between layers (gemma4), else ()
+    layer_shapes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for t in self.cache_types:  # q8_0 blocks must tile a head, as llama.cpp requires
             check_cache_type(t, self.head_dim)
+        if self.layer_shapes and any(CACHE_TYPE_BLOCKS[t][0] > 1 for t in self.cache_types):
+            raise ConfigError(
+                "a q8_0 KV cache is not supported for models whose layers differ in head size (gemma4): "
+                "use -ctk f16 -ctv f16"
+            )
 
     @classmethod
     def of(
         cls, args: ModelArgs, cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
     ) -> KVLayout:
         """The layout of a model's (ModelArgs') cache in the given element types."""
-        return cls(args.n_layers, args.n_kv_heads, args.head_dim, cache_types)
+        kvh, hd = args.kv_row_shape()
+        shapes = tuple((args.kv_heads_of(il), args.head_dim_of(il)) for il in range(args.n_layers))
+        uniform = all(s == (kvh, hd) for s in shapes)
+        return cls(args.n_layers, kvh, hd, cache_types, () if uniform else shapes)
 
     @property
     def bytes_per_token(self) -> int:
@@ -68,7 +79,15 @@ class KVCache:
         self._resident: set[int] = set()  # chunks of prefault_blocks already made resident
 
     def layer(self, il: int) -> tuple[Any, Any]:
-        return self.k[il], self.v[il]
+        """Layer il's keys and values as (blocks, block_size, kv heads, head dim). A layer narrower
+        than the pool's rows sees its slab as more, smaller blocks, of which it uses every
+        (row / its row)-th: pool block b is its block b * factor (see ModelArgs.kv_block_factor)."""
+        k, v = self.k[il], self.v[il]
+        if not self.layout.layer_shapes:
+            return k, v
+        kvh, hd = self.layout.layer_shapes[il]
+        shape = (-1, self.block_size, kvh, hd)
+        return k.reshape(shape), v.reshape(shape)
 
     def read_block(self, block_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of one block's keys and values, every layer's, in the pool's element types."""

@@ -16,21 +16,26 @@ if TYPE_CHECKING:
     from localllm.loading.file import GGUFFile
 
 
-def read_hyper(gf: GGUFFile) -> Hyper:
+FFN_KEY = "feed_forward_length"
+
+
+def read_hyper(gf: GGUFFile, per_layer: tuple[str, ...] = ()) -> Hyper:
+    """The shared hyper-parameters; a key of `per_layer` may give one value per layer (the model then
+    reads them into its LayerSpecs), of which Hyper keeps the first."""
     n_heads = int(_need(gf, "attention.head_count"))
     dim = int(_need(gf, "embedding_length"))
     if n_heads <= 0:
         raise ModelFormatError(f"{gf.path.name}: '{gf.architecture}.attention.head_count' must be positive")
     vocab = gf.arch_get("vocab_size") or len(gf.get("tokenizer.ggml.tokens", []))
-    embd, kv_key = gf.tensors.get("token_embd.weight"), "attention.head_count_kv"
+    embd, kv_key, ffn_key = gf.tensors.get("token_embd.weight"), "attention.head_count_kv", FFN_KEY
     return Hyper(
         vocab_size=int(vocab or (embd.shape[0] if embd else 0)),
         dim=dim,
         n_layers=int(_need(gf, "block_count")),
         n_heads=n_heads,
-        n_kv_heads=int(_scalar(gf, kv_key, gf.arch_get(kv_key, n_heads))),
+        n_kv_heads=int(_first(gf, kv_key, gf.arch_get(kv_key, n_heads), per_layer)),
         head_dim=int(gf.arch_get("attention.key_length", dim // n_heads)),
-        ffn_dim=int(_need(gf, "feed_forward_length")),
+        ffn_dim=int(_first(gf, ffn_key, _need(gf, ffn_key, per_layer), per_layer)),
         norm_eps=float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
         context_length=trained_context(gf),
     )
@@ -130,10 +135,29 @@ def has_layer_tensor(gf: GGUFFile, il: int, name: str) -> bool:
     return f"blk.{il}.{name}.weight" in gf.tensors or f"blk.{il}.{name}" in gf.tensors
 
 
-def _need(gf: GGUFFile, key: str) -> Any:
+def _need(gf: GGUFFile, key: str, per_layer: tuple[str, ...] = ()) -> Any:
     value = gf.arch_get(key)
     if value is None:
         raise ModelFormatError(f"{gf.path.name} lacks the metadata key '{gf.architecture}.{key}'")
+    return value if key in per_layer else _scalar(gf, key, value)
+
+
+def per_layer_values(gf: GGUFFile, key: str, n_layers: int, default: Any) -> list[Any]:
+    """`<arch>.key` as one value per layer: an array of n_layers values, or one value for all."""
+    value = gf.arch_get(key, default)
+    if not isinstance(value, (list, np.ndarray)):
+        return [value] * n_layers
+    if len(value) != n_layers:
+        raise ModelFormatError(
+            f"{gf.path.name}: '{gf.architecture}.{key}' has {len(value)} values for {n_layers} layers"
+        )
+    return [v.item() if hasattr(v, "item") else v for v in value]
+
+
+def _first(gf: GGUFFile, key: str, value: Any, per_layer: tuple[str, ...]) -> Any:
+    """value, or the first of its per-layer values where the model reads `key` per layer."""
+    if key in per_layer and isinstance(value, (list, np.ndarray)) and len(value):
+        return value[0]
     return _scalar(gf, key, value)
 
 

@@ -71,6 +71,12 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.ffn_gate_exps.bias": ("experts", "expert_ffn_dim"),
     "blk.N.ffn_up_exps.bias": ("experts", "expert_ffn_dim"),
     "blk.N.ffn_down_exps.bias": ("experts", "dim"),
+    "per_layer_token_embd.weight": ("vocab_size", "n_layers*per_layer_dim"),
+    "per_layer_model_proj.weight": ("n_layers*per_layer_dim", "dim"),
+    "per_layer_proj_norm.weight": ("per_layer_dim",),
+    "blk.N.inp_gate.weight": ("per_layer_dim", "dim"),
+    "blk.N.proj.weight": ("dim", "per_layer_dim"),
+    "blk.N.post_norm.weight": ("dim",),
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
@@ -89,6 +95,7 @@ def check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None =
 def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None) -> None:
     check_hyperparameters(args, gf.metadata)
     sizes, shapes = _sizes(args), _shape_table(names)
+    per_layer = [_sizes(args, il) for il in range(args.n_layers)]  # (gemma4's layers differ in size)
     if any(s.attn_gate for s in args.layers):  # q's projection also holds each head's gate
         shapes = {**shapes, "blk.N.attn_q.weight": ("2*n_heads*head_dim", "dim")}
     for info in gf.tensors.values():
@@ -96,7 +103,8 @@ def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None)
             continue  # a layer the model does not run (multi-token prediction), not loaded
         role = _role(info.name, args.n_layers, shapes)
         if role is not None:
-            _check_role(info, shapes[role], sizes)
+            match = _LAYER_NAME.fullmatch(info.name)
+            _check_role(info, shapes[role], per_layer[int(match[1])] if match else sizes)
     for i, shard in enumerate(gf.shards):  # one file, or each of a split model's
         tensors = [t for t in gf.tensors.values() if t.shard == i]
         check_tensor_ranges(tensors, shard.data_offset, shard.alignment, shard.size)
@@ -125,9 +133,10 @@ def check_hyperparameters(args: ModelArgs, metadata: Mapping[str, Any]) -> None:
 
 
 def _relation_problems(args: ModelArgs, metadata: Mapping[str, Any], arch: str) -> Iterable[str]:
-    heads, kv_heads, head_dim, dim = args.n_heads, args.n_kv_heads, args.head_dim, args.dim
-    if heads % kv_heads:
-        yield f"the KV head count ({kv_heads}) does not divide the head count ({heads})"
+    heads, head_dim, dim = args.n_heads, args.head_dim, args.dim
+    for kv_heads in sorted({args.kv_heads_of(il) for il in range(len(args.layers))} | {args.n_kv_heads}):
+        if kv_heads <= 0 or heads % kv_heads:
+            yield f"the KV head count ({kv_heads}) does not divide the head count ({heads})"
     if f"{arch}.attention.key_length" not in metadata and dim % heads:
         yield f"the head count ({heads}) does not divide the embedding length ({dim})"
     value_length = metadata.get(f"{arch}.attention.value_length", head_dim)
@@ -145,7 +154,11 @@ def _relation_problems(args: ModelArgs, metadata: Mapping[str, Any], arch: str) 
 
 def _layer_problems(args: ModelArgs, spec: LayerSpec) -> Iterable[str]:
     rope = spec.rope
-    yield from _rope_problems(rope.dim, rope.base, rope.freq_scale, args.head_dim)
+    yield from _rope_problems(rope.dim, rope.base, rope.freq_scale, spec.head_dim or args.head_dim)
+    for name, lo, hi in (("head_dim", 0, 1 << 12), ("kv_heads", 0, 1 << 12), ("ffn_dim", 0, 1 << 20)):
+        value = getattr(spec, name)
+        if not (is_int(value) and lo <= value <= hi):
+            yield f"the layer's {name} is {show(value)}; expected {lo} (the model's) to {hi:,}"
     window = spec.window
     if not (is_int(window) and 0 <= window <= INT_HYPERPARAMETERS["sliding_window"][2]):
         yield f"the sliding window is {show(window)}; expected 0 (none) to {1 << 27:,}"
@@ -163,20 +176,25 @@ def _rope_problems(dim: Any, base: Any, freq_scale: Any, head_dim: int) -> Itera
         yield f"the rope frequency scale is {show(freq_scale)}; expected above 0, at most 1e6"
 
 
-def _sizes(args: ModelArgs) -> dict[str, int]:
+def _sizes(args: ModelArgs, il: int | None = None) -> dict[str, int]:
+    """The named sizes, of layer il where given (its own head dim, KV heads and FFN width)."""
+    hd, kvh, ffn = (args.head_dim, args.n_kv_heads, args.ffn_dim) if il is None else \
+        (args.head_dim_of(il), args.kv_heads_of(il), args.ffn_dim_of(il))  # fmt: skip
     return {
         "vocab_size": args.vocab_size,
         "one": 1,
         "dim": args.dim,
-        "head_dim": args.head_dim,
+        "head_dim": hd,
         "n_heads": args.n_heads,
-        "ffn_dim": args.ffn_dim,
-        "n_heads*head_dim": args.n_heads * args.head_dim,
-        "n_kv_heads*head_dim": args.n_kv_heads * args.head_dim,
+        "ffn_dim": ffn,
+        "n_heads*head_dim": args.n_heads * hd,
+        "n_kv_heads*head_dim": kvh * hd,
         "rope_dim/2": _rope_dim(args) // 2,
-        "ffn_up_rows": args.ffn_dim * (2 if args.fused_gate_up else 1),
-        "qkv_rows": (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
-        "2*n_heads*head_dim": 2 * args.n_heads * args.head_dim,
+        "ffn_up_rows": ffn * (2 if args.fused_gate_up else 1),
+        "qkv_rows": (args.n_heads + 2 * kvh) * hd,
+        "per_layer_dim": args.per_layer_dim,
+        "n_layers*per_layer_dim": args.n_layers * args.per_layer_dim,
+        "2*n_heads*head_dim": 2 * args.n_heads * hd,
         **_expert_sizes(args),
         **_ssm_sizes(args),
     }

@@ -17,8 +17,8 @@ from localllm.models.spec import LayerSpec, ModelArgs
 if TYPE_CHECKING:
     from localllm.backends.base import Backend
 
-MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "wg", "ssm_qkv", "ssm_z",
-                      "ssm_beta", "ssm_alpha", "ssm_out"})  # fmt: skip
+MATRICES = frozenset({"wq", "wk", "wv", "wo", "gate", "up", "down", "router", "ple_gate", "ple_proj", "wg",
+                      "ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_out"})  # fmt: skip
 EXPERTS = frozenset({"gate_exps", "up_exps", "down_exps"})  # one matrix per expert
 EXPERT_BIASES = ("gate_exps_b", "up_exps_b", "down_exps_b")  # (experts, rows): one bias row per expert
 
@@ -31,7 +31,7 @@ class LayerWeights:
     attn_norm: Any
     ffn_norm: Any
     wq: Any = None  # attention (None in a recurrent layer)
-    wk: Any = None
+    wk: Any = None  # None also on a layer that attends another's KV cache (spec.kv_source)
     wv: Any = None
     wo: Any = None
     gate: Any = None  # the dense FFN (a mixture-of-experts layer's shared expert), None where none
@@ -56,6 +56,9 @@ class LayerWeights:
     up_exps_b: Any = None
     down_exps_b: Any = None  # (experts, dim)
     v_norm: Any = None  # (head_dim,) ones: v's weightless RMSNorm (spec.v_norm)
+    ple_gate: Any = None  # (per_layer_dim, dim), (dim, per_layer_dim), (dim,): the per-layer input's
+    ple_proj: Any = None  # gate, projection and norm (ModelArgs.per_layer_dim)
+    ple_norm: Any = None
     wg: Any = None  # (n_heads * head_dim, dim): the attention output gate (attn_gate)
     # Gated DeltaNet (models/gated_delta.py): input projections, conv taps (channels * taps floats),
     # dt bias, decay speeds a = -exp(A_log), the per-head output norm and the output projection
@@ -74,25 +77,28 @@ SSM_FIELDS = ("ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_conv", "ssm_dt",
               "ssm_out")  # fmt: skip
 
 
-def wanted(spec: LayerSpec) -> list[str]:
+def wanted(spec: LayerSpec, per_layer_input: bool = False) -> list[str]:
     """The LayerWeights fields a layer of this spec needs (all of them required)."""
     names = ["attn_norm", "ffn_norm"]
     if spec.mixer == "gated_delta_net":
         names += list(SSM_FIELDS)
     else:
-        names += ["wq", "wk", "wo"] + ([] if spec.v_from_k else ["wv"])
+        stores = spec.kv_source < 0  # a layer attending an earlier layer's cache projects no k or v
+        names += ["wq", "wo"] + (["wk"] if stores else [])
+        names += ["wv"] if stores and not spec.v_from_k else []
     names += ["wg"] if spec.attn_gate else []
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
     names += ["shexp_gate"] if spec.shared_expert else []
     names += ["bq", "bk", "bv"] if spec.qkv_bias else []
-    names += ["q_norm", "k_norm"] if spec.qk_norm else []
+    names += (["q_norm", "k_norm"] if stores else ["q_norm"]) if spec.qk_norm else []
     names += ["post_attn_norm"] if spec.post_attn_norm else []
     names += ["post_ffn_norm"] if spec.post_ffn_norm else []
     names += ["sinks"] if spec.attn_sinks else []
     names += ["bo"] if spec.o_bias else []
     names += ["router_b"] if spec.router_bias else []
     names += list(EXPERT_BIASES) if spec.expert_bias else []
+    names += ["ple_gate", "ple_proj", "ple_norm"] if per_layer_input else []
     return names
 
 
@@ -131,10 +137,10 @@ def gathered_rows(args: ModelArgs) -> dict[str, tuple[str, np.ndarray]]:
 
 def load_layer(
     w: WeightLoader, il: int, spec: LayerSpec, names: dict[str, str], fused: dict[str, tuple[Any, ...]],
-    head_dim: int = 0,
+    head_dim: int = 0, per_layer_input: bool = False,
 ) -> LayerWeights:  # fmt: skip
     values = {}
-    for field in wanted(spec):
+    for field in wanted(spec, per_layer_input):
         if field in fused:
             name, *rows = fused[field]
             values[field] = w.matrix(f"blk.{il}.{name}", rows[0] if len(rows) == 1 else tuple(rows))
@@ -146,7 +152,7 @@ def load_layer(
             values[field] = w.vector(name).reshape(spec.experts, -1)
         else:
             values[field] = w.matrix(name) if field in MATRICES else w.vector(name)
-    if spec.v_from_k:  # the same prepared matrix: q/k/v launch as ever, k computed twice
+    if spec.v_from_k and "wk" in values:  # the same prepared matrix: q/k/v launch as ever, k twice
         values["wv"] = values["wk"]
     if spec.v_norm:
         values["v_norm"] = w.ones(head_dim)
@@ -168,29 +174,48 @@ def self_attention(
     il: int,
 ) -> Any:
     """Project to q/k/v, normalise and rotate, write k/v into the paged cache, attend, project out
-    (the attention times sigmoid of its gate first, where the spec has one)."""
-    n_tokens = h.shape[0]
-    q, k, v, *gate = b.linear_many(h, [lw.wq, lw.wk, lw.wv] + ([lw.wg] if spec.attn_gate else []))
-    q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, args.head_dim)
-    k = _add_bias(k, lw.bk).reshape(n_tokens, args.n_kv_heads, args.head_dim)
-    v = _add_bias(v, lw.bv).reshape(n_tokens, args.n_kv_heads, args.head_dim)
+    (a layer with a kv_source only projects q, and attends that layer's cache; the attention times
+    sigmoid of its gate first, where the spec has one)."""
+    n_tokens, hd, kvh = h.shape[0], args.head_dim_of(il), args.kv_heads_of(il)
+    stores = spec.kv_source < 0
+    k_cache, v_cache = kv.layer(il if stores else spec.kv_source)
+    slots, tables = _layer_slots(batch, k_cache.shape[0] // kv.num_blocks, kv.block_size)
+    gated = [lw.wg] if spec.attn_gate else []
+    if stores:
+        q, k, v, *gate = b.linear_many(h, [lw.wq, lw.wk, lw.wv] + gated)
+        k = _add_bias(k, lw.bk).reshape(n_tokens, kvh, hd)
+        v = _add_bias(v, lw.bv).reshape(n_tokens, kvh, hd)
+    else:
+        q, *gate = b.linear_many(h, [lw.wq] + gated)
+    q = _add_bias(q, lw.bq).reshape(n_tokens, args.n_heads, hd)
     if spec.qk_norm:
         q = b.rms_norm(q, lw.q_norm, args.norm_eps)
-        k = b.rms_norm(k, lw.k_norm, args.norm_eps)
-    if spec.v_norm:
-        v = b.rms_norm(v, lw.v_norm, args.norm_eps)
-    k_cache, v_cache = kv.layer(il)
-    q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, batch.slot_mapping)
+    if stores:
+        k = b.rms_norm(k, lw.k_norm, args.norm_eps) if spec.qk_norm else k
+        v = b.rms_norm(v, lw.v_norm, args.norm_eps) if spec.v_norm else v
+        q, k = b.rope_store_kv(q, k, v, batch.positions, spec.rope, k_cache, v_cache, slots)
+    else:  # rotate q alone: zero KV heads stored (writes nothing)
+        none, kc, vc = q[:, :0], k_cache[:, :, :0], v_cache[:, :, :0]
+        q, _ = b.rope_store_kv(q, none, none, batch.positions, spec.rope, kc, vc, slots)
     sinks = {"sinks": lw.sinks} if spec.attn_sinks else {}  # (backends without sinks never see the word)
     if spec.attn_temp_scale:
         q = b.attn_temperature(q, batch.positions, spec.attn_temp_scale, spec.attn_temp_length)
     out = b.paged_attention(
-        q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, batch.block_tables,
+        q, k_cache, v_cache, batch.query_start_loc, batch.context_lens, tables,
         args.attn_scale, spec.window, spec.attn_softcap, **sinks,
     )  # fmt: skip
-    out = out.reshape(n_tokens, args.n_heads * args.head_dim)
+    out = out.reshape(n_tokens, args.n_heads * hd)
     out = b.linear(b.sigmoid_mul(out, gate[0]) if gate else out, lw.wo)
     return _add_bias(out, lw.bo) if spec.o_bias else out
+
+
+def _layer_slots(batch: ForwardBatch, factor: int, block_size: int) -> tuple[Any, Any]:
+    """The batch's slot mapping and block tables in a layer's own blocks (see KVCache.layer): pool
+    block b is its block b * factor; slot -1 (store nothing) stays -1."""
+    slots, tables = batch.slot_mapping, batch.block_tables
+    if factor == 1:
+        return slots, tables
+    return slots + (slots >= 0) * (slots // block_size) * ((factor - 1) * block_size), tables * factor
 
 
 def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
@@ -210,9 +235,11 @@ def dense_ffn(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
 
 
 def decoder_layer(
-    b: Backend, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: PagedKV
-) -> Any:
-    """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised."""
+    b: Backend, args: ModelArgs, il: int, lw: LayerWeights, x: Any, batch: ForwardBatch, kv: PagedKV,
+    per_layer: Any = None,
+) -> Any:  # fmt: skip
+    """x + attention(norm(x)), then + feed_forward(norm(x)), each output optionally normalised; then
+    + the per-layer input's term where `per_layer` (T, per_layer_dim) is given."""
     from localllm.models.gated_delta import gated_delta_net
 
     spec, eps = args.layers[il], args.norm_eps
@@ -221,4 +248,7 @@ def decoder_layer(
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
     h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
     x = x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
+    if per_layer is not None:  # gelu(x @ gate) * this layer's input, projected back and normed
+        g = b.geglu(b.linear(x, lw.ple_gate), per_layer)
+        x = x + b.rms_norm(b.linear(g, lw.ple_proj), lw.ple_norm, eps)
     return x if spec.out_scale == 1.0 else x * np.float32(spec.out_scale)

@@ -106,6 +106,13 @@ class LayerSpec:
     o_bias: bool = False
     router_bias: bool = False
     expert_bias: bool = False
+    # Per-layer sizes (gemma4: sliding and full layers differ; 0 = the model's): each head's width, the
+    # KV heads, the dense FFN's width; kv_source >= 0: the layer stores no K/V and attends the cache of
+    # that earlier layer (gemma4's KV sharing)
+    head_dim: int = 0
+    kv_heads: int = 0
+    ffn_dim: int = 0
+    kv_source: int = -1
     mixer: str = "attention"  # one of MIXERS
     attn_gate: bool = False  # q's projection also gives a per-head gate: out *= sigmoid(gate) (qwen35)
     # Gated DeltaNet (mixer "gated_delta_net", kernels/gated_delta.py): a causal conv of ssm_conv taps
@@ -190,12 +197,35 @@ class ModelArgs(Hyper):
     spec_tensors: tuple[str, ...] = ()  # tensors read into the specs (RoPE factors), not loaded as weights
     fused_qkv: bool = False  # q, k, v stored as one attn_qkv tensor (phi3), split by rows at load
     fused_gate_up: bool = False  # gate and up stored as one ffn_up of 2 * ffn_dim rows (phi3)
+    # Per-layer inputs (gemma4 E2B/E4B): each layer adds a projection of a gated per-layer embedding
+    # (per_layer_token_embd) of this width; 0 = none
+    per_layer_dim: int = 0
     fused_ba: bool = False  # Gated DeltaNet beta and alpha stored as one ssm_ba, grouped by key head
 
     @property
     def recurrent(self) -> bool:
         """Whether some layer keeps a per-sequence recurrent state (a hybrid model)."""
         return any(s.recurrent for s in self.layers)
+
+    def head_dim_of(self, il: int) -> int:
+        return self.layers[il].head_dim or self.head_dim
+
+    def kv_heads_of(self, il: int) -> int:
+        return self.layers[il].kv_heads or self.n_kv_heads
+
+    def ffn_dim_of(self, il: int) -> int:
+        return self.layers[il].ffn_dim or self.ffn_dim
+
+    def kv_row_shape(self) -> tuple[int, int]:
+        """(kv heads, head dim) of the KV pool's rows: the widest layer's. A narrower layer sees its
+        slab of the pool as more, smaller blocks (see kv_block_factor)."""
+        shapes = [(self.kv_heads_of(il), self.head_dim_of(il)) for il in range(len(self.layers))]
+        return max(shapes, key=lambda s: s[0] * s[1], default=(self.n_kv_heads, self.head_dim))
+
+    def kv_block_factor(self, il: int) -> int:
+        """How many of layer il's own blocks one pool block holds (1 where its rows are the pool's)."""
+        kvh, hd = self.kv_row_shape()
+        return (kvh * hd) // (self.kv_heads_of(il) * self.head_dim_of(il))
 
     def context_warning(self, n_ctx: int) -> str | None:
         """One line when a context of n_ctx tokens exceeds the trained one and no layer's RoPE is scaled

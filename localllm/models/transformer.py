@@ -46,10 +46,13 @@ class Transformer:
         self.tok_embd = w.matrix("token_embd.weight")
         self.output = self.tok_embd if args.tied_output else w.matrix("output.weight")
         self.output_norm = w.vector("output_norm.weight")
-        fused = {**fused_rows(args), **gathered_rows(args)}
-        self.layers = [
-            load_layer(w, il, spec, names, fused, args.head_dim) for il, spec in enumerate(args.layers)
-        ]
+        fused, ple = {**fused_rows(args), **gathered_rows(args)}, args.per_layer_dim > 0
+        self.layers = [load_layer(w, il, spec, names, fused, args.head_dim_of(il), ple)
+                       for il, spec in enumerate(args.layers)]  # fmt: skip
+        if ple:  # gemma4's per-layer inputs: an embedding and a projection of the input, normed
+            self.ple_embd = w.matrix("per_layer_token_embd.weight")
+            self.ple_model_proj = w.matrix("per_layer_model_proj.weight")
+            self.ple_proj_norm = w.vector("per_layer_proj_norm.weight")
         w.check_all_read(args.spec_tensors)
 
     def embed(self, input_ids: Any) -> Any:
@@ -61,9 +64,21 @@ class Transformer:
         fused = self.backend.run_layers(self, x, batch, kv)
         if fused is not None:
             return fused
+        per_layer = self.per_layer_inputs(batch.input_ids, x) if self.args.per_layer_dim else None
         for il, lw in enumerate(self.layers):
-            x = decoder_layer(self.backend, self.args, il, lw, x, batch, kv)
+            own = None if per_layer is None else per_layer[:, il]
+            x = decoder_layer(self.backend, self.args, il, lw, x, batch, kv, own)
         return x
+
+    def per_layer_inputs(self, input_ids: Any, x: Any) -> Any:
+        """(T, layers, per_layer_dim): each layer's input, as llama.cpp's gemma4 computes it from the
+        ids and the scaled embeddings x: (norm(x @ proj / sqrt(dim)) + embd[ids] * sqrt(width)) / sqrt(2)."""
+        b, a, f = self.backend, self.args, np.float32
+        shape = (x.shape[0], a.n_layers, a.per_layer_dim)
+        proj = (b.linear(x, self.ple_model_proj) * (f(1) / np.sqrt(f(a.dim)))).reshape(shape)
+        proj = b.rms_norm(proj, self.ple_proj_norm, a.norm_eps)
+        embd = b.embedding(self.ple_embd, input_ids).reshape(shape) * np.sqrt(f(a.per_layer_dim))
+        return (proj + embd) * (f(1) / np.sqrt(f(2)))
 
     def hidden_states(self, batch: ForwardBatch, kv: PagedKV) -> Any:
         """The final normed hidden states (len(batch.logits_indices), dim) of the rows that need them:

@@ -80,19 +80,16 @@ def _fake_gemma4(meta: dict, tensors: tuple[str, ...] = ()) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(
-    "meta, key",
+    "meta, tensors, key",
     [
-        ({"embedding_length_per_layer_input": 256}, "embedding_length_per_layer_input"),
-        ({"attention.shared_kv_layers": 20}, "shared_kv_layers"),
-        ({"expert_count": 128}, "expert_count"),
-        ({"attention.key_length": 512, "attention.key_length_swa": 256}, "key_length_swa"),
-        ({"attention.value_length": 512, "attention.value_length_swa": 256}, "value_length_swa"),
+        ({"expert_count": 128}, (), "expert_count"),
+        ({}, ("blk.0.attn_qkv.weight",), "attn_qkv"),
     ],
 )
-def test_gemma4_refuses_what_it_does_not_run_by_name(meta: dict, key: str) -> None:
+def test_gemma4_refuses_what_it_does_not_run_by_name(meta: dict, tensors: tuple, key: str) -> None:
     with pytest.raises(ModelFormatError, match=key):
-        gemma4._refuse_unsupported(_fake_gemma4(meta))
-    gemma4._refuse_unsupported(_fake_gemma4({"attention.key_length": 32, "attention.key_length_swa": 32}))
+        gemma4._refuse_unsupported(_fake_gemma4(meta, tensors))
+    gemma4._refuse_unsupported(_fake_gemma4({"attention.key_length": 32, "attention.key_length_swa": 16}))
 
 
 @pytest.mark.parametrize("variant", ["smollm3", "mistral3", "gemma4"])
