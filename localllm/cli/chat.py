@@ -67,9 +67,8 @@ def chat(
 
     The conversation and its KV cache carry across turns, so each turn only processes the new text;
     when the context fills up the oldest turns are dropped (never the system prompt), with a notice.
-    Type /help inside for commands; Ctrl-C stops a reply, Ctrl-D leaves.
-
-    With stdin not a terminal, all of stdin is one message: the reply goes to stdout, stats to stderr.
+    Type /help inside for commands; Ctrl-C stops a reply, Ctrl-D leaves. With stdin not a terminal, all
+    of stdin is one message: the reply goes to stdout, stats to stderr.
 
     Examples:
 

@@ -165,33 +165,22 @@ def serve(
     alias: Alias = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Serve MODEL (or several) over an OpenAI-compatible HTTP API (binds 127.0.0.1 unless --host says
-    otherwise).
-
-    OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models.
-
-    Also Anthropic's /v1/messages, /tokenize, /detokenize, /health, /ready, /metrics (localllm's and vLLM's
-    names), POST /admin/drain, a chat page at / (--no-webui). SIGTERM drains (--drain-timeout).
+    """Serve MODEL (or several, each loaded on demand) over an OpenAI-compatible HTTP API on 127.0.0.1
+    (--host to change): OpenAI's /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+    /v1/models, Anthropic's /v1/messages, /tokenize, /detokenize, /health, /ready, /metrics,
+    POST /admin/drain and a chat page at / (--no-webui). SIGTERM drains (--drain-timeout).
 
     Examples:
-
-      localllm serve
 
       localllm serve smollm2-135m-instruct --port 8000 --parallel 4
 
       LOCALLLM_API_KEY=secret localllm serve model.gguf --host 0.0.0.0 --cors-origins '*'
-
-      localllm serve model.gguf --alias gpt-4o-mini --alias default
 
       localllm serve smollm2-135m-instruct gemma-3-270m --keep-alive 10m --max-loaded 1
 
       curl localhost:8080/v1/completions -d '{"prompt": "Once upon a time", "max_tokens": 32}'
 
     /v1/completions stops at 16 tokens without max_tokens (OpenAI's default); chat runs to the context.
-
-    With several models, a request's `model` picks one (none: the first); each loads on its first
-    request and unloads after --keep-alive idle (or a request's `keep_alive`); a load that would pass
-    --max-loaded or --max-memory-mb first unloads the least recently used.
     """
     _serve_command(SimpleNamespace(**locals()))
 
