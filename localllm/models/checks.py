@@ -95,7 +95,9 @@ def check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None =
 def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None) -> None:
     check_hyperparameters(args, gf.metadata)
     sizes, shapes = _sizes(args), _shape_table(names)
-    per_layer = [_sizes(args, il) for il in range(args.n_layers)]  # (gemma4's layers differ in size)
+    # each named layer's own sizes (gemma4's differ), made for the layers the file's tensors name: a
+    # corrupt block_count must cost no memory before the missing tensors refuse the file
+    per_layer: dict[int, dict[str, int]] = {}
     if any(s.attn_gate for s in args.layers):  # q's projection also holds each head's gate
         shapes = {**shapes, "blk.N.attn_q.weight": ("2*n_heads*head_dim", "dim")}
     for info in gf.tensors.values():
@@ -104,7 +106,10 @@ def _check_model(gf: GGUFFile, args: ModelArgs, names: Mapping[str, str] | None)
         role = _role(info.name, args.n_layers, shapes)
         if role is not None:
             match = _LAYER_NAME.fullmatch(info.name)
-            _check_role(info, shapes[role], per_layer[int(match[1])] if match else sizes)
+            il = int(match[1]) if match else -1
+            if match and il not in per_layer:
+                per_layer[il] = _sizes(args, il)
+            _check_role(info, shapes[role], per_layer[il] if match else sizes)
     for i, shard in enumerate(gf.shards):  # one file, or each of a split model's
         tensors = [t for t in gf.tensors.values() if t.shard == i]
         check_tensor_ranges(tensors, shard.data_offset, shard.alignment, shard.size)
