@@ -248,6 +248,12 @@ class ModelPool:
         """The state of the model `name` names, loaded, leased to `request` until its response is sent;
         waits while the model loads (or is evicted, then reloads it), up to the load timeout."""
         if self.limits is None:  # pinned: the one model, checked by the pipeline as ever
+            if keep_alive is not None and _keep_alive_param(keep_alive) != math.inf:
+                raise APIError(
+                    "keep_alive: this server keeps its one model loaded while it runs (-1); start it with "
+                    "several models to unload idle ones",
+                    param="keep_alive",
+                )
             return self.default
         self.ready()
         member = self.find(name)

@@ -237,3 +237,15 @@ def test_a_draining_server_takes_no_new_work_for_any_model(model_files: list[Pat
         assert httpx.get(f"{srv.url}/ready").status_code == 503
         assert httpx.get(f"{srv.url}/health").status_code == 200  # alive, finishing what it holds
         assert states(srv)["tiny-b"] == "unloaded"
+
+
+def test_one_model_honours_only_keep_alive_forever(model_files: list[Path]) -> None:
+    """A server of one model keeps it loaded while it runs: keep_alive -1 says just that; any other
+    value would be ignored, so it is a 400 naming the field."""
+    factory = lambda: LLMEngine(EngineConfig(model=str(model_files[0]), backend="numpy", max_num_seqs=2))  # noqa: E731
+    with running_server(factory) as srv:
+        name = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
+        assert chat(srv, name, keep_alive=-1).status_code == 200
+        for value in (0, "5m", 30):
+            err = error_of(chat(srv, name, keep_alive=value), 400)
+            assert err["param"] == "keep_alive" and "one model" in err["message"]
