@@ -186,7 +186,7 @@ def test_quantized_model_through_the_triton_kernels(tq, quant_models, monkeypatc
     from localllm.sampling_params import SamplingParams
 
     monkeypatch.setenv("LOCALLLM_TORCH_WEIGHTS", "quantized")
-    engine = _engine(quant_models["small-Q4_0"])
+    engine = _engine_on(quant_models["small-Q4_0"], _device().type)  # compiled kernels need GPU tensors
     engine.backend.qlinear.kernels, engine.backend.qlinear.precision = "triton", "ieee"
     reference = _engine(quant_models["small-Q4_0"], "numpy")
     expected = score_tokens(reference, PROMPT[:12])
