@@ -30,8 +30,9 @@ from localllm.server.protocol import (
     message_dicts,
 )
 from localllm.server.state import ServerState
-from localllm.server.structured_output import constrained_params
-from localllm.server.tool_calls import ToolPlan, prepare_messages, tool_plan
+from localllm.server.structured_output import compile_spec, constrained_params
+from localllm.server.tool_calls import ToolPlan, marker_terminal, prepare_messages, tool_plan
+from localllm.structured.tools import harmony_final_grammar, tool_family
 
 
 def check_request(
@@ -159,10 +160,32 @@ def reasoning_params(
     """`params` reading the reply's thinking apart, with the request's (or --reasoning-budget's) budget.
     A constrained reply (a schema, a forced call) is all answer: its grammar starts at the first token.
     But a call forced in harmony's framing is read by the harmony parser, which turns it into a call."""
-    if state.reasoning is None or (params.structured is not None and not harmony_call(params, tools)):
+    framed = harmony_call(params, tools) or harmony_answer(state, params)
+    if state.reasoning is None or (params.structured is not None and not framed):
         return params
     budget = body.reasoning_budget if body.reasoning_budget is not None else state.config.reasoning_budget
     return dataclasses.replace(params, reasoning=state.reasoning.with_budget(budget))
+
+
+def harmony_answer(state: ServerState, params: SamplingParams) -> bool:
+    """Is the constraint a JSON response_format on a harmony template (framed by harmony_framed)?"""
+    spec, template = params.structured, state.template
+    return (
+        spec is not None
+        and spec.name == "response_format"
+        and template is not None
+        and tool_family(template.source).name == "harmony"
+    )
+
+
+def harmony_framed(state: ServerState, llm: Any, params: SamplingParams) -> SamplingParams:
+    """A JSON response_format on a harmony model, as a final-channel message (structured/tools.py)."""
+    spec = params.structured
+    if not harmony_answer(state, params) or spec is None or spec.kind not in ("json_schema", "json_object"):
+        return params
+    framed = harmony_final_grammar(spec, lambda marker: marker_terminal(llm.tokenizer, marker))
+    compile_spec(llm, framed)
+    return dataclasses.replace(params, structured=framed)
 
 
 def harmony_call(params: SamplingParams, tools: ToolPlan | None) -> bool:
@@ -206,6 +229,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, prefix: st
     )
     params = build_params(llm, body, body.max_new_tokens(), body.num_logprobs())
     params = await run_in_threadpool(constrained_params, llm, body, params, tools)
+    params = await run_in_threadpool(harmony_framed, state, llm, params)
     params = reasoning_params(state, body, params, tools)
     check_context(llm, len(prompt_ids), body.reserved(params.max_tokens), "messages")
     cache_break = state.cache_breaks.observe(

@@ -177,6 +177,17 @@ def harmony_grammar(tools: list[Tool], terminal: Callable[[str], str]) -> Struct
     return StructuredSpec("lark", "\n".join([start, *rules]) + "\n", "tool_choice")
 
 
+def harmony_final_grammar(spec: StructuredSpec, terminal: Callable[[str], str]) -> StructuredSpec:
+    """A JSON response_format in harmony's framing: the reply is one `final` message whose text is the
+    document (the harmony parser hands that text to `content`); without the framing the model would be
+    made to write JSON where it writes a channel header. No analysis message first, as harmony_grammar."""
+    schema = json.loads(spec.text) if spec.kind == "json_schema" else {"type": "object"}
+    schema = {**schema, "x-guidance": JSON_OPTIONS}
+    channel, message = terminal("<|channel|>"), terminal("<|message|>")
+    text = f'start: {channel} "final" {message} answer\nanswer: %json {json.dumps(schema)}\n'
+    return StructuredSpec("lark", text, spec.name)
+
+
 def tool_family(template_source: str) -> ToolFamily:
     """The call syntax a chat template teaches its model (hermes when it teaches none)."""
     if "<|channel|>" in template_source and "<|message|>" in template_source:

@@ -189,3 +189,22 @@ def test_budget_steering_closes_the_call_in_harmony(oss: Running) -> None:
         "",
         "length",
     )
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_response_format_is_the_final_message(oss: Running, seed: int | None) -> None:
+    """A JSON schema on a harmony model constrains a `final` message (not the channel header the model
+    writes first): `content` is the document alone, streamed as unstreamed, no markup leaks."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    body: dict[str, Any] = {"response_format": fmt, "logprobs": True}
+    if seed is not None:
+        body |= {"temperature": 1.0, "seed": seed}
+    r = post(oss, "/v1/chat/completions", {"messages": HELLO, "temperature": 0, **body})
+    choice = r.json()["choices"][0]
+    content = choice["message"]["content"]
+    check_args("get_weather", content)
+    assert choice["finish_reason"] == "stop" and not choice["message"].get("reasoning_content")
+    assert written(choice) == "<|channel|>final<|message|>" + content
+    stream = {"messages": HELLO, "temperature": 0, "stream": True, **body}
+    chunks = [c for c in sse_payloads(post(oss, "/v1/chat/completions", stream).text) if c["choices"]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == content
