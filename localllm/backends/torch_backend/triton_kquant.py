@@ -61,19 +61,22 @@ def _x_offsets(KIND: tl.constexpr):
 
 @triton.jit
 def gemv_kquant_kernel(x_ptr, out_ptr, p0, p1, p2, p3, N, nb, stride_xm, blocks_per_split,
-                       KIND: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """out[split, m, n] = this split's super-blocks of row n dotted with x row m; grid (row tiles,
-    splits, x rows)."""
+                       KIND: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr):  # fmt: skip
+    """out[split, m, n] = this split's super-blocks of row n dotted with x row m, STEP super-blocks
+    a loop step (unrolled: their loads are all in flight at once); grid (row tiles, splits, x rows)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n = tl.minimum(rn, N - 1).to(tl.int64)
     xs = x_ptr + tl.program_id(2) * stride_xm
     off, hi_step = _x_offsets(KIND)
     acc = tl.zeros((BLOCK_N, 4, 32), dtype=tl.float32)
     first = tl.program_id(1) * blocks_per_split
-    for blk in range(first, tl.minimum(nb, first + blocks_per_split)):
-        w_lo, w_hi = _weights(p0, p1, p2, p3, n * nb + blk, KIND)
-        x = xs + blk * 256 + off
-        acc += w_lo * tl.load(x) + w_hi * tl.load(x + hi_step)
+    last = tl.minimum(nb, first + blocks_per_split)
+    for b0 in range(first, last, STEP):
+        for s in tl.static_range(STEP):
+            ok = off * 0 + (b0 + s) < last  # past the end: a real super-block (clamped), x masked to 0
+            w_lo, w_hi = _weights(p0, p1, p2, p3, n * nb + tl.minimum(b0 + s, nb - 1), KIND)
+            x = xs + (b0 + s) * 256 + off
+            acc += w_lo * tl.load(x, mask=ok, other=0.0) + w_hi * tl.load(x + hi_step, mask=ok, other=0.0)
     out = out_ptr + (tl.program_id(1) * tl.num_programs(2) + tl.program_id(2)).to(tl.int64) * N + rn
     tl.store(out, tl.sum(tl.sum(acc, axis=2), axis=1), mask=rn < N)
 

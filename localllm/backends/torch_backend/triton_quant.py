@@ -8,10 +8,13 @@ round, is its last operation, rounded once as NumPy rounds it. So the kernels' w
 oracle's bit for bit, and only the order of the float32 sums differs.
 
 - `dequant_kernel` writes the values out (the tests' exact check, and a tool).
-- `gemv_kernel`: decode rows (Q4_K, Q5_K and Q6_K take triton_kquant.py's instead), one x row per
-  program column; each program owns BLOCK_N weight rows and walks K in BLOCK_K steps, keeping a
-  (BLOCK_N, BLOCK_K) float32 accumulator summed once at the end; split-K: several programs share a
-  row's K range when there are too few rows to fill the device, their partial sums added after.
+- `gemv_kernel`: the generic per-value decode GEMV (kept as a reference and for the compile check);
+  `gemv` launches the block-structured ones instead, triton_legacy.py's for the 32-value types and
+  triton_kquant.py's for the k-quants. Each program owns BLOCK_N weight rows and a range of K;
+  split-K: several programs share a row's K range so a launch has thousands of programs (a
+  memory-bound kernel needs many bytes in flight per SM), their partial sums added after.
+- Launch parameters are a `KernelConfig` per (kernel, type), GEMV_CONFIGS / GEMM_CONFIGS, which
+  `gemv` and `gemm` take as an override (scripts/gpu_kernel_sweep.py tries alternatives).
 - `gemm_kernel`: prefill and batched decode tiles (Q4_K, Q5_K, Q6_K: triton_kquant.py's); a
   dequantized (BLOCK_K, BLOCK_N) tile meets a float32 x tile in `tl.dot`, with `input_precision`
   "tf32x3" on CUDA by default (tensor cores, about float32's error), "ieee" for exact float32 products;
@@ -23,6 +26,8 @@ TRITON_INTERPRET=1 set before the import, the kernels run on the CPU in NumPy (t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -30,9 +35,38 @@ import triton.language as tl
 from localllm.backends.torch_backend.weights import TYPES, QuantWeight
 
 QTYPE_IDS = {name: i for i, name in enumerate(TYPES)}  # a kernel's QT constexpr
-GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256
+GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256  # the generic gemv_kernel's tile
 GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 64
-KQUANT_BLOCK_N = 16  # rows per program of triton_kquant's GEMV
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How one kernel is launched for one type.
+
+    block_n: weight rows per program. step: GEMV, 32-value blocks (legacy types) or 256-value
+    super-blocks (k-quants) per loop step; GEMM, K values per step (legacy types; k-quants step one
+    super-block). programs: split-K is added until a launch has at least this many programs."""
+
+    block_n: int
+    step: int
+    num_warps: int = 4
+    num_stages: int = 1
+    programs: int = 1024
+
+
+# Defaults, from bytes in flight (H100/H200: 132 SMs, ~32 KB of loads in flight per SM wanted): a
+# legacy step is 64 rows x 8 blocks (8 KB of Q4 quants, one 16-byte load per thread and row), a
+# k-quant step 32 rows x 2 super-blocks (9 KB of Q4_K); ~4-5 such programs fit an SM by registers,
+# and 1024 programs (~8 per SM) keep every SM at that while splits stay few (their sums are extra).
+LEGACY_GEMV = KernelConfig(block_n=64, step=8, num_warps=4)
+KQUANT_GEMV = KernelConfig(block_n=32, step=2, num_warps=4)
+GEMV_CONFIGS: dict[str, KernelConfig] = {t: KQUANT_GEMV if TYPES[t][0] == 256 else LEGACY_GEMV for t in TYPES}
+GEMM_CONFIGS: dict[str, KernelConfig] = {
+    t: KernelConfig(block_n=32, step=256, num_stages=3, programs=264)
+    if TYPES[t][0] == 256
+    else KernelConfig(block_n=GEMM_BLOCK_N, step=GEMM_BLOCK_K, num_stages=3, programs=264)
+    for t in TYPES  # (as before the configs: Triton's default 3 stages, ~2 waves of programs)
+}
 
 
 @triton.jit
@@ -159,7 +193,6 @@ def gemm_kernel(x_ptr, out_ptr, p0, p1, p2, p3, M, N, K, nb, stride_xm, k_per_sp
 # ---- launchers ----------------------------------------------------------------------------------------
 
 KQUANTS = {"Q4_K": 0, "Q5_K": 1, "Q6_K": 2}  # triton_kquant's KIND
-PROGRAMS = 264  # about two waves on a large GPU (132 SMs): splits are added until a launch has these
 
 
 def _planes(w: QuantWeight) -> tuple[torch.Tensor, ...]:
@@ -175,10 +208,10 @@ def _meta(w: QuantWeight) -> tuple[int, int, int, int, int]:
     return n, k, k // w.block_size, QTYPE_IDS[w.qtype], w.block_size
 
 
-def _splits(k: int, step: int, programs: int, asked: int = 0) -> tuple[int, int]:
-    """(splits, K per split, a multiple of step): enough splits for PROGRAMS programs, each with at
-    least one step of K; `asked` > 0 overrides."""
-    splits = asked if asked > 0 else max(1, min(triton.cdiv(PROGRAMS, programs), k // step))
+def _splits(k: int, step: int, programs: int, target: int, asked: int = 0) -> tuple[int, int]:
+    """(splits, K per split, a multiple of step): enough splits for `target` programs in all (one
+    split has `programs`), each with at least one step of K; `asked` > 0 overrides."""
+    splits = asked if asked > 0 else max(1, min(triton.cdiv(target, programs), k // step))
     per_split = triton.cdiv(triton.cdiv(k, splits), step) * step
     return triton.cdiv(k, per_split), per_split
 
@@ -196,43 +229,55 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
     return out
 
 
-def gemv(x: torch.Tensor, w: QuantWeight, split_k: int = 0) -> torch.Tensor:
-    """x (M, K) float32, M small, times w transposed -> (M, N) float32. split_k 0: chosen by size."""
+def gemv(
+    x: torch.Tensor, w: QuantWeight, split_k: int = 0, config: KernelConfig | None = None
+) -> torch.Tensor:
+    """x (M, K) float32, M small, times w transposed -> (M, N) float32. split_k 0: chosen by size;
+    config: GEMV_CONFIGS' for w's type unless given."""
     from localllm.backends.torch_backend import triton_kquant as kq
+    from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
+    c = config or GEMV_CONFIGS[w.qtype]
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
-    kquant = w.qtype in KQUANTS
-    block_n, step = (KQUANT_BLOCK_N, 256) if kquant else (GEMV_BLOCK_N, GEMV_BLOCK_K)
-    tiles = triton.cdiv(n, block_n)
-    splits, per_split = _splits(k, step, tiles * m, split_k)
+    tiles = triton.cdiv(n, c.block_n)
+    splits, per_split = _splits(nb, c.step, tiles * m, c.programs, split_k)
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    if kquant:
+    launch = {"BLOCK_N": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages}
+    if w.qtype in KQUANTS:
         kq.gemv_kquant_kernel[(tiles, splits, m)](
-            x, out, *_planes(w), n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], BLOCK_N=block_n
+            x, out, *_planes(w), n, nb, x.stride(0), per_split, KIND=KQUANTS[w.qtype], STEP=c.step, **launch
         )  # fmt: skip
     else:
-        gemv_kernel[(tiles, m, splits)](
-            x, out, *_planes(w), n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_N=block_n, BLOCK_K=step
+        tl_legacy.gemv_legacy_kernel[(tiles, splits, m)](
+            x, out, *_planes(w)[:3], n, nb, x.stride(0), per_split, QT=qt, BLOCK_B=c.step, **launch
         )  # fmt: skip
     return _summed(out)
 
 
-def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3", split_k: int = 0) -> torch.Tensor:
+def gemm(
+    x: torch.Tensor,
+    w: QuantWeight,
+    precision: str = "tf32x3",
+    split_k: int = 0,
+    config: KernelConfig | None = None,
+) -> torch.Tensor:
     """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles."""
     from localllm.backends.torch_backend import triton_kquant as kq
 
+    c = config or GEMM_CONFIGS[w.qtype]
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     kquant = w.qtype in KQUANTS
-    block_n, step = (32, 256) if kquant else (GEMM_BLOCK_N, GEMM_BLOCK_K)
-    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    splits, per_split = _splits(k, step, tiles[0] * tiles[1], split_k)
+    step = 256 if kquant else c.step
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n))
+    splits, per_split = _splits(k, step, tiles[0] * tiles[1], c.programs, split_k)
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    common = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRECISION": precision}
+    common = {"BLOCK_M": block_m, "BLOCK_N": c.block_n, "PRECISION": precision}
+    common.update(num_warps=c.num_warps, num_stages=c.num_stages)
     if kquant:
         kq.gemm_kquant_kernel[(tiles[0], tiles[1], splits)](
             x, out, *_planes(w), m, n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], **common
