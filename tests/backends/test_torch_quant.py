@@ -128,7 +128,8 @@ def test_kernels_lower_to_sm90_without_a_gpu() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "from localllm.backends.torch_backend.triton_compile import compile_kernels\n"
-        "for (kernel, qtype), info in compile_kernels(90, [('gemv', 'Q4_K'), ('gemv', 'Q5_0'), ('gemm', 'Q6_K')]).items():\n"
+        "which = [('gemv', 'Q4_K'), ('gemv', 'Q5_0'), ('gemm', 'Q6_K')]\n"
+        "for (kernel, qtype), info in compile_kernels(90, which).items():\n"
         "    print(kernel, qtype, info)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -59,7 +59,7 @@ def _x_offsets(KIND: tl.constexpr):
     return i * 64 + lane, 32
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["blocks_per_split"])  # one compile for any split size
 def gemv_kquant_kernel(x_ptr, out_ptr, p0, p1, p2, p3, N, nb, stride_xm, blocks_per_split,
                        KIND: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr):  # fmt: skip
     """out[split, m, n] = this split's super-blocks of row n dotted with x row m, STEP super-blocks

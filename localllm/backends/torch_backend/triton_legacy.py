@@ -64,7 +64,7 @@ def _pair_sum(lo, hi, x_lo, x_hi, bias: tl.constexpr):
     return tl.sum(_small_float(lo, bias) * x_lo + _small_float(hi, bias) * x_hi, axis=2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["blocks_per_split"])  # one compile for any split size
 def gemv_legacy_kernel(x_ptr, out_ptr, p0, p1, p2, N, nb, stride_xm, blocks_per_split,
                        QT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
     """out[split, m, n] = this split's blocks of row n dotted with x row m, BLOCK_B blocks a step;
