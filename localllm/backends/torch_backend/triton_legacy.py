@@ -31,37 +31,40 @@ def _small_float(q, bias: tl.constexpr):
 @triton.jit
 def _block_dots(p0, p1, p2, b, xb, valid, QT: tl.constexpr):
     """(BN, BB) scaled dot products of blocks b (BN, BB) with x at xb (BB,) pointers to each block's
-    first value; `valid` (BB,) False blocks count zero."""
+    first value; `valid` (BB,) False blocks count zero. x is loaded 2-D and then broadcast over the
+    rows: a 3-D load would get a layout of its own, and Triton would move the whole weight tile
+    through shared memory to meet it."""
     b3 = b[:, :, None]
-    v = valid[None, :, None]
     if QT == 4:  # Q8_0: 32 signed bytes
-        j = tl.arange(0, 32)[None, None, :]
-        q = tl.load(p1 + b3 * 32 + j).to(tl.int32)
-        x = tl.load(xb[None, :, None] + j, mask=v, other=0.0)
-        return tl.load(p0 + b).to(tl.float32) * tl.sum(_small_float(q + 128, 128) * x, axis=2)
-    j = tl.arange(0, 16)[None, None, :]
+        j = tl.arange(0, 32)
+        q = tl.load(p1 + b3 * 32 + j[None, None, :]).to(tl.int32)
+        x = tl.load(xb[:, None] + j[None, :], mask=valid[:, None], other=0.0)
+        return tl.load(p0 + b).to(tl.float32) * tl.sum(_small_float(q + 128, 128) * x[None, :, :], axis=2)
+    j = tl.arange(0, 16)
     if QT == 2 or QT == 3:  # Q5: bit j of qh is value j's fifth bit
-        q = tl.load(p2 + b3 * 16 + j).to(tl.int32)
+        q = tl.load(p2 + b3 * 16 + j[None, None, :]).to(tl.int32)
         h = tl.load(p1 + b)[:, :, None]
-        lo = (q & 15) | (((h >> j) & 1) << 4)
-        hi = (q >> 4) | (((h >> (j + 16)) & 1) << 4)
+        lo = (q & 15) | (((h >> j[None, None, :]) & 1) << 4)
+        hi = (q >> 4) | (((h >> (j[None, None, :] + 16)) & 1) << 4)
     else:
-        q = tl.load(p1 + b3 * 16 + j).to(tl.int32)
+        q = tl.load(p1 + b3 * 16 + j[None, None, :]).to(tl.int32)
         lo, hi = q & 15, q >> 4
-    x_lo = tl.load(xb[None, :, None] + j, mask=v, other=0.0)
-    x_hi = tl.load(xb[None, :, None] + 16 + j, mask=v, other=0.0)
+    x_lo = tl.load(xb[:, None] + j[None, :], mask=valid[:, None], other=0.0)
+    x_hi = tl.load(xb[:, None] + 16 + j[None, :], mask=valid[:, None], other=0.0)
     if QT == 0:  # d * (q - 8)
         return tl.load(p0 + b).to(tl.float32) * _pair_sum(lo, hi, x_lo, x_hi, 8)
     if QT == 2:  # d * (q - 16)
         return tl.load(p0 + b).to(tl.float32) * _pair_sum(lo, hi, x_lo, x_hi, 16)
     d = tl.load(p0 + 2 * b).to(tl.float32)  # d * q + m
     m = tl.load(p0 + 2 * b + 1).to(tl.float32)
-    return d * _pair_sum(lo, hi, x_lo, x_hi, 0) + m * tl.sum(x_lo + x_hi, axis=2)
+    return d * _pair_sum(lo, hi, x_lo, x_hi, 0) + m * tl.sum(x_lo + x_hi, axis=1)[None, :]
 
 
 @triton.jit
 def _pair_sum(lo, hi, x_lo, x_hi, bias: tl.constexpr):
-    return tl.sum(_small_float(lo, bias) * x_lo + _small_float(hi, bias) * x_hi, axis=2)
+    return tl.sum(
+        _small_float(lo, bias) * x_lo[None, :, :] + _small_float(hi, bias) * x_hi[None, :, :], axis=2
+    )
 
 
 @triton.jit(do_not_specialize=["blocks_per_split"])  # one compile for any split size
