@@ -31,10 +31,11 @@ CUDA_SHAPES = [(8192, 8192), (2048, 8192), (14336, 4096)]  # (N, K)
 CPU_SHAPES = [(24, 512)]
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 # compiled configs (block_n, step, num_warps, num_stages), each timed at every programs target (a
-# launch-time choice: no compile), beside the type's default (triton_quant.GEMV_CONFIGS)
-LEGACY = [(64, 8, 4, 1), (32, 8, 4, 1), (128, 8, 8, 1), (64, 16, 8, 1), (64, 8, 4, 3)]
-KQUANT = [(32, 2, 4, 1), (16, 1, 4, 1), (64, 2, 8, 1), (32, 4, 8, 1), (32, 2, 4, 3)]
-PROGRAMS = [512, 1024, 4096]
+# launch-time choice: no compile), beside the type's default (triton_quant.GEMV_CONFIGS). No stages:
+# Triton does not software-pipeline these loops (the same PTX at 1 and 3), so they would only compile.
+LEGACY = [(64, 8, 4, 1), (32, 8, 4, 1), (16, 16, 4, 1), (32, 16, 4, 1), (128, 8, 8, 1)]
+KQUANT = [(32, 2, 4, 1), (16, 4, 4, 1), (32, 4, 4, 1), (16, 2, 4, 1), (64, 2, 8, 1)]
+PROGRAMS = [512, 1024, 2048, 4096]
 REPS = 20
 
 

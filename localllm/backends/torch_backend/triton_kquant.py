@@ -6,8 +6,8 @@ read once per super-block, and x is read at the positions those bytes hold.
 Planes (weights.py), as p0..p3: Q4_K (dm, scm, qs, qs), Q5_K (dm, scm, qh, qs), Q6_K (d, scm, qh, qs).
 KIND: 0 Q4_K, 1 Q5_K, 2 Q6_K. The GEMM forms values as quant/ggml.py forms them (triton_quant.py says
 why they are bit-equal); the GEMV sums each scale's quants times x first and scales the sum (the
-same products in another float32 order, as llama.cpp's decode kernels do). Each program owns a range of super-blocks (split-K) and writes its partial
-sums to out[split] (the caller adds them).
+same products in another float32 order, as llama.cpp's decode kernels do). Each program owns a range
+of super-blocks (split-K) and writes its partial sums to out[split] (the caller adds them).
 """
 
 from __future__ import annotations

@@ -54,13 +54,23 @@ class KernelConfig:
     programs: int = 1024
 
 
-# Defaults, from bytes in flight (H100/H200: 132 SMs, ~32 KB of loads in flight per SM wanted): a
-# legacy step is 64 rows x 8 blocks (8 KB of Q4 quants, one 16-byte load per thread and row), a
-# k-quant step 32 rows x 2 super-blocks (9 KB of Q4_K); ~4-5 such programs fit an SM by registers,
-# and 1024 programs (~8 per SM) keep every SM at that while splits stay few (their sums are extra).
-LEGACY_GEMV = KernelConfig(block_n=64, step=8, num_warps=4)
-KQUANT_GEMV = KernelConfig(block_n=32, step=2, num_warps=4)
-GEMV_CONFIGS: dict[str, KernelConfig] = {t: KQUANT_GEMV if TYPES[t][0] == 256 else LEGACY_GEMV for t in TYPES}
+# Defaults, from bytes in flight (H100/H200: 132 SMs; ~32 KB of loads in flight per SM wanted) and
+# registers (cuobjdump of the sm_90 cubins): a Q4/Q5 step is 64 rows x 8 blocks (9 KB, 96 registers:
+# 5 programs an SM, ~46 KB), Q8_0 32 x 8 (9 KB, 72 registers: 7, ~61 KB), Q4_K/Q5_K 32 rows x 2
+# super-blocks (9.5 KB, 80 registers: 6, ~57 KB), Q6_K 16 x 4 (13 KB, 66 registers: 7, ~94 KB). Rows
+# per thread reuse x registers. num_stages: these loops are not software-pipelined (1 and 3 give the
+# same PTX); the unrolled step is what puts loads in flight. 1024 programs (~8 an SM): every SM busy
+# while the splits (partial sums to add) stay few. scripts/gpu_kernel_sweep.py measures alternatives.
+GEMV_CONFIGS: dict[str, KernelConfig] = {
+    "Q4_0": KernelConfig(block_n=64, step=8),
+    "Q4_1": KernelConfig(block_n=64, step=8),
+    "Q5_0": KernelConfig(block_n=64, step=8),
+    "Q5_1": KernelConfig(block_n=64, step=8),
+    "Q8_0": KernelConfig(block_n=32, step=8),
+    "Q4_K": KernelConfig(block_n=32, step=2),
+    "Q5_K": KernelConfig(block_n=32, step=2),
+    "Q6_K": KernelConfig(block_n=16, step=4),
+}
 GEMM_CONFIGS: dict[str, KernelConfig] = {
     t: KernelConfig(block_n=32, step=256, num_stages=3, programs=264)
     if TYPES[t][0] == 256
