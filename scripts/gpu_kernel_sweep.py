@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
     p.add_argument("--json", type=Path, help="also write every measurement here")
+    p.add_argument(
+        "--grid", choices=["full", "small"], default="full", help="small: 3 compiled configs a type"
+    )
     args = p.parse_args(argv)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for qtype in args.types:
         for n, k in CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES:
-            rows += sweep_one(qtype, n, k, device, copy)
+            rows += sweep_one(qtype, n, k, device, copy, args.grid == "small")
     mark_best(rows)
     print_table(rows, copy, time.perf_counter() - start)
     if args.json:
@@ -104,20 +107,22 @@ def random_weight(qtype: str, n: int, k: int, device: Any, seed: int = 0) -> Any
     return QuantWeight(qtype, (n, k), tuple(planes))
 
 
-def configs(qtype: str) -> list[Any]:
-    """The type's default config first, then the grid's at every programs target."""
+def configs(qtype: str, small: bool = False) -> list[Any]:
+    """The type's default config first, then the grid's (small: its first 3) at every programs target."""
     from localllm.backends.torch_backend import triton_quant as tq
 
     grid = KQUANT if qtype in tq.KQUANTS else LEGACY
     tried = [
         tq.KernelConfig(block_n=bn, step=s, num_warps=w, num_stages=st, programs=p)
-        for bn, s, w, st in grid
+        for bn, s, w, st in grid[: 3 if small else None]
         for p in PROGRAMS
     ]
     return list(dict.fromkeys([tq.GEMV_CONFIGS[qtype], *tried]))
 
 
-def sweep_one(qtype: str, n: int, k: int, device: Any, copy: float) -> list[dict[str, Any]]:
+def sweep_one(
+    qtype: str, n: int, k: int, device: Any, copy: float, small: bool = False
+) -> list[dict[str, Any]]:
     """One row per GEMV config, and one for the default GEMM at 64 rows."""
     import torch
 
@@ -129,7 +134,7 @@ def sweep_one(qtype: str, n: int, k: int, device: Any, copy: float) -> list[dict
     ref = dequantize_torch(w).double()
     copies = _copies(w, device)
     rows = []
-    for c in configs(qtype):
+    for c in configs(qtype, small):
         ok = _close(tq.gemv(x, w, config=c), x, ref)
         row = {"type": qtype, "shape": f"{n}x{k}", "kernel": "gemv", "config": asdict(c), "ok": ok}
         row["default"] = c == tq.GEMV_CONFIGS[qtype]
@@ -138,25 +143,33 @@ def sweep_one(qtype: str, n: int, k: int, device: Any, copy: float) -> list[dict
             row.update(us=t * 1e6, gbps=w.nbytes / t / 1e9, share=w.nbytes / t / copy)
         rows.append(row)
         _progress(row)
-    rows.append(_gemm_row(qtype, n, k, w, ref, copies, device))
-    _progress(rows[-1])
+    for row in _gemm_rows(qtype, n, k, w, ref, copies, device):
+        rows.append(row)
+        _progress(row)
     return rows
 
 
-def _gemm_row(qtype: str, n: int, k: int, w: Any, ref: Any, copies: list[Any], device: Any) -> dict[str, Any]:
+def _gemm_rows(qtype: str, n: int, k: int, w: Any, ref: Any, copies: list[Any], device: Any) -> list[dict]:
+    """The 64-row GEMM at its default config; legacy types also through the per-value kernel (the
+    one before the block-structured GEMM), for comparison."""
     import torch
 
     from localllm.backends.torch_backend import triton_quant as tq
 
     xs = torch.randn(64, k, device=device)
     precision = "tf32x3" if device.type == "cuda" else "ieee"
-    ok = _close(tq.gemm(xs, w, precision=precision), xs, ref, tf32=device.type == "cuda")
-    row = {"type": qtype, "shape": f"{n}x{k}", "kernel": "gemm64", "config": asdict(tq.GEMM_CONFIGS[qtype])}
-    row.update(ok=ok, default=True)
-    if device.type == "cuda":
-        t = _seconds([lambda v=v: tq.gemm(xs, v) for v in copies], reps=5)
-        row.update(us=t * 1e6, tflops=2 * 64 * n * k / t / 1e12, gbps=w.nbytes / t / 1e9)
-    return row
+    rows = []
+    for generic in (False, True) if qtype not in tq.KQUANTS else (False,):
+        ok = _close(tq.gemm(xs, w, precision=precision, generic=generic), xs, ref, tf32=device.type == "cuda")
+        config = tq.GENERIC_GEMM if generic else tq.GEMM_CONFIGS[qtype]
+        kernel = "gemm64-generic" if generic else "gemm64"
+        row = {"type": qtype, "shape": f"{n}x{k}", "kernel": kernel, "config": asdict(config), "ok": ok}
+        row["default"] = not generic
+        if device.type == "cuda":
+            t = _seconds([lambda v=v, g=generic: tq.gemm(xs, v, generic=g) for v in copies], reps=5)
+            row.update(us=t * 1e6, tflops=2 * 64 * n * k / t / 1e12, gbps=w.nbytes / t / 1e9)
+        rows.append(row)
+    return rows
 
 
 def _copies(w: Any, device: Any) -> list[Any]:
@@ -241,25 +254,24 @@ def _config_text(c: dict[str, Any]) -> str:
 def _progress(r: dict[str, Any]) -> None:
     speed = f"{r['gbps']:7.0f} GB/s {r.get('share', 0):4.0%}" if "gbps" in r else ""
     ok = "ok" if r["ok"] else "WRONG"
-    print(
-        f"  {r['type']:5} {r['shape']:>10} {r['kernel']:6} {_config_text(r['config']):24} {speed} {ok}",
-        flush=True,
-    )
+    line = f"  {r['type']:5} {r['shape']:>10} {r['kernel']:14} {_config_text(r['config']):24} {speed}"
+    print(f"{line} {r['tflops']:5.1f} TFLOP/s {ok}" if "tflops" in r else f"{line} {ok}", flush=True)
 
 
 def print_table(rows: list[dict[str, Any]], copy: float, seconds: float) -> None:
     print(f"\ndevice copy {copy / 1e9:.0f} GB/s; sweep took {seconds:.0f} s")
     head = f"{'type':5} {'N x K':>10}  {'best GEMV config':24} {'GB/s':>6} {'copy':>5}"
-    print(f"{head}  {'default':>7} {'copy':>5}  {'GEMM64 TFLOP/s':>14}")
+    print(f"{head}  {'default':>7} {'copy':>5}  {'GEMM64 TFLOP/s':>14} {'(per-value)':>12}")
     for key in dict.fromkeys((r["type"], r["shape"]) for r in rows):
         group = [r for r in rows if (r["type"], r["shape"]) == key]
         best = next(r for r in group if r["best"])
         default = next(r for r in group if r["kernel"] == "gemv" and r["default"])
         gemm = next(r for r in group if r["kernel"] == "gemm64")
+        generic = next((r for r in group if r["kernel"] == "gemm64-generic"), {})
         print(
             f"{key[0]:5} {key[1]:>10}  {_config_text(best['config']):24} {best.get('gbps', 0):6.0f}"
             f" {best.get('share', 0):5.0%}  {default.get('gbps', 0):7.0f} {default.get('share', 0):5.0%}"
-            f"  {gemm.get('tflops', 0):14.1f}"
+            f"  {gemm.get('tflops', 0):14.1f} {generic.get('tflops', 0):12.1f}"
         )
     wrong = sum(not r["ok"] for r in rows)
     print(f"results: {len(rows) - wrong} of {len(rows)} within float32 rounding of dequantize(w) @ x")

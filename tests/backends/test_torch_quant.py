@@ -107,7 +107,7 @@ GEMV_CONFIGS = [(8, 1, 1), (16, 4, 2), (32, 2, 3), (4, 16, 1)]
 
 
 @pytest.mark.parametrize("qtype", list(TYPES))
-def test_gemv_launch_configs_match_the_oracle(tq, qtype: str) -> None:
+def test_launch_configs_match_the_oracle(tq, qtype: str) -> None:
     n, k = (13, 7 * 32) if TYPES[qtype][0] == 32 else (13, 3 * 256)
     ggml_type, raw = random_rows(qtype, n, k, seed=3)
     ref = dequantize(raw, ggml_type)

@@ -25,17 +25,17 @@ def _signature(
     c = config or (tq.GEMV_CONFIGS if kernel == "gemv" else tq.GEMM_CONFIGS)[qtype]
     if qtype in tq.KQUANTS:
         return (*_kquant_signature(kernel, qtype, sig, c), c)
-    qt, bs = tq.QTYPE_IDS[qtype], TYPES[qtype][0]
-    if kernel == "gemv":
-        from localllm.backends.torch_backend import triton_legacy
+    qt = tq.QTYPE_IDS[qtype]
+    from localllm.backends.torch_backend import triton_legacy
 
-        del sig["p3"]
+    del sig["p3"]
+    if kernel == "gemv":
         sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
         consts = dict(QT=qt, BLOCK_N=c.block_n, BLOCK_B=c.step)
         return triton_legacy.gemv_legacy_kernel, sig, consts, c
-    sig.update(M="i32", N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
-    consts = dict(QT=qt, BS=bs, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.step)
-    return tq.gemm_kernel, sig, {**consts, "PRECISION": "tf32x3"}, c
+    sig.update(M="i32", N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+    consts = dict(QT=qt, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_B=c.step, PRECISION="tf32x3")
+    return triton_legacy.gemm_legacy_kernel, sig, consts, c
 
 
 def _kquant_signature(

@@ -84,3 +84,62 @@ def gemv_legacy_kernel(x_ptr, out_ptr, p0, p1, p2, N, nb, stride_xm, blocks_per_
         acc += _block_dots(p0, p1, p2, b, xs + blk * 32, blk < last, QT)
     out = out_ptr + (tl.program_id(1) * tl.num_programs(2) + tl.program_id(2)).to(tl.int64) * N + rn
     tl.store(out, tl.sum(acc, axis=1), mask=rn < N)
+
+
+@triton.jit
+def _block_values(p0, p1, p2, b, QT: tl.constexpr):
+    """Blocks b (BN, BB) as (values 0-15, values 16-31), (BN, BB, 16) float32 each, as quant/ggml.py
+    forms them: d * (q - 8 or 16) and d * q are exact products, d * q + m rounds once (fused or not)."""
+    b3 = b[:, :, None]
+    j = tl.arange(0, 16)[None, None, :]
+    if QT == 4:  # Q8_0: d * q
+        d = tl.load(p0 + b3).to(tl.float32)
+        lo = tl.load(p1 + b3 * 32 + j).to(tl.int32) + 128
+        hi = tl.load(p1 + b3 * 32 + 16 + j).to(tl.int32) + 128
+        return d * _small_float(lo, 128), d * _small_float(hi, 128)
+    if QT == 2 or QT == 3:
+        q = tl.load(p2 + b3 * 16 + j).to(tl.int32)
+        h = tl.load(p1 + b)[:, :, None]
+        lo = (q & 15) | (((h >> j) & 1) << 4)
+        hi = (q >> 4) | (((h >> (j + 16)) & 1) << 4)
+    else:
+        q = tl.load(p1 + b3 * 16 + j).to(tl.int32)
+        lo, hi = q & 15, q >> 4
+    if QT == 0 or QT == 2:
+        d = tl.load(p0 + b3).to(tl.float32)
+        if QT == 0:
+            return d * _small_float(lo, 8), d * _small_float(hi, 8)
+        return d * _small_float(lo, 16), d * _small_float(hi, 16)
+    d = tl.load(p0 + 2 * b3).to(tl.float32)
+    m = tl.load(p0 + 2 * b3 + 1).to(tl.float32)
+    return d * _small_float(lo, 0) + m, d * _small_float(hi, 0) + m
+
+
+@triton.jit(do_not_specialize=["blocks_per_split"])
+def gemm_legacy_kernel(x_ptr, out_ptr, p0, p1, p2, M, N, nb, stride_xm, blocks_per_split,
+                       QT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_B: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """out[split, m, n] for a (BLOCK_M, BLOCK_N) tile, BLOCK_B blocks a step: their values 0-15 and
+    16-31 in two tensor-core dots against the x columns they pair with; grid (m tiles, n tiles,
+    splits)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = (tl.minimum(rn, N - 1).to(tl.int64) * nb)[:, None]
+    xs = x_ptr + tl.minimum(rm, M - 1).to(tl.int64)[:, None] * stride_xm
+    c = tl.arange(0, BLOCK_B * 16)  # a step's columns: block c // 16, value c % 16 (+16: hi)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = tl.program_id(2) * blocks_per_split
+    last = tl.minimum(nb, first + blocks_per_split)
+    for b0 in range(first, last, BLOCK_B):
+        blk = b0 + tl.arange(0, BLOCK_B)
+        w_lo, w_hi = _block_values(p0, p1, p2, row + tl.minimum(blk, nb - 1)[None, :], QT)
+        xo = (b0 + c // 16) * 32 + c % 16
+        mask = (b0 + c // 16 < last)[None, :]
+        x_lo = tl.load(xs + xo[None, :], mask=mask, other=0.0)
+        x_hi = tl.load(xs + 16 + xo[None, :], mask=mask, other=0.0)
+        w_lo = tl.reshape(w_lo, (BLOCK_N, BLOCK_B * 16))
+        w_hi = tl.reshape(w_hi, (BLOCK_N, BLOCK_B * 16))
+        acc = tl.dot(x_lo, tl.trans(w_lo), acc, input_precision=PRECISION)
+        acc = tl.dot(x_hi, tl.trans(w_hi), acc, input_precision=PRECISION)
+    out = out_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+    tl.store(out, acc, mask=(rm < M)[:, None] & (rn < N)[None, :])

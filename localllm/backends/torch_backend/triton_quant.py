@@ -71,12 +71,13 @@ GEMV_CONFIGS: dict[str, KernelConfig] = {
     "Q5_K": KernelConfig(block_n=32, step=2),
     "Q6_K": KernelConfig(block_n=16, step=4),
 }
-GEMM_CONFIGS: dict[str, KernelConfig] = {
-    t: KernelConfig(block_n=32, step=256, num_stages=3, programs=264)
+GEMM_CONFIGS: dict[str, KernelConfig] = {  # 3 stages: Triton's default, as before the configs
+    t: KernelConfig(block_n=32, step=1, num_stages=3, programs=264)
     if TYPES[t][0] == 256
-    else KernelConfig(block_n=GEMM_BLOCK_N, step=GEMM_BLOCK_K, num_stages=3, programs=264)
-    for t in TYPES  # (as before the configs: Triton's default 3 stages, ~2 waves of programs)
+    else KernelConfig(block_n=64, step=4, num_stages=3, programs=264)
+    for t in TYPES
 }
+GENERIC_GEMM = KernelConfig(block_n=GEMM_BLOCK_N, step=GEMM_BLOCK_K, num_stages=3, programs=264)
 
 
 @triton.jit
@@ -272,29 +273,35 @@ def gemm(
     precision: str = "tf32x3",
     split_k: int = 0,
     config: KernelConfig | None = None,
+    generic: bool = False,
 ) -> torch.Tensor:
-    """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles."""
+    """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles. Legacy types take
+    triton_legacy's block-structured kernel (config step: blocks), or with `generic` the per-value
+    gemm_kernel (step: K values)."""
     from localllm.backends.torch_backend import triton_kquant as kq
+    from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
-    c = config or GEMM_CONFIGS[w.qtype]
+    c = config or (GENERIC_GEMM if generic else GEMM_CONFIGS[w.qtype])
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     kquant = w.qtype in KQUANTS
-    step = 256 if kquant else c.step
     tiles = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n))
-    splits, per_split = _splits(k, step, tiles[0] * tiles[1], c.programs, split_k)
+    grid_k, step = (k, c.step) if generic and not kquant else (nb, 1 if kquant else c.step)
+    splits, per_split = _splits(grid_k, step, tiles[0] * tiles[1], c.programs, split_k)
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    args = (x, out, *_planes(w))
     common = {"BLOCK_M": block_m, "BLOCK_N": c.block_n, "PRECISION": precision}
     common.update(num_warps=c.num_warps, num_stages=c.num_stages)
+    grid = (tiles[0], tiles[1], splits)
     if kquant:
-        kq.gemm_kquant_kernel[(tiles[0], tiles[1], splits)](
-            x, out, *_planes(w), m, n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], **common
-        )  # fmt: skip
+        kq.gemm_kquant_kernel[grid](*args, m, n, nb, x.stride(0), per_split, KIND=KQUANTS[w.qtype], **common)
+    elif generic:
+        gemm_kernel[grid](*args, m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common)
     else:
-        gemm_kernel[(tiles[0], tiles[1], splits)](
-            x, out, *_planes(w), m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common
+        tl_legacy.gemm_legacy_kernel[grid](
+            *args[:5], m, n, nb, x.stride(0), per_split, QT=qt, BLOCK_B=step, **common
         )  # fmt: skip
     return _summed(out)
 
