@@ -44,9 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
     p.add_argument("--json", type=Path, help="also write every measurement here")
+    p.add_argument("--grid", choices=["full", "small"], default="full", help="small: 3 configs a type")
     p.add_argument(
-        "--grid", choices=["full", "small"], default="full", help="small: 3 compiled configs a type"
+        "--jobs", type=int, default=6, help="CUDA: processes that compile the kernels first (0: none)"
     )
+    p.add_argument("--warm-part", help=argparse.SUPPRESS)  # "i/n": a compiling worker's share
     args = p.parse_args(argv)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     device = torch.device(args.device)
+    if args.warm_part:
+        return warm(args.types, args.grid == "small", *map(int, args.warm_part.split("/")))
+    if args.device == "cuda" and args.jobs > 0:
+        compile_first(args)
     copy = copy_bandwidth() if args.device == "cuda" else 0.0
     rows: list[dict[str, Any]] = []
     for qtype in args.types:
@@ -67,6 +73,53 @@ def main(argv: list[str] | None = None) -> int:
     for r in bad:
         print("WRONG RESULT:", r, file=sys.stderr)
     return 1 if bad else 0
+
+
+def compile_first(args: argparse.Namespace) -> None:
+    """Compile every kernel the sweep launches in `jobs` processes at once, into Triton's on-disk cache
+    (the shapes below specialize as the real ones do: every size a multiple of 16), so this process
+    loads them instead of compiling one at a time. Best effort: a worker that fails costs nothing."""
+    import subprocess
+
+    begin = time.perf_counter()
+    base = [sys.executable, __file__, "--types", *args.types, "--grid", args.grid]
+    procs = [subprocess.Popen([*base, "--warm-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
+    failed = sum(p.wait() != 0 for p in procs)
+    print(
+        f"compiled in {args.jobs} processes: {time.perf_counter() - begin:.0f} s ({failed} failed)",
+        flush=True,
+    )
+
+
+def warm(types: list[str], small: bool, part: int, parts: int) -> int:
+    """Launch this worker's share of the kernels once, on small weights."""
+    import torch
+
+    from localllm.backends.torch_backend import triton_quant as tq
+
+    jobs = [(t, "gemv", c) for t in types for c in dict.fromkeys(_compiled(c) for c in configs(t, small))]
+    jobs += [(t, kind, None) for t in types for kind in ("gemm", "generic")[: 1 if t in tq.KQUANTS else 2]]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    x1, x64 = torch.randn(1, 4096, device=device), torch.randn(64, 4096, device=device)
+    for qtype, kind, c in jobs[part::parts]:
+        w = random_weight(qtype, 64, 4096, device)
+        if kind == "gemv":
+            tq.gemv(x1, w, config=c)
+        else:
+            tq.gemm(x64, w, generic=kind == "generic")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    print(f"  compiled {len(jobs[part::parts])} kernels", flush=True)
+    return 0
+
+
+def _compiled(c: Any) -> Any:
+    """c with the programs target left at its default: what a compile depends on."""
+    from dataclasses import replace
+
+    from localllm.backends.torch_backend import triton_quant as tq
+
+    return replace(c, programs=tq.KernelConfig(1, 1).programs)
 
 
 def copy_bandwidth() -> float:

@@ -149,7 +149,7 @@ def _q6_k_dots(p0, p1, p2, p3, b, xs, blk, last):
     return tl.load(p0 + b).to(tl.float32)[:, None] * tl.sum(part, axis=2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["blocks_per_split"])  # (x's offsets are multiples of 256 anyway)
 def gemm_kquant_kernel(x_ptr, out_ptr, p0, p1, p2, p3, M, N, nb, stride_xm, blocks_per_split,
                        KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr):  # fmt: skip
