@@ -1,13 +1,14 @@
-"""Decode GEMV for the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), block by block: each step
+"""GEMV and GEMM for the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), block by block: each step
 takes a (rows, blocks, bytes) tile of quants, contiguous per row (16-byte loads once pointers are
 aligned), reads each block's scale (and min) once, and x once per tile, broadcast over the rows (so
 a thread that holds several rows reuses its x registers).
 
-Per block the sum is d * sum(q * x) (Q4_1/Q5_1: + m * sum(x)), as llama.cpp's decode kernels form
-it: the same products as dequantize-then-multiply, summed in another float32 order (within the
-tests' float32 rounding bound). Quants become floats through their bits (2^23 + q as a float's
-pattern, minus 2^23), an integer op and a float subtraction instead of a slow int-to-float convert;
-exact for the small integers they are.
+The GEMM forms the values themselves, exactly as quant/ggml.py does, and meets x in tensor-core
+dots. In the GEMV, per block the sum is d * sum(q * x) (Q4_1/Q5_1: + m * sum(x)), as llama.cpp's
+decode kernels form it: the same products as dequantize-then-multiply, summed in another float32
+order (within the tests' float32 rounding bound). Quants become floats through their bits (2^23 + q
+as a float's pattern, minus 2^23), an integer op and a float subtraction instead of a slow
+int-to-float convert; exact for the small integers they are.
 
 Planes (weights.py), as p0..p2: Q4_0 (d, qs), Q4_1 (dm, qs), Q5_0 (d, qh, qs), Q5_1 (dm, qh, qs),
 Q8_0 (d, qs). QT is triton_quant.QTYPE_IDS' (0..4). Each program owns a range of blocks (split-K)

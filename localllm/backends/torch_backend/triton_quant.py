@@ -8,15 +8,15 @@ round, is its last operation, rounded once as NumPy rounds it. So the kernels' w
 oracle's bit for bit, and only the order of the float32 sums differs.
 
 - `dequant_kernel` writes the values out (the tests' exact check, and a tool).
-- `gemv_kernel`: the generic per-value decode GEMV (kept as a reference and for the compile check);
-  `gemv` launches the block-structured ones instead, triton_legacy.py's for the 32-value types and
-  triton_kquant.py's for the k-quants. Each program owns BLOCK_N weight rows and a range of K;
+- `gemv` (decode rows) launches block-structured kernels, triton_legacy.py's for the 32-value types
+  and triton_kquant.py's for the k-quants. Each program owns BLOCK_N weight rows and a range of K;
   split-K: several programs share a row's K range so a launch has thousands of programs (a
   memory-bound kernel needs many bytes in flight per SM), their partial sums added after.
 - Launch parameters are a `KernelConfig` per (kernel, type), GEMV_CONFIGS / GEMM_CONFIGS, which
   `gemv` and `gemm` take as an override (scripts/gpu_kernel_sweep.py tries alternatives).
-- `gemm_kernel`: prefill and batched decode tiles (Q4_K, Q5_K, Q6_K: triton_kquant.py's); a
-  dequantized (BLOCK_K, BLOCK_N) tile meets a float32 x tile in `tl.dot`, with `input_precision`
+- `gemm` (prefill and batched decode) launches triton_legacy.py's or triton_kquant.py's
+  block-structured GEMM; `gemm_kernel` here is the per-value one (`gemm(generic=True)`); in each a
+  dequantized tile meets a float32 x tile in `tl.dot`, with `input_precision`
   "tf32x3" on CUDA by default (tensor cores, about float32's error), "ieee" for exact float32 products;
   split-K as the GEMV's, so a 64-row decode batch still fills the device.
 
@@ -35,7 +35,6 @@ import triton.language as tl
 from localllm.backends.torch_backend.weights import TYPES, QuantWeight
 
 QTYPE_IDS = {name: i for i, name in enumerate(TYPES)}  # a kernel's QT constexpr
-GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256  # the generic gemv_kernel's tile
 GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 64
 
 
@@ -156,26 +155,6 @@ def dequant_kernel(out_ptr, p0, p1, p2, p3, N, K, nb, QT: tl.constexpr, BS: tl.c
     w = _dequant(p0, p1, p2, p3, n.to(tl.int64), k, nb, QT, BS)
     mask = (rn < N)[:, None] & (rk < K)[None, :]
     tl.store(out_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], w, mask=mask)
-
-
-@triton.jit
-def gemv_kernel(x_ptr, out_ptr, p0, p1, p2, p3, N, K, nb, stride_xm, k_per_split,
-                QT: tl.constexpr, BS: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """out[split, m, n] = sum over this split's k of x[m, k] * w[n, k]."""
-    pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n = tl.minimum(rn, N - 1).to(tl.int64)[:, None]
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    k_start = split * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m * stride_xm + rk, mask=rk < k_end, other=0.0)
-        w = _dequant(p0, p1, p2, p3, n, tl.minimum(rk, K - 1)[None, :], nb, QT, BS)
-        acc += w * x[None, :]
-    out = out_ptr + (split * tl.num_programs(1) + m).to(tl.int64) * N + rn
-    tl.store(out, tl.sum(acc, axis=1), mask=rn < N)
 
 
 @triton.jit
