@@ -42,9 +42,9 @@ GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 64
 class KernelConfig:
     """How one kernel is launched for one type.
 
-    block_n: weight rows per program. step: GEMV, 32-value blocks (legacy types) or 256-value
-    super-blocks (k-quants) per loop step; GEMM, K values per step (legacy types; k-quants step one
-    super-block). programs: split-K is added until a launch has at least this many programs."""
+    block_n: weight rows per program. step: 32-value blocks (legacy types) or 256-value super-blocks
+    (k-quants) per loop step (the k-quant GEMM steps one; the per-value GEMM, K values). programs:
+    split-K is added until a launch has at least this many programs."""
 
     block_n: int
     step: int
@@ -54,12 +54,13 @@ class KernelConfig:
 
 
 # Defaults, from bytes in flight (H100/H200: 132 SMs; ~32 KB of loads in flight per SM wanted) and
-# registers (cuobjdump of the sm_90 cubins): a Q4/Q5 step is 64 rows x 8 blocks (9 KB, 96 registers:
-# 5 programs an SM, ~46 KB), Q8_0 32 x 8 (9 KB, 72 registers: 7, ~61 KB), Q4_K/Q5_K 32 rows x 2
-# super-blocks (9.5 KB, 80 registers: 6, ~57 KB), Q6_K 16 x 4 (13 KB, 66 registers: 7, ~94 KB). Rows
-# per thread reuse x registers. num_stages: these loops are not software-pipelined (1 and 3 give the
-# same PTX); the unrolled step is what puts loads in flight. 1024 programs (~8 an SM): every SM busy
-# while the splits (partial sums to add) stay few. scripts/gpu_kernel_sweep.py measures alternatives.
+# registers (cuobjdump of the sm_90 cubins): a Q4/Q5 step is 64 rows x 8 blocks (9-10 KB, 96-128
+# registers: 4-5 programs an SM, ~40-46 KB), Q8_0 32 x 8 (9 KB, 72 registers: 7, ~61 KB), Q4_K/Q5_K
+# 32 rows x 2 super-blocks (9.5 KB, 80-95 registers: 5-6, ~50-57 KB), Q6_K 16 x 4 (13 KB, 66
+# registers: 7, ~94 KB). Rows per thread reuse x registers. num_stages: these loops are not
+# software-pipelined (1 and 3 give the same PTX); the unrolled step is what puts loads in flight.
+# 1024 programs (~8 an SM): every SM busy while the splits (partial sums to add) stay few.
+# scripts/gpu_kernel_sweep.py measures alternatives.
 GEMV_CONFIGS: dict[str, KernelConfig] = {
     "Q4_0": KernelConfig(block_n=64, step=8),
     "Q4_1": KernelConfig(block_n=64, step=8),
