@@ -101,14 +101,35 @@ def test_triton_kernels_match_the_oracle(tq, qtype: str) -> None:
         within_f32_rounding(got, x, ref)
 
 
+# GEMV launch configs past the defaults: steps longer than a split or a row (masked tails), several
+# splits, tiny and wide row tiles; K of 7 blocks / 3 super-blocks so no step divides it
+GEMV_CONFIGS = [(8, 1, 1), (16, 4, 2), (32, 2, 3), (4, 16, 1)]
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_launch_configs_match_the_oracle(tq, qtype: str) -> None:
+    n, k = (13, 7 * 32) if TYPES[qtype][0] == 32 else (13, 3 * 256)
+    ggml_type, raw = random_rows(qtype, n, k, seed=3)
+    ref = dequantize(raw, ggml_type)
+    w = upload(raw, ggml_type, _device())
+    x = np.random.default_rng(4).standard_normal((2, k)).astype(np.float32)
+    for block_n, step, split in GEMV_CONFIGS:
+        config = tq.KernelConfig(block_n=block_n, step=step, num_warps=2)
+        within_f32_rounding(
+            tq.gemv(torch.from_numpy(x).to(_device()), w, split_k=split, config=config), x, ref
+        )
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_kernels_lower_to_sm90_without_a_gpu() -> None:
-    """The Q4_K GEMV (with 16-byte loads) and the tensor-core GEMM compile to Hopper machine code (in a
-    fresh process: the interpreter flag must not be set there)."""
+    """The block-structured GEMVs (a legacy type's and a k-quant's, with 16-byte loads) and the
+    tensor-core GEMM compile to Hopper machine code (in a fresh process: the interpreter flag must not
+    be set there)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "from localllm.backends.torch_backend.triton_compile import compile_kernels\n"
-        "for (kernel, qtype), info in compile_kernels(90, [('gemv', 'Q4_K'), ('gemm', 'Q6_K')]).items():\n"
+        "which = [('gemv', 'Q4_K'), ('gemv', 'Q5_0'), ('gemm', 'Q6_K')]\n"
+        "for (kernel, qtype), info in compile_kernels(90, which).items():\n"
         "    print(kernel, qtype, info)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -116,9 +137,9 @@ def test_kernels_lower_to_sm90_without_a_gpu() -> None:
         pytest.skip(run.stdout.strip())
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
-    assert len(lines) == 2 and all("cubin" in line for line in lines), run.stdout
-    assert "16-byte loads" in lines[0], "the k-quant GEMV should read its quants with wide loads"
-    assert "mma" in lines[1], "the GEMM should use tensor-core instructions"
+    assert len(lines) == 3 and all("cubin" in line for line in lines), run.stdout
+    assert all("16-byte loads" in line for line in lines[:2]), "the GEMVs should read quants with wide loads"
+    assert "mma" in lines[2], "the GEMM should use tensor-core instructions"
 
 
 # ---- whole models with quantized weights ------------------------------------------------------------

@@ -13,35 +13,43 @@ PLANE_TYPES = {"d": "*fp16", "dm": "*fp16", "qs": "*u8", "scm": "*u8", "qh": "*u
 EXCEPTIONS = {("Q5_0", "qh"): "*i32", ("Q5_1", "qh"): "*i32", ("Q8_0", "qs"): "*i8", ("Q6_K", "scm"): "*i8"}
 
 
-def _signature(kernel: str, qtype: str) -> tuple[Any, dict[str, str], dict[str, Any]]:
+def _signature(
+    kernel: str, qtype: str, config: Any = None
+) -> tuple[Any, dict[str, str], dict[str, Any], Any]:
+    """(kernel function, argument types, constexprs, launch config) as `gemv`/`gemm` launch it."""
     names = TYPES[qtype][1]
     planes = [EXCEPTIONS.get((qtype, n), PLANE_TYPES[n]) for n in names]
     planes = [planes[0], planes[1], planes[2], planes[2]] if qtype == "Q4_K" else planes
     planes += [planes[0]] * (4 - len(planes))
     sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", **{f"p{i}": t for i, t in enumerate(planes)}}
+    c = config or (tq.GEMV_CONFIGS if kernel == "gemv" else tq.GEMM_CONFIGS)[qtype]
     if qtype in tq.KQUANTS:
-        return _kquant_signature(kernel, qtype, sig)
-    qt, bs = tq.QTYPE_IDS[qtype], TYPES[qtype][0]
+        return (*_kquant_signature(kernel, qtype, sig, c), c)
+    qt = tq.QTYPE_IDS[qtype]
+    from localllm.backends.torch_backend import triton_legacy
+
+    del sig["p3"]
     if kernel == "gemv":
-        sig.update(N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
-        consts = dict(QT=qt, BS=bs, BLOCK_N=tq.GEMV_BLOCK_N, BLOCK_K=tq.GEMV_BLOCK_K)
-        return tq.gemv_kernel, sig, consts
-    sig.update(M="i32", N="i32", K="i32", nb="i32", stride_xm="i32", k_per_split="i32")
-    consts = dict(QT=qt, BS=bs, BLOCK_M=16, BLOCK_N=tq.GEMM_BLOCK_N, BLOCK_K=tq.GEMM_BLOCK_K)
-    return tq.gemm_kernel, sig, {**consts, "PRECISION": "tf32x3"}
+        sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+        consts = dict(QT=qt, BLOCK_N=c.block_n, BLOCK_B=c.step)
+        return triton_legacy.gemv_legacy_kernel, sig, consts, c
+    sig.update(M="i32", N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
+    consts = dict(QT=qt, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_B=c.step, PRECISION="tf32x3")
+    return triton_legacy.gemm_legacy_kernel, sig, consts, c
 
 
 def _kquant_signature(
-    kernel: str, qtype: str, sig: dict[str, str]
+    kernel: str, qtype: str, sig: dict[str, str], c: Any
 ) -> tuple[Any, dict[str, str], dict[str, Any]]:
     from localllm.backends.torch_backend import triton_kquant as kq
 
     kind = tq.KQUANTS[qtype]
     if kernel == "gemv":
         sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
-        return kq.gemv_kquant_kernel, sig, {"KIND": kind, "BLOCK_N": tq.KQUANT_BLOCK_N}
+        return kq.gemv_kquant_kernel, sig, {"KIND": kind, "BLOCK_N": c.block_n, "STEP": c.step}
     sig.update(M="i32", N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
-    return kq.gemm_kquant_kernel, sig, {"KIND": kind, "BLOCK_M": 16, "BLOCK_N": 32, "PRECISION": "tf32x3"}
+    consts = {"KIND": kind, "BLOCK_M": 16, "BLOCK_N": c.block_n, "PRECISION": "tf32x3"}
+    return kq.gemm_kquant_kernel, sig, consts
 
 
 def _source(fn: Any, sig: dict[str, str], consts: dict[str, Any]) -> Any:
@@ -57,18 +65,23 @@ def _source(fn: Any, sig: dict[str, str], consts: dict[str, Any]) -> Any:
         return triton.compiler.ASTSource(fn=fn, signature=sig, constants=consts)
 
 
-def compile_kernels(arch: int, which: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def compile_kernels(
+    arch: int, which: list[tuple[str, str]], config: Any = None
+) -> dict[tuple[str, str], str]:
     """(kernel, type) -> a line on what it became: machine code size, whether tensor-core (mma)
     instructions and 16-byte global loads are in it; "unsupported: ..." where this Triton cannot target
-    the architecture."""
+    the architecture. config: a triton_quant.KernelConfig for all of them, else each one's default."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     out = {}
     for kernel, qtype in which:
-        fn, sig, consts = _signature(kernel, qtype)
+        fn, sig, consts, c = _signature(kernel, qtype, config)
+        options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
         try:
-            compiled = triton.compile(_source(fn, sig, consts), target=GPUTarget("cuda", arch, 32))
+            compiled = triton.compile(
+                _source(fn, sig, consts), target=GPUTarget("cuda", arch, 32), options=options
+            )
         except (ImportError, NotImplementedError) as e:
             out[kernel, qtype] = f"unsupported: {e}"
             continue

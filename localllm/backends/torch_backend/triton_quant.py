@@ -8,12 +8,15 @@ round, is its last operation, rounded once as NumPy rounds it. So the kernels' w
 oracle's bit for bit, and only the order of the float32 sums differs.
 
 - `dequant_kernel` writes the values out (the tests' exact check, and a tool).
-- `gemv_kernel`: decode rows (Q4_K, Q5_K and Q6_K take triton_kquant.py's instead), one x row per
-  program column; each program owns BLOCK_N weight rows and walks K in BLOCK_K steps, keeping a
-  (BLOCK_N, BLOCK_K) float32 accumulator summed once at the end; split-K: several programs share a
-  row's K range when there are too few rows to fill the device, their partial sums added after.
-- `gemm_kernel`: prefill and batched decode tiles (Q4_K, Q5_K, Q6_K: triton_kquant.py's); a
-  dequantized (BLOCK_K, BLOCK_N) tile meets a float32 x tile in `tl.dot`, with `input_precision`
+- `gemv` (decode rows) launches block-structured kernels, triton_legacy.py's for the 32-value types
+  and triton_kquant.py's for the k-quants. Each program owns BLOCK_N weight rows and a range of K;
+  split-K: several programs share a row's K range so a launch has thousands of programs (a
+  memory-bound kernel needs many bytes in flight per SM), their partial sums added after.
+- Launch parameters are a `KernelConfig` per (kernel, type), GEMV_CONFIGS / GEMM_CONFIGS, which
+  `gemv` and `gemm` take as an override (scripts/gpu_kernel_sweep.py tries alternatives).
+- `gemm` (prefill and batched decode) launches triton_legacy.py's or triton_kquant.py's
+  block-structured GEMM; `gemm_kernel` here is the per-value one (`gemm(generic=True)`); in each a
+  dequantized tile meets a float32 x tile in `tl.dot`, with `input_precision`
   "tf32x3" on CUDA by default (tensor cores, about float32's error), "ieee" for exact float32 products;
   split-K as the GEMV's, so a 64-row decode batch still fills the device.
 
@@ -23,6 +26,8 @@ TRITON_INTERPRET=1 set before the import, the kernels run on the CPU in NumPy (t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -30,9 +35,49 @@ import triton.language as tl
 from localllm.backends.torch_backend.weights import TYPES, QuantWeight
 
 QTYPE_IDS = {name: i for i, name in enumerate(TYPES)}  # a kernel's QT constexpr
-GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256
 GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 64
-KQUANT_BLOCK_N = 16  # rows per program of triton_kquant's GEMV
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How one kernel is launched for one type.
+
+    block_n: weight rows per program. step: 32-value blocks (legacy types) or 256-value super-blocks
+    (k-quants) per loop step (the k-quant GEMM steps one; the per-value GEMM, K values). programs:
+    split-K is added until a launch has at least this many programs."""
+
+    block_n: int
+    step: int
+    num_warps: int = 4
+    num_stages: int = 1
+    programs: int = 1024
+
+
+# Defaults, from bytes in flight (H100/H200: 132 SMs; ~32 KB of loads in flight per SM wanted) and
+# registers (cuobjdump of the sm_90 cubins): a Q4/Q5 step is 64 rows x 8 blocks (9-10 KB, 96-128
+# registers: 4-5 programs an SM, ~40-46 KB), Q8_0 32 x 8 (9 KB, 72 registers: 7, ~61 KB), Q4_K/Q5_K
+# 32 rows x 2 super-blocks (9.5 KB, 80-95 registers: 5-6, ~50-57 KB), Q6_K 16 x 4 (13 KB, 66
+# registers: 7, ~94 KB). Rows per thread reuse x registers. num_stages: these loops are not
+# software-pipelined (1 and 3 give the same PTX); the unrolled step is what puts loads in flight.
+# 1024 programs (~8 an SM): every SM busy while the splits (partial sums to add) stay few.
+# scripts/gpu_kernel_sweep.py measures alternatives.
+GEMV_CONFIGS: dict[str, KernelConfig] = {
+    "Q4_0": KernelConfig(block_n=64, step=8),
+    "Q4_1": KernelConfig(block_n=64, step=8),
+    "Q5_0": KernelConfig(block_n=64, step=8),
+    "Q5_1": KernelConfig(block_n=64, step=8),
+    "Q8_0": KernelConfig(block_n=32, step=8),
+    "Q4_K": KernelConfig(block_n=32, step=2),
+    "Q5_K": KernelConfig(block_n=32, step=2),
+    "Q6_K": KernelConfig(block_n=16, step=4),
+}
+GEMM_CONFIGS: dict[str, KernelConfig] = {  # 3 stages: Triton's default, as before the configs
+    t: KernelConfig(block_n=32, step=1, num_stages=3, programs=264)
+    if TYPES[t][0] == 256
+    else KernelConfig(block_n=64, step=4, num_stages=3, programs=264)
+    for t in TYPES
+}
+GENERIC_GEMM = KernelConfig(block_n=GEMM_BLOCK_N, step=GEMM_BLOCK_K, num_stages=3, programs=264)
 
 
 @triton.jit
@@ -114,26 +159,6 @@ def dequant_kernel(out_ptr, p0, p1, p2, p3, N, K, nb, QT: tl.constexpr, BS: tl.c
 
 
 @triton.jit
-def gemv_kernel(x_ptr, out_ptr, p0, p1, p2, p3, N, K, nb, stride_xm, k_per_split,
-                QT: tl.constexpr, BS: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """out[split, m, n] = sum over this split's k of x[m, k] * w[n, k]."""
-    pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n = tl.minimum(rn, N - 1).to(tl.int64)[:, None]
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    k_start = split * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m * stride_xm + rk, mask=rk < k_end, other=0.0)
-        w = _dequant(p0, p1, p2, p3, n, tl.minimum(rk, K - 1)[None, :], nb, QT, BS)
-        acc += w * x[None, :]
-    out = out_ptr + (split * tl.num_programs(1) + m).to(tl.int64) * N + rn
-    tl.store(out, tl.sum(acc, axis=1), mask=rn < N)
-
-
-@triton.jit
 def gemm_kernel(x_ptr, out_ptr, p0, p1, p2, p3, M, N, K, nb, stride_xm, k_per_split,
                 QT: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
@@ -159,7 +184,6 @@ def gemm_kernel(x_ptr, out_ptr, p0, p1, p2, p3, M, N, K, nb, stride_xm, k_per_sp
 # ---- launchers ----------------------------------------------------------------------------------------
 
 KQUANTS = {"Q4_K": 0, "Q5_K": 1, "Q6_K": 2}  # triton_kquant's KIND
-PROGRAMS = 264  # about two waves on a large GPU (132 SMs): splits are added until a launch has these
 
 
 def _planes(w: QuantWeight) -> tuple[torch.Tensor, ...]:
@@ -175,10 +199,10 @@ def _meta(w: QuantWeight) -> tuple[int, int, int, int, int]:
     return n, k, k // w.block_size, QTYPE_IDS[w.qtype], w.block_size
 
 
-def _splits(k: int, step: int, programs: int, asked: int = 0) -> tuple[int, int]:
-    """(splits, K per split, a multiple of step): enough splits for PROGRAMS programs, each with at
-    least one step of K; `asked` > 0 overrides."""
-    splits = asked if asked > 0 else max(1, min(triton.cdiv(PROGRAMS, programs), k // step))
+def _splits(k: int, step: int, programs: int, target: int, asked: int = 0) -> tuple[int, int]:
+    """(splits, K per split, a multiple of step): enough splits for `target` programs in all (one
+    split has `programs`), each with at least one step of K; `asked` > 0 overrides."""
+    splits = asked if asked > 0 else max(1, min(triton.cdiv(target, programs), k // step))
     per_split = triton.cdiv(triton.cdiv(k, splits), step) * step
     return triton.cdiv(k, per_split), per_split
 
@@ -196,50 +220,68 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
     return out
 
 
-def gemv(x: torch.Tensor, w: QuantWeight, split_k: int = 0) -> torch.Tensor:
-    """x (M, K) float32, M small, times w transposed -> (M, N) float32. split_k 0: chosen by size."""
+def gemv(
+    x: torch.Tensor, w: QuantWeight, split_k: int = 0, config: KernelConfig | None = None
+) -> torch.Tensor:
+    """x (M, K) float32, M small, times w transposed -> (M, N) float32. split_k 0: chosen by size;
+    config: GEMV_CONFIGS' for w's type unless given."""
     from localllm.backends.torch_backend import triton_kquant as kq
+    from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
+    c = config or GEMV_CONFIGS[w.qtype]
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
-    kquant = w.qtype in KQUANTS
-    block_n, step = (KQUANT_BLOCK_N, 256) if kquant else (GEMV_BLOCK_N, GEMV_BLOCK_K)
-    tiles = triton.cdiv(n, block_n)
-    splits, per_split = _splits(k, step, tiles * m, split_k)
+    tiles = triton.cdiv(n, c.block_n)
+    splits, per_split = _splits(nb, c.step, tiles * m, c.programs, split_k)
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    if kquant:
+    launch = {"BLOCK_N": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages}
+    if w.qtype in KQUANTS:
         kq.gemv_kquant_kernel[(tiles, splits, m)](
-            x, out, *_planes(w), n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], BLOCK_N=block_n
+            x, out, *_planes(w), n, nb, x.stride(0), per_split, KIND=KQUANTS[w.qtype], STEP=c.step, **launch
         )  # fmt: skip
     else:
-        gemv_kernel[(tiles, m, splits)](
-            x, out, *_planes(w), n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_N=block_n, BLOCK_K=step
+        tl_legacy.gemv_legacy_kernel[(tiles, splits, m)](
+            x, out, *_planes(w)[:3], n, nb, x.stride(0), per_split, QT=qt, BLOCK_B=c.step, **launch
         )  # fmt: skip
     return _summed(out)
 
 
-def gemm(x: torch.Tensor, w: QuantWeight, precision: str = "tf32x3", split_k: int = 0) -> torch.Tensor:
-    """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles."""
+def gemm(
+    x: torch.Tensor,
+    w: QuantWeight,
+    precision: str = "tf32x3",
+    split_k: int = 0,
+    config: KernelConfig | None = None,
+    generic: bool = False,
+) -> torch.Tensor:
+    """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles. Legacy types take
+    triton_legacy's block-structured kernel (config step: blocks), or with `generic` the per-value
+    gemm_kernel (step: K values)."""
     from localllm.backends.torch_backend import triton_kquant as kq
+    from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
+    c = config or (GENERIC_GEMM if generic else GEMM_CONFIGS[w.qtype])
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     kquant = w.qtype in KQUANTS
-    block_n, step = (32, 256) if kquant else (GEMM_BLOCK_N, GEMM_BLOCK_K)
-    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    splits, per_split = _splits(k, step, tiles[0] * tiles[1], split_k)
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n))
+    grid_k, step = (k, c.step) if generic and not kquant else (nb, 1 if kquant else c.step)
+    splits, per_split = _splits(grid_k, step, tiles[0] * tiles[1], c.programs, split_k)
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    common = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRECISION": precision}
+    args = (x, out, *_planes(w))
+    common = {"BLOCK_M": block_m, "BLOCK_N": c.block_n, "PRECISION": precision}
+    common.update(num_warps=c.num_warps, num_stages=c.num_stages)
+    grid = (tiles[0], tiles[1], splits)
     if kquant:
-        kq.gemm_kquant_kernel[(tiles[0], tiles[1], splits)](
-            x, out, *_planes(w), m, n, nb, x.stride(0), per_split // 256, KIND=KQUANTS[w.qtype], **common
-        )  # fmt: skip
+        kq.gemm_kquant_kernel[grid](*args, m, n, nb, x.stride(0), per_split, KIND=KQUANTS[w.qtype], **common)
+    elif generic:
+        gemm_kernel[grid](*args, m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common)
     else:
-        gemm_kernel[(tiles[0], tiles[1], splits)](
-            x, out, *_planes(w), m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common
+        tl_legacy.gemm_legacy_kernel[grid](
+            *args[:5], m, n, nb, x.stride(0), per_split, QT=qt, BLOCK_B=step, **common
         )  # fmt: skip
     return _summed(out)
 
