@@ -53,23 +53,19 @@ class KernelConfig:
     programs: int = 1024
 
 
-# Defaults, from bytes in flight (H100/H200: 132 SMs; ~32 KB of loads in flight per SM wanted) and
-# registers (cuobjdump of the sm_90 cubins): a Q4/Q5 step is 64 rows x 8 blocks (9-10 KB, 96-128
-# registers: 4-5 programs an SM, ~40-46 KB), Q8_0 32 x 8 (9 KB, 72 registers: 7, ~61 KB), Q4_K/Q5_K
-# 32 rows x 2 super-blocks (9.5 KB, 80-95 registers: 5-6, ~50-57 KB), Q6_K 16 x 4 (13 KB, 66
-# registers: 7, ~94 KB). Rows per thread reuse x registers. num_stages: these loops are not
-# software-pipelined (1 and 3 give the same PTX); the unrolled step is what puts loads in flight.
-# 1024 programs (~8 an SM): every SM busy while the splits (partial sums to add) stay few.
-# scripts/gpu_kernel_sweep.py measures alternatives.
+# Defaults: the best of scripts/gpu_kernel_sweep.py's grid on an H200 over three shapes (weights read
+# from HBM; docs/benchmarks.md, "GPU"): 16 rows a program, and steps long enough to keep ~8 KB of
+# weight loads in flight per program. num_stages: these loops are not software-pipelined (1 and 3 give
+# the same PTX); the unrolled step is what puts loads in flight. The programs target barely mattered.
 GEMV_CONFIGS: dict[str, KernelConfig] = {
-    "Q4_0": KernelConfig(block_n=64, step=8),
-    "Q4_1": KernelConfig(block_n=64, step=8),
-    "Q5_0": KernelConfig(block_n=64, step=8),
-    "Q5_1": KernelConfig(block_n=64, step=8),
-    "Q8_0": KernelConfig(block_n=32, step=8),
-    "Q4_K": KernelConfig(block_n=32, step=2),
-    "Q5_K": KernelConfig(block_n=32, step=2),
-    "Q6_K": KernelConfig(block_n=16, step=4),
+    "Q4_0": KernelConfig(block_n=16, step=16),
+    "Q4_1": KernelConfig(block_n=16, step=16),
+    "Q5_0": KernelConfig(block_n=16, step=16),
+    "Q5_1": KernelConfig(block_n=16, step=16),
+    "Q8_0": KernelConfig(block_n=16, step=16),
+    "Q4_K": KernelConfig(block_n=16, step=4),
+    "Q5_K": KernelConfig(block_n=16, step=4),
+    "Q6_K": KernelConfig(block_n=32, step=2),
 }
 GEMM_CONFIGS: dict[str, KernelConfig] = {  # 3 stages: Triton's default, as before the configs
     t: KernelConfig(block_n=32, step=1, num_stages=3, programs=264)
