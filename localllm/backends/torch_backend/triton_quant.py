@@ -282,7 +282,14 @@ def gemm(
     return _summed(out)
 
 
-def matmul(x: torch.Tensor, w: QuantWeight, gemv_rows: int = 1, precision: str = "tf32x3") -> torch.Tensor:
+# Up to this many rows the GEMV (which reads the weight once per row) beat the k-quant GEMM on an H200
+# (docs/benchmarks.md, "GPU"): 2 rows at half the GEMM's time, 8 rows at 1.7 times it.
+GEMV_ROWS = 3
+
+
+def matmul(
+    x: torch.Tensor, w: QuantWeight, gemv_rows: int = GEMV_ROWS, precision: str = "tf32x3"
+) -> torch.Tensor:
     """The kernel for x's row count: GEMV for up to gemv_rows rows (decode), tiled GEMM beyond."""
     if x.shape[0] == 0:  # (no launch has an empty grid)
         return torch.empty((0, w.shape[0]), dtype=torch.float32, device=x.device)
