@@ -120,23 +120,23 @@ def test_launch_configs_match_the_oracle(tq, qtype: str) -> None:
         )
 
 
-# the 2-D-tile k-quant GEMM: (block_n, super-blocks a step, split-K); K of 3 super-blocks, so a
-# 2-step leaves a masked half step, and 2 splits of 2 super-blocks leave a short last split
-KQUANT_2D = [(16, 1, 1), (32, 1, 2), (16, 2, 1), (16, 2, 2)]
+# the 2-D-tile k-quant GEMM: (block_n, super-blocks a step, split-K, block_m); K of 3 super-blocks,
+# so a 2-step leaves a masked half step, and 2 splits of 2 super-blocks leave a short last split
+KQUANT_2D = [(16, 1, 1, 0), (32, 1, 2, 0), (16, 2, 1, 0), (16, 2, 2, 0), (32, 1, 2, 16)]
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 def test_2d_kquant_gemm_matches_the_oracle(tq, qtype: str) -> None:
     """gemm(config=kernel "2d"): the oracle's product within float32 rounding, at row counts that fill
-    no tile (5 of 16, 21 of 32) and with split-K."""
+    no tile (5 of 16, 21 of 32 or of two 16s) and with split-K."""
     ggml_type, raw = random_rows(qtype, 13, 3 * 256, seed=5)
     ref = dequantize(raw, ggml_type)
     w = upload(raw, ggml_type, _device())
     rng = np.random.default_rng(6)
     for m in (5, 21):
         x = rng.standard_normal((m, ref.shape[1])).astype(np.float32)
-        for block_n, step, split in KQUANT_2D:
-            config = tq.KernelConfig(block_n=block_n, step=step, num_stages=3, kernel="2d")
+        for block_n, step, split, block_m in KQUANT_2D:
+            config = tq.KernelConfig(block_n=block_n, step=step, num_stages=3, kernel="2d", block_m=block_m)
             xt = torch.from_numpy(x).to(_device())
             within_f32_rounding(tq.gemm(xt, w, precision="ieee", split_k=split, config=config), x, ref)
 

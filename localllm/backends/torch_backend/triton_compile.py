@@ -50,7 +50,7 @@ def _kquant_signature(
         sig.update(N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
         return kq.gemv_kquant_kernel, sig, {"KIND": kind, "BLOCK_N": c.block_n, "STEP": c.step}
     sig.update(M="i32", N="i32", nb="i32", stride_xm="i32", blocks_per_split="i32")
-    consts = {"KIND": kind, "BLOCK_M": 16, "BLOCK_N": c.block_n, "PRECISION": "tf32x3"}
+    consts = {"KIND": kind, "BLOCK_M": c.block_m or 16, "BLOCK_N": c.block_n, "PRECISION": "tf32x3"}
     if kernel == "gemm2d":
         from localllm.backends.torch_backend import triton_kquant2d
 

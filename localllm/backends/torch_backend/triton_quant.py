@@ -45,7 +45,8 @@ class KernelConfig:
     block_n: weight rows per program. step: 32-value blocks (legacy types) or 256-value super-blocks
     (k-quants) per loop step (the k-quant GEMM steps one; the per-value GEMM, K values). programs:
     split-K is added until a launch has at least this many programs. kernel: "2d" launches the
-    k-quant GEMM of 2-D tiles (triton_kquant2d.py, step: super-blocks) instead of the default one."""
+    k-quant GEMM of 2-D tiles (triton_kquant2d.py, step: super-blocks) instead of the default one.
+    block_m (GEMMs): x rows per program; 0: 16, 32 or 64 by the row count."""
 
     block_n: int
     step: int
@@ -53,6 +54,7 @@ class KernelConfig:
     num_stages: int = 1
     programs: int = 1024
     kernel: str = "default"
+    block_m: int = 0
 
 
 # Defaults, from bytes in flight (H100/H200: 132 SMs; ~32 KB of loads in flight per SM wanted) and
@@ -80,8 +82,11 @@ GEMM_CONFIGS: dict[str, KernelConfig] = {  # 3 stages: Triton's default, as befo
     for t in TYPES
 }
 GENERIC_GEMM = KernelConfig(block_n=GEMM_BLOCK_N, step=GEMM_BLOCK_K, num_stages=3, programs=264)
-# the 2-D-tile k-quant GEMM, as the default's launch (not yet timed on a GPU: selected by config only)
-KQUANT_GEMM_2D = KernelConfig(block_n=32, step=1, num_stages=3, programs=264, kernel="2d")
+# The 2-D-tile k-quant GEMM (not yet timed on a GPU: selected by config only). 16 rows a program: at
+# 16 its values form in the tensor-core operand layout (sm_90 PTX: no shared-memory store, 2 barriers
+# a loop step); at 32 Triton re-lays them out through shared memory and at 64 (wgmma) stores each of
+# its eight dots' tiles there, so more rows take more programs instead.
+KQUANT_GEMM_2D = KernelConfig(block_n=32, step=1, num_stages=3, programs=264, kernel="2d", block_m=16)
 
 
 @triton.jit
@@ -271,7 +276,7 @@ def gemm(
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_m = c.block_m or (16 if m <= 16 else 32 if m <= 32 else 64)
     kquant = w.qtype in KQUANTS
     tiles = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n))
     two_d = kquant and c.kernel == "2d"
