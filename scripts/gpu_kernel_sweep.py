@@ -8,7 +8,8 @@ On CUDA each (type, shape, config, programs target) GEMV with one x row is timed
 REPS launches (no launch gaps), cycling over copies of the weight that together exceed 3x the L2 cache
 (so every launch reads its weight from HBM), after a warm-up; GB/s is the weight's bytes over the
 time, beside its share of a measured device copy (read + write). The best per (type, shape) is marked;
-the 64-row GEMM is timed with its default config. Each GEMV's result is checked against torch's
+the 64-row GEMM is timed with its default config (k-quants: also the 2-D-tile kernel, and both at 16
+rows). Each GEMV's result is checked against torch's
 dequantization (weights.dequantize_torch) times x. On the CPU nothing is timed: every config's result
 is checked the same way (within float32 rounding), which is what the tests run.
 """
@@ -98,7 +99,7 @@ def warm(types: list[str], small: bool, part: int, parts: int) -> int:
     from localllm.backends.torch_backend import triton_quant as tq
 
     jobs = [(t, "gemv", c) for t in types for c in dict.fromkeys(_compiled(c) for c in configs(t, small))]
-    jobs += [(t, kind, None) for t in types for kind in ("gemm", "generic")[: 1 if t in tq.KQUANTS else 2]]
+    jobs += [(t, kind, None) for t in types for kind in _gemm_kinds(t)]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     x1, x64 = torch.randn(1, 4096, device=device), torch.randn(64, 4096, device=device)
     for qtype, kind, c in jobs[part::parts]:
@@ -106,7 +107,7 @@ def warm(types: list[str], small: bool, part: int, parts: int) -> int:
         if kind == "gemv":
             tq.gemv(x1, w, config=c)
         else:
-            tq.gemm(x64, w, generic=kind == "generic")
+            tq.gemm(x64, w, generic=kind == "generic", config=tq.KQUANT_GEMM_2D if kind == "2d" else None)
     if device.type == "cuda":
         torch.cuda.synchronize()
     print(f"  compiled {len(jobs[part::parts])} kernels", flush=True)
@@ -202,27 +203,46 @@ def sweep_one(
     return rows
 
 
+def _gemm_kinds(qtype: str) -> tuple[str, ...]:
+    """The GEMM kernels timed per type: the default; legacy types also the per-value one (the one
+    before the block-structured GEMM), k-quants also the 2-D-tile one (triton_kquant2d.py)."""
+    from localllm.backends.torch_backend import triton_quant as tq
+
+    return ("gemm", "2d") if qtype in tq.KQUANTS else ("gemm", "generic")
+
+
 def _gemm_rows(qtype: str, n: int, k: int, w: Any, ref: Any, copies: list[Any], device: Any) -> list[dict]:
-    """The 64-row GEMM at its default config; legacy types also through the per-value kernel (the
-    one before the block-structured GEMM), for comparison."""
+    """The GEMM per kernel (_gemm_kinds) at 64 rows (kernel "gemm64", "gemm64-generic", "gemm64-2d");
+    k-quants' two kernels also at 16 rows ("gemm16", "gemm16-2d")."""
     import torch
 
     from localllm.backends.torch_backend import triton_quant as tq
 
-    xs = torch.randn(64, k, device=device)
-    precision = "tf32x3" if device.type == "cuda" else "ieee"
     rows = []
-    for generic in (False, True) if qtype not in tq.KQUANTS else (False,):
-        ok = _close(tq.gemm(xs, w, precision=precision, generic=generic), xs, ref, tf32=device.type == "cuda")
-        config = tq.GENERIC_GEMM if generic else tq.GEMM_CONFIGS[qtype]
-        kernel = "gemm64-generic" if generic else "gemm64"
-        row = {"type": qtype, "shape": f"{n}x{k}", "kernel": kernel, "config": asdict(config), "ok": ok}
-        row["default"] = not generic
-        if device.type == "cuda":
-            t = _seconds([lambda v=v, g=generic: tq.gemm(xs, v, generic=g) for v in copies], reps=5)
-            row.update(us=t * 1e6, tflops=2 * 64 * n * k / t / 1e12, gbps=w.nbytes / t / 1e9)
-        rows.append(row)
+    for m in (64, 16) if qtype in tq.KQUANTS else (64,):
+        xs = torch.randn(m, k, device=device)
+        for kind in _gemm_kinds(qtype):
+            config = {"gemm": tq.GEMM_CONFIGS[qtype], "generic": tq.GENERIC_GEMM, "2d": tq.KQUANT_GEMM_2D}
+            rows.append(_gemm_row(qtype, n, k, w, ref, copies, xs, kind, config[kind]))
     return rows
+
+
+def _gemm_row(qtype: str, n: int, k: int, w: Any, ref: Any, copies: list[Any], xs: Any, kind: str,
+              config: Any) -> dict:  # fmt: skip
+    """One GEMM's row: checked against ref (tf32x3 on CUDA, exact float32 on the CPU), timed on CUDA."""
+    from localllm.backends.torch_backend import triton_quant as tq
+
+    cuda = xs.device.type == "cuda"
+    generic = kind == "generic"
+    got = tq.gemm(xs, w, precision="tf32x3" if cuda else "ieee", generic=generic, config=config)
+    m = xs.shape[0]
+    name = f"gemm{m}" + ("" if kind == "gemm" else f"-{kind}")
+    row = {"type": qtype, "shape": f"{n}x{k}", "kernel": name, "config": asdict(config)}
+    row.update(ok=_close(got, xs, ref, tf32=cuda), default=kind == "gemm")
+    if cuda:
+        t = _seconds([lambda v=v: tq.gemm(xs, v, generic=generic, config=config) for v in copies], reps=5)
+        row.update(us=t * 1e6, tflops=2 * m * n * k / t / 1e12, gbps=w.nbytes / t / 1e9)
+    return row
 
 
 def _copies(w: Any, device: Any) -> list[Any]:
@@ -301,7 +321,8 @@ def mark_best(rows: list[dict[str, Any]]) -> None:
 
 
 def _config_text(c: dict[str, Any]) -> str:
-    return f"n{c['block_n']} s{c['step']} w{c['num_warps']} st{c['num_stages']} p{c['programs']}"
+    kernel = "" if c.get("kernel", "default") == "default" else f" {c['kernel']}"
+    return f"n{c['block_n']} s{c['step']} w{c['num_warps']} st{c['num_stages']} p{c['programs']}{kernel}"
 
 
 def _progress(r: dict[str, Any]) -> None:
@@ -312,19 +333,24 @@ def _progress(r: dict[str, Any]) -> None:
 
 
 def print_table(rows: list[dict[str, Any]], copy: float, seconds: float) -> None:
+    """Per (type, shape): the best and the default GEMV; the GEMM at 64 rows in TFLOP/s (beside it the
+    other kernel: legacy types' per-value one, k-quants' 2-D-tile one) and k-quants' at 16 rows in us."""
     print(f"\ndevice copy {copy / 1e9:.0f} GB/s; sweep took {seconds:.0f} s")
     head = f"{'type':5} {'N x K':>10}  {'best GEMV config':24} {'GB/s':>6} {'copy':>5}"
-    print(f"{head}  {'default':>7} {'copy':>5}  {'GEMM64 TFLOP/s':>14} {'(per-value)':>12}")
+    head += f"  {'default':>7} {'copy':>5}  {'GEMM64 TFLOP/s':>14} {'(other)':>8}"
+    print(f"{head}  {'GEMM16 us (2d)':>15}")
     for key in dict.fromkeys((r["type"], r["shape"]) for r in rows):
-        group = [r for r in rows if (r["type"], r["shape"]) == key]
-        best = next(r for r in group if r["best"])
-        default = next(r for r in group if r["kernel"] == "gemv" and r["default"])
-        gemm = next(r for r in group if r["kernel"] == "gemm64")
-        generic = next((r for r in group if r["kernel"] == "gemm64-generic"), {})
+        group = {r["kernel"]: r for r in rows if (r["type"], r["shape"]) == key and r["kernel"] != "gemv"}
+        gemv = [r for r in rows if (r["type"], r["shape"]) == key and r["kernel"] == "gemv"]
+        best = next(r for r in gemv if r["best"])
+        default = next(r for r in gemv if r["default"])
+        other = group.get("gemm64-generic", group.get("gemm64-2d", {}))
+        g16, g16_2d = group.get("gemm16", {}), group.get("gemm16-2d", {})
         print(
             f"{key[0]:5} {key[1]:>10}  {_config_text(best['config']):24} {best.get('gbps', 0):6.0f}"
             f" {best.get('share', 0):5.0%}  {default.get('gbps', 0):7.0f} {default.get('share', 0):5.0%}"
-            f"  {gemm.get('tflops', 0):14.1f} {generic.get('tflops', 0):12.1f}"
+            f"  {group['gemm64'].get('tflops', 0):14.1f} {other.get('tflops', 0):8.1f}"
+            f"  {g16.get('us', 0):7.0f} ({g16_2d.get('us', 0):5.0f})"
         )
     wrong = sum(not r["ok"] for r in rows)
     print(f"results: {len(rows) - wrong} of {len(rows)} within float32 rounding of dequantize(w) @ x")

@@ -37,4 +37,8 @@ def test_sweep_checks_every_config_on_the_cpu(tmp_path: Path) -> None:
     assert len({(r["config"]["block_n"], r["config"]["step"]) for r in gemv}) >= 8  # the configs differ
     assert sum(r["best"] for r in gemv) == 2 and sum(r["default"] for r in gemv) == 2
     assert sum(r["kernel"] == "gemm64" for r in rows) == 2
+    # the k-quant's two GEMMs at 64 and 16 rows, the legacy type's per-value one
+    kernels = {r["kernel"] for r in rows if r["type"] == "Q4_K"} - {"gemv"}
+    assert kernels == {"gemm64", "gemm64-2d", "gemm16", "gemm16-2d"}
+    assert {r["kernel"] for r in rows if r["type"] == "Q5_1"} == {"gemv", "gemm64", "gemm64-generic"}
     assert "within float32 rounding" in run.stdout

@@ -120,15 +120,36 @@ def test_launch_configs_match_the_oracle(tq, qtype: str) -> None:
         )
 
 
+# the 2-D-tile k-quant GEMM: (block_n, super-blocks a step, split-K, block_m); K of 3 super-blocks,
+# so a 2-step leaves a masked half step, and 2 splits of 2 super-blocks leave a short last split
+KQUANT_2D = [(16, 1, 1, 0), (32, 1, 2, 0), (16, 2, 1, 0), (16, 2, 2, 0), (32, 1, 2, 16)]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_2d_kquant_gemm_matches_the_oracle(tq, qtype: str) -> None:
+    """gemm(config=kernel "2d"): the oracle's product within float32 rounding, at row counts that fill
+    no tile (5 of 16, 21 of 32 or of two 16s) and with split-K."""
+    ggml_type, raw = random_rows(qtype, 13, 3 * 256, seed=5)
+    ref = dequantize(raw, ggml_type)
+    w = upload(raw, ggml_type, _device())
+    rng = np.random.default_rng(6)
+    for m in (5, 21):
+        x = rng.standard_normal((m, ref.shape[1])).astype(np.float32)
+        for block_n, step, split, block_m in KQUANT_2D:
+            config = tq.KernelConfig(block_n=block_n, step=step, num_stages=3, kernel="2d", block_m=block_m)
+            xt = torch.from_numpy(x).to(_device())
+            within_f32_rounding(tq.gemm(xt, w, precision="ieee", split_k=split, config=config), x, ref)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 def test_kernels_lower_to_sm90_without_a_gpu() -> None:
     """The block-structured GEMVs (a legacy type's and a k-quant's, with 16-byte loads) and the
-    tensor-core GEMM compile to Hopper machine code (in a fresh process: the interpreter flag must not
-    be set there)."""
+    tensor-core GEMMs (the k-quants' two) compile to Hopper machine code (in a fresh process: the
+    interpreter flag must not be set there)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "from localllm.backends.torch_backend.triton_compile import compile_kernels\n"
-        "which = [('gemv', 'Q4_K'), ('gemv', 'Q5_0'), ('gemm', 'Q6_K')]\n"
+        "which = [('gemv', 'Q4_K'), ('gemv', 'Q5_0'), ('gemm', 'Q6_K'), ('gemm2d', 'Q4_K')]\n"
         "for (kernel, qtype), info in compile_kernels(90, which).items():\n"
         "    print(kernel, qtype, info)\n"
     )
@@ -137,9 +158,13 @@ def test_kernels_lower_to_sm90_without_a_gpu() -> None:
         pytest.skip(run.stdout.strip())
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
-    assert len(lines) == 3 and all("cubin" in line for line in lines), run.stdout
+    assert len(lines) == 4 and all("cubin" in line for line in lines), run.stdout
     assert all("16-byte loads" in line for line in lines[:2]), "the GEMVs should read quants with wide loads"
-    assert "mma" in lines[2], "the GEMM should use tensor-core instructions"
+    assert "mma" in lines[2] and "mma" in lines[3], "the GEMMs should use tensor-core instructions"
+    # the 2-D-tile GEMM forms its values in the dot's operand layout: no tile stored to shared memory
+    # in its loop (the default GEMM stores each dot's weight tile there)
+    assert "local_alloc=0" in lines[3] and "st_shared=0" in lines[3], lines[3]
+    assert "st_shared=0" not in lines[2], lines[2]
 
 
 # ---- whole models with quantized weights ------------------------------------------------------------

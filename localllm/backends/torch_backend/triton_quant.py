@@ -44,13 +44,17 @@ class KernelConfig:
 
     block_n: weight rows per program. step: 32-value blocks (legacy types) or 256-value super-blocks
     (k-quants) per loop step (the k-quant GEMM steps one; the per-value GEMM, K values). programs:
-    split-K is added until a launch has at least this many programs."""
+    split-K is added until a launch has at least this many programs. kernel: "2d" launches the
+    k-quant GEMM of 2-D tiles (triton_kquant2d.py, step: super-blocks) instead of the default one.
+    block_m (GEMMs): x rows per program; 0: 16, 32 or 64 by the row count."""
 
     block_n: int
     step: int
     num_warps: int = 4
     num_stages: int = 1
     programs: int = 1024
+    kernel: str = "default"
+    block_m: int = 0
 
 
 # Defaults: the best of scripts/gpu_kernel_sweep.py's grid on an H200 over three shapes (weights read
@@ -74,6 +78,11 @@ GEMM_CONFIGS: dict[str, KernelConfig] = {  # 3 stages: Triton's default, as befo
     for t in TYPES
 }
 GENERIC_GEMM = KernelConfig(block_n=GEMM_BLOCK_N, step=GEMM_BLOCK_K, num_stages=3, programs=264)
+# The 2-D-tile k-quant GEMM (not yet timed on a GPU: selected by config only). 16 rows a program: at
+# 16 its values form in the tensor-core operand layout (sm_90 PTX: no shared-memory store, 2 barriers
+# a loop step); at 32 Triton re-lays them out through shared memory and at 64 (wgmma) stores each of
+# its eight dots' tiles there, so more rows take more programs instead.
+KQUANT_GEMM_2D = KernelConfig(block_n=32, step=1, num_stages=3, programs=264, kernel="2d", block_m=16)
 
 
 @triton.jit
@@ -253,25 +262,32 @@ def gemm(
 ) -> torch.Tensor:
     """x (M, K) float32 times w transposed -> (M, N) float32, in tensor-core tiles. Legacy types take
     triton_legacy's block-structured kernel (config step: blocks), or with `generic` the per-value
-    gemm_kernel (step: K values)."""
+    gemm_kernel (step: K values); k-quants triton_kquant's, or with config.kernel "2d" triton_kquant2d's
+    (step: super-blocks)."""
     from localllm.backends.torch_backend import triton_kquant as kq
+    from localllm.backends.torch_backend import triton_kquant2d as kq2d
     from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
     c = config or (GENERIC_GEMM if generic else GEMM_CONFIGS[w.qtype])
     n, k, nb, qt, bs = _meta(w)
     x = x.float().contiguous()
     m = x.shape[0]
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_m = c.block_m or (16 if m <= 16 else 32 if m <= 32 else 64)
     kquant = w.qtype in KQUANTS
     tiles = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n))
-    grid_k, step = (k, c.step) if generic and not kquant else (nb, 1 if kquant else c.step)
+    two_d = kquant and c.kernel == "2d"
+    grid_k, step = (k, c.step) if generic and not kquant else (nb, 1 if kquant and not two_d else c.step)
     splits, per_split = _splits(grid_k, step, tiles[0] * tiles[1], c.programs, split_k)
     out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     args = (x, out, *_planes(w))
     common = {"BLOCK_M": block_m, "BLOCK_N": c.block_n, "PRECISION": precision}
     common.update(num_warps=c.num_warps, num_stages=c.num_stages)
     grid = (tiles[0], tiles[1], splits)
-    if kquant:
+    if two_d:
+        kq2d.gemm_kquant2d_kernel[grid](
+            *args, m, n, nb, x.stride(0), per_split, KIND=KQUANTS[w.qtype], STEP=step, **common
+        )  # fmt: skip
+    elif kquant:
         kq.gemm_kquant_kernel[grid](*args, m, n, nb, x.stride(0), per_split, KIND=KQUANTS[w.qtype], **common)
     elif generic:
         gemm_kernel[grid](*args, m, n, k, nb, x.stride(0), per_split, QT=qt, BS=bs, BLOCK_K=step, **common)
