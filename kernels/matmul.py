@@ -598,16 +598,39 @@ def launch_many(table, gemm, quantize, x, outs, nth):
     return _alive(argvs, xq) + next_tile[0]
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
-    """launch_linear for the int16-activation kernel (Q8_0 only; see linear_precise)."""
-    x16, dx = quantize_rows16(x)
+@njit(cache=True, nogil=True)
+def _argv16(buf_addr, nbytes, n, k, x, y, x16, dx):
     argv = _argv(buf_addr, nbytes, n, k, x, y, quantize_rows(x[:0]), 0)
     argv[A_X8], argv[A_DX] = x16.ctypes.data, dx.ctypes.data
+    return argv
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
+    """launch_linear for the int16-activation kernel (Q8_0 only; see linear_precise), tiles shared out
+    in pieces as there: with a static split, a thread that another process held off its core made the
+    whole projection (Gemma 3's output: ~178 MB) wait for it."""
+    x16, dx = quantize_rows16(x)
+    argv = _argv16(buf_addr, nbytes, n, k, x, y, x16, dx)
     nt = (n + R - 1) // R
     nth = max(1, min(nth, nt))
-    for c in prange(nth):
-        call_range_kernel(fn, argv.ctypes.data, c * nt // nth, (c + 1) * nt // nth)
+    piece, next_tile = _pieces(nt, nth, k // 32 * x.shape[0])
+    for _c in prange(nth):
+        while True:
+            lo = fetch_add(next_tile.ctypes.data, piece)
+            if lo >= nt:
+                break
+            call_range_kernel(fn, argv.ctypes.data, lo, min(nt, lo + piece))
+    return argv[0] + x16.size + dx.size + next_tile[0]
+
+
+@njit(cache=True, nogil=True)
+def launch_linear16_serial(fn, buf_addr, nbytes, n, k, x, y):
+    """launch_linear16 on the calling thread: a parallel launch of one thread can hand all of the work
+    to another of Numba's threads (a thread's own team is its set_num_threads, by default every core)."""
+    x16, dx = quantize_rows16(x)
+    argv = _argv16(buf_addr, nbytes, n, k, x, y, x16, dx)
+    call_range_kernel(fn, argv.ctypes.data, 0, (n + R - 1) // R)
     return argv[0] + x16.size + dx.size
 
 
@@ -696,7 +719,11 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
         raise ValueError(f"linear_precise: x {x.shape} does not fit a ({w.n}, {w.k}) weight")
     if w.kind == Q8_0:
         y = np.empty((x.shape[0], w.n), np.float32)
-        launch_linear16(range_kernel(Q8_0, "int16").address, w.addr, w.nbytes, w.n, w.k, x, y, nth)
+        fn = range_kernel(Q8_0, "int16").address
+        if nth <= 1 or w.nbytes * x.shape[0] < PARALLEL_MIN_WORK:  # as linear
+            launch_linear16_serial(fn, w.addr, w.nbytes, w.n, w.k, x, y)
+        else:
+            launch_linear16(fn, w.addr, w.nbytes, w.n, w.k, x, y, nth)
         return y
     if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
         return None
