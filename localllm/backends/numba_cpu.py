@@ -170,9 +170,11 @@ class NumbaBackend(Backend):
     def begin_step(self, batch: ForwardBatch, model: Transformer) -> ForwardBatch:
         """Pick this step's thread count (see threads.py)."""
         n = self.thread_governor(model).choose(int(batch.input_ids.shape[0]))
-        if n != self.threads:
+        # Numba's count is per calling thread, and a new thread starts at all cores: an engine stepped
+        # from another thread (the server's) must be told too, not only when the choice changes.
+        if n != self.threads or numba.get_num_threads() != n:
             self.threads = n
-            numba.set_num_threads(n)  # (per calling thread: the engine's)
+            numba.set_num_threads(n)
         return batch
 
     # ---- operations ----------------------------------------------------------------------------

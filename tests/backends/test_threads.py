@@ -112,3 +112,36 @@ def test_each_model_has_its_own_governor() -> None:
     assert backend.thread_governor(target) is backend.thread_governor(target)
     assert backend.thread_governor(target) is not backend.thread_governor(draft)
     assert NumpyBackend().thread_governor(target) is None
+
+
+def test_a_step_from_a_new_thread_runs_the_chosen_thread_count(tiny_model_path) -> None:
+    """Numba's thread count is per thread: an engine stepped from another thread (the server's
+    AsyncEngine) at -t 1 must launch its kernels with one thread, not the new thread's default."""
+    import threading
+
+    import numba
+
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+    from localllm.sampling_params import SamplingParams
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        import pytest
+
+        pytest.skip("needs a machine where Numba starts more than one thread")
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_path), threads=1, ctx_size=64))
+    seen: list[int] = []
+    step = engine.backend.begin_step
+
+    def spy(batch, model):  # type: ignore[no-untyped-def]
+        out = step(batch, model)
+        seen.append(numba.get_num_threads())
+        return out
+
+    engine.backend.begin_step = spy  # type: ignore[method-assign]
+    worker = threading.Thread(
+        target=lambda: engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))
+    )
+    worker.start()
+    worker.join()
+    assert seen and set(seen) == {1}
