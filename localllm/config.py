@@ -102,8 +102,6 @@ class EngineConfig:
             value, flag = getattr(self, name), f"--{name.replace('_', '-')}"
             if value not in CACHE_TYPE_NAMES:
                 raise ConfigError(f"{flag} {value} is not supported (choose {', '.join(CACHE_TYPE_NAMES)})")
-            if value == "q8_0" and self.backend == "torch":
-                raise ConfigError(f"{flag} q8_0 needs the numba or numpy backend (torch has f16 and f32)")
 
     @property
     def speculative(self) -> bool:

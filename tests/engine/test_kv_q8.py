@@ -60,8 +60,16 @@ def test_q8_0_refusals_are_one_line(tiny_model_path) -> None:
         ConfigError, match="q8_0 KV cache needs a head size divisible by 32 .this model has 16.$"
     ):
         _engine(tiny_model_path)  # head_dim 16, as llama.cpp refuses too
-    with pytest.raises(ConfigError, match="cache-type-k q8_0 needs the numba or numpy backend"):
-        EngineConfig(model="x.gguf", backend="torch", cache_type_k="q8_0")
+
+
+def test_torch_q8_0_cache_agrees_with_numpy(hd32_path) -> None:
+    """The torch back end stores the same blocks (kv_q8.py) and reads them back as NumPy does."""
+    pytest.importorskip("torch")
+    torch_q8 = _engine(hd32_path, backend="torch", device="cpu")
+    assert str(torch_q8.kv_cache.k.dtype) == "torch.int8" and torch_q8.kv_cache.k.shape[-1] == 34
+    a = np.asarray(score_tokens(torch_q8, IDS))
+    c = np.asarray(score_tokens(_engine(hd32_path, backend="numpy"), IDS))
+    assert np.abs(a - c).max() / np.abs(c).max() < 1e-4
 
 
 def test_a_restart_restores_a_q8_0_prefix_bit_for_bit(hd32_path, tmp_path) -> None:

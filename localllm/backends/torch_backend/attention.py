@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localllm.backends.torch_backend import kv_q8
+
 
 @dataclass(slots=True)
 class Group:
@@ -108,7 +110,8 @@ def _gather(cache: torch.Tensor, g: Group) -> torch.Tensor:
     n_blocks = -(-g.n_keys // bs)
     blocks = cache[g.tables[:, :n_blocks]]  # (S, n_blocks, bs, KVH, D)
     s = blocks.shape[0]
-    seq = blocks.reshape(s, n_blocks * bs, *cache.shape[2:])[:, : g.n_keys].float()
+    seq = blocks.reshape(s, n_blocks * bs, *cache.shape[2:])[:, : g.n_keys]
+    seq = kv_q8.dequantize_rows(seq) if cache.dtype == torch.int8 else seq.float()
     return seq.permute(0, 2, 1, 3)[:, :, None]
 
 

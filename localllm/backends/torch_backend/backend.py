@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from localllm.backends.base import Backend, Sampled, SampleRow
+from localllm.backends.kv_types import row_width
 from localllm.backends.threads import ModelGovernors, ThreadGovernor
-from localllm.backends.torch_backend import attention, static
+from localllm.backends.torch_backend import attention, kv_q8, static
 from localllm.backends.torch_backend.device import dense_dtype, resolve_device, weight_dtype
 from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, weight_mode
 from localllm.backends.torch_backend.sampling import sample_batch
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("localllm")
 
-CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16}
+CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "q8_0": torch.int8}  # q8_0: block bytes
 Weight = torch.Tensor | QuantWeight
 
 
@@ -126,8 +127,11 @@ class TorchBackend(Backend):
         if unsupported := [t for t in cache_types if t not in CACHE_DTYPES]:
             raise ConfigError(f"the torch backend has no {unsupported[0]} KV cache: use f16 or f32, or numba")
         # one block more than the engine's pool: the scratch block static decode's padding rows write
-        shape = (n_layers, num_blocks + 1, block_size, kv_heads, head_dim)
-        k, v = (torch.zeros(shape, dtype=CACHE_DTYPES[t], device=self.device) for t in cache_types)
+        shape = (n_layers, num_blocks + 1, block_size, kv_heads)
+        k, v = (
+            torch.zeros((*shape, row_width(t, head_dim)), dtype=CACHE_DTYPES[t], device=self.device)
+            for t in cache_types
+        )
         return k, v
 
     def warmup(self, model: Transformer, cache_types: tuple[str, str] = ("f32", "f32")) -> None:
@@ -288,8 +292,8 @@ class TorchBackend(Backend):
         cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]
         q, k = self._rope(q, cos, sin, rope), self._rope(k, cos, sin, rope)
         nb, bs = k_cache.shape[:2]
-        k_cache.view(nb * bs, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
-        v_cache.view(nb * bs, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+        k_cache.view(nb * bs, *k_cache.shape[2:])[slot_mapping] = _stored(k, k_cache.dtype)
+        v_cache.view(nb * bs, *v_cache.shape[2:])[slot_mapping] = _stored(v, v_cache.dtype)
         return q, k
 
     def paged_attention(
@@ -316,3 +320,8 @@ class TorchBackend(Backend):
         if key not in self._masks:
             self._masks[key] = attention.causal_mask(g, window)
         return self._masks[key]
+
+
+def _stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V rows in a pool's element type (int8: q8_0 blocks, kv_q8.py)."""
+    return kv_q8.quantize_rows(x) if dtype == torch.int8 else x.to(dtype)

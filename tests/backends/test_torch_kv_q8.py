@@ -1,0 +1,23 @@
+"""The torch back end's q8_0 KV rows (torch_backend/kv_q8.py) are ggml's Q8_0 blocks byte for byte, as
+the NumPy reference stores them, and read back to the same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from localllm.backends.torch_backend.kv_q8 import dequantize_rows, quantize_rows  # noqa: E402
+from localllm.kernels.reference import from_storage, to_storage  # noqa: E402
+
+
+def test_q8_0_rows_match_the_reference_bytes_and_values() -> None:
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((7, 3, 64)) * rng.uniform(1e-3, 30, (7, 3, 1))).astype(np.float32)
+    x[0, 0, :32] = 0  # an all-zero block: scale 0, every q 0
+    x[1, 2, :32] = np.arange(32) - 15.5  # evenly spread values, ties included after scaling or not
+    raw = to_storage(x, np.int8)
+    got = quantize_rows(torch.from_numpy(x)).numpy()
+    assert got.dtype == np.int8 and np.array_equal(got, raw)
+    assert np.array_equal(dequantize_rows(torch.from_numpy(raw)).numpy(), from_storage(raw, 64))
