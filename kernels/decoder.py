@@ -384,9 +384,11 @@ def _moe_ffn(il, w, buf, nth):
     gb, ub, db = x.gate_exps_b[il], x.up_exps_b[il], x.down_exps_b[il]
     if not biased:
         gb, ub, db = gb[:0], ub[:0], db[:0]
-    renorm, oai = w.flags[il, F_RENORM] != 0, w.flags[il, F_OAI] != 0
-    moe.moe_ffn_ext(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
-                    w.flags[il, F_EXPERTS], renorm, oai, rb, gb, ub, db, buf.o, w.moe_stats, nth)  # fmt: skip
+    renorm = w.flags[il, F_RENORM] != 0
+    act = moe.ACT_OAI if w.flags[il, F_OAI] else moe.ACT_SILU
+    moe.moe_ffn_ext(buf.h, buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm,
+                    w.quantize, w.flags[il, F_EXPERTS], renorm, act, rb, gb, ub, db, rb[:0], buf.o,
+                    w.moe_stats, nth)  # fmt: skip
     T = buf.h.shape[0]
     if not w.flags[il, F_SHARED]:
         buf.down[:] = buf.o
