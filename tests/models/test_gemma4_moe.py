@@ -58,23 +58,20 @@ def test_specs_read_from_the_file(path) -> None:
 def test_conforms_to_llama_cpp(path, backend: str) -> None:
     ref = load_fixture(VARIANT)
     e = engine(path, backend)
+    assert backend != "numba" or e.backend.fused(e.model), "should run fused"
     logits = teacher_forced(e, ref)
     assert compare(logits, ref, near_tie(ref))["figures"]["agree_all"] >= 0.95
     assert failures(logits, ref) == []
     assert greedy_problem(greedy(e, ref), ref) is None
 
 
-def test_fused_stack_refuses_by_name_and_the_op_path_runs(path) -> None:
-    from localllm.backends.numba_stack import refusal
-
-    e = engine(path)
-    assert not e.backend.fused(e.model)
-    assert "parallel_experts" in refusal(e.model.args.layers)
-
-
-def test_numba_agrees_with_the_oracle(path) -> None:
+@pytest.mark.parametrize("fuse", [True, False])
+def test_numba_agrees_with_the_oracle(path, fuse: bool) -> None:
+    """The fused stack and the op-by-op path against the NumPy oracle, teacher-forced."""
     ref = load_fixture(VARIANT)
-    ours, oracle = teacher_forced(engine(path), ref), teacher_forced(engine(path, "numpy"), ref)
+    e = engine(path, fuse=fuse)
+    assert e.backend.fused(e.model) == fuse
+    ours, oracle = teacher_forced(e, ref), teacher_forced(engine(path, "numpy"), ref)
     assert np.abs(ours - oracle).max() / np.abs(oracle).max() < 1e-3
 
 
