@@ -168,9 +168,19 @@ def _experts(w, t: RandomTensors, rng: np.random.Generator, s: Shape, p: str) ->
     gate_up = (rng.standard_normal((E, 2 * f, dim)) * 1.5 / np.sqrt(dim)).astype(np.float32)
     down = (rng.standard_normal((E, dim, f)) / np.sqrt(f)).astype(np.float32)
     if s.fused_experts:
-        w.add_tensor(f"{p}.ffn_gate_up_exps.weight", gate_up)
+        _add(t, f"{p}.ffn_gate_up_exps.weight", gate_up)
     else:
-        w.add_tensor(f"{p}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :f]))
-        w.add_tensor(f"{p}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, f:]))
-    w.add_tensor(f"{p}.ffn_down_exps.weight", down)
+        _add(t, f"{p}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :f]))
+        _add(t, f"{p}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, f:]))
+    _add(t, f"{p}.ffn_down_exps.weight", down)
     w.add_tensor(f"{p}.ffn_down_exps.scale", rng.uniform(0.5, 2.0, E).astype(np.float32))
+
+
+def _add(t: RandomTensors, name: str, data: np.ndarray) -> None:
+    """An (experts, rows, cols) tensor in the file's quant, as RandomTensors.matrix writes matrices."""
+    from gguf.quants import quantize
+
+    if t.quant == "F32":
+        t.w.add_tensor(name, data)
+    else:
+        t.w.add_tensor(name, quantize(data, t.qtype), raw_dtype=t.qtype)
