@@ -86,14 +86,17 @@ def test_numba_agrees_with_the_oracle(path, fuse: bool) -> None:
 
 
 def test_quantized_experts_agree_with_the_oracle(tmp_path) -> None:
-    """Q8_0 weights, experts included (the integer path): fused and op by op near the oracle."""
+    """Q8_0 weights, experts included (the integer path): fused and op by op near the oracle. (8-bit
+    activations may flip a near-tied expert choice, which moves that position's logits: the typical
+    position is bounded, not the worst.)"""
     q8 = write_gemma4_variant(tmp_path / "q8.gguf", VARIANT, quant="Q8_0")
     ref = load_fixture(VARIANT)  # (its tokens only: llama.cpp ran the F32 file)
     oracle = teacher_forced(engine(q8, "numpy"), ref)
-    for fuse in (True, False):
-        ours = teacher_forced(engine(q8, fuse=fuse), ref)
+    fused, ops = teacher_forced(engine(q8), ref), teacher_forced(engine(q8, fuse=False), ref)
+    for ours in (fused, ops):
         assert (ours.argmax(-1) == oracle.argmax(-1)).mean() >= 0.95
-        assert np.abs(ours - oracle).max() / np.abs(oracle).max() < 0.05
+        assert np.median(np.abs(ours - oracle).max(-1)) / np.abs(oracle).max() < 0.01
+    assert np.abs(fused - ops).max() / np.abs(ops).max() < 1e-3
 
 
 def test_separate_gate_and_up_equal_the_fused_tensor(path, tmp_path) -> None:
