@@ -109,7 +109,8 @@ def read_moe(gf: GGUFFile, h: Hyper, expert_ffn_key: str | None, renorm: bool) -
             f"{gf.path.name}: '{gf.architecture}.expert_used_count' is {used}; expected 1 to {experts} "
             "(the expert count)"
         )
-    width = h.ffn_dim if expert_ffn_key is None else int(gf.arch_get(expert_ffn_key, h.ffn_dim // used))
+    width = h.ffn_dim if expert_ffn_key is None else \
+        int(_scalar(gf, expert_ffn_key, gf.arch_get(expert_ffn_key, h.ffn_dim // used)))  # fmt: skip
     return {"experts": experts, "experts_used": used, "expert_ffn_dim": width, "expert_renorm": renorm}
 
 

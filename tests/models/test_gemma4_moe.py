@@ -99,11 +99,14 @@ def test_quantized_experts_agree_with_the_oracle(tmp_path) -> None:
     assert np.abs(fused - ops).max() / np.abs(ops).max() < 1e-3
 
 
-def test_separate_gate_and_up_equal_the_fused_tensor(path, tmp_path) -> None:
-    shape = dataclasses.replace(SHAPES[VARIANT], fused_experts=False)
-    split = write_gemma4_variant(tmp_path / "split.gguf", VARIANT, shape=shape)
-    e = engine(split, "numpy")
-    assert not e.model.args.fused_gate_up_exps
+@pytest.mark.parametrize("change", [{"fused_experts": False}, {"expert_ffn_per_layer": True}])
+def test_other_layouts_of_the_same_numbers_run_the_same(path, tmp_path, change: dict) -> None:
+    """Separate gate and up expert tensors, an expert width given per layer: the same logits."""
+    other = write_gemma4_variant(
+        tmp_path / "other.gguf", VARIANT, shape=dataclasses.replace(SHAPES[VARIANT], **change)
+    )
+    e = engine(other, "numpy")
+    assert e.model.args.fused_gate_up_exps == change.get("fused_experts", True)
     ref = load_fixture(VARIANT)
     assert np.array_equal(teacher_forced(e, ref), teacher_forced(engine(path, "numpy"), ref))
 

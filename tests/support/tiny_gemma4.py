@@ -52,6 +52,7 @@ class Shape:
     experts_used: int = 2
     expert_ffn: int = 32
     fused_experts: bool = True  # one ffn_gate_up_exps (gate rows, then up rows) per layer
+    expert_ffn_per_layer: bool = False  # expert_feed_forward_length as one value per layer
 
     def swa(self, il: int) -> bool:
         return (il + 1) % self.full_every != 0
@@ -96,7 +97,10 @@ def _metadata(w, s: Shape) -> None:
     if s.experts:
         w.add_uint32(f"{arch}.expert_count", s.experts)
         w.add_uint32(f"{arch}.expert_used_count", s.experts_used)
-        w.add_uint32(f"{arch}.expert_feed_forward_length", s.expert_ffn)
+        if s.expert_ffn_per_layer:
+            w.add_array(f"{arch}.expert_feed_forward_length", [s.expert_ffn] * s.n_layers)
+        else:
+            w.add_uint32(f"{arch}.expert_feed_forward_length", s.expert_ffn)
     write_vocabulary(w, vocabulary())
 
 
