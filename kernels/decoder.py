@@ -51,7 +51,9 @@ F_FFN = 18
 F_KV_LAYER = 19  # the layer whose cache it attends (itself, or an earlier one: it then stores no K/V)
 F_KV_FACTOR = 20  # its blocks per pool block (KVCache.layer: pool rows / its rows)
 F_PER_LAYER = 21  # adds its per-layer input (Step.per_layer, StackWeights.ple_*)
-N_FLAGS = 22
+F_PARALLEL = 22  # gemma4: the dense FFN beside the experts, each normed (Extras.ffn_norm_2 ... router_norm)
+F_EXPERT_SCALE = 23  # each expert's down output times its Extras.down_exps_s entry
+N_FLAGS = 24
 
 DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection rounds its activations
 
@@ -99,6 +101,12 @@ class Extras(NamedTuple):
     gate_exps_b: np.ndarray  # (L, experts, expert_ffn)
     up_exps_b: np.ndarray
     down_exps_b: np.ndarray  # (L, experts, dim)
+    # gemma4's parallel experts (F_PARALLEL): (L, dim) norm weights, and (L, experts) down scales
+    ffn_norm_2: np.ndarray
+    post_ffn_norm_1: np.ndarray
+    post_ffn_norm_2: np.ndarray
+    router_norm: np.ndarray
+    down_exps_s: np.ndarray
 
 
 class Dims(NamedTuple):
@@ -376,17 +384,42 @@ def _dense_ffn(il, w, buf, nth):
 
 
 @njit(cache=True)
-def _moe_ffn(il, w, buf, nth):
-    """buf.down = the routed experts' weighted sum of h = buf.h (in buf.o, free after attention), plus
-    the dense FFN times sigmoid(h . shexp_gate) where the layer has a shared expert."""
+def _routed(il, w, h, hr, out, nth):
+    """out = the routed experts' weighted sum of h, routed on hr (kernels/moe.py)."""
     x, biased = w.extras, w.flags[il, F_EXPERT_BIAS] != 0
     rb = x.router_b[il] if biased else x.router_b[il, :0]
     gb, ub, db = x.gate_exps_b[il], x.up_exps_b[il], x.down_exps_b[il]
     if not biased:
         gb, ub, db = gb[:0], ub[:0], db[:0]
-    renorm, oai = w.flags[il, F_RENORM] != 0, w.flags[il, F_OAI] != 0
-    moe.moe_ffn_ext(buf.h, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
-                    w.flags[il, F_EXPERTS], renorm, oai, rb, gb, ub, db, buf.o, w.moe_stats, nth)  # fmt: skip
+    ds = x.down_exps_s[il] if w.flags[il, F_EXPERT_SCALE] else x.down_exps_s[il, :0]
+    renorm = w.flags[il, F_RENORM] != 0
+    act = moe.ACT_OAI if w.flags[il, F_OAI] else moe.ACT_GELU if w.flags[il, F_GELU] else moe.ACT_SILU
+    moe.moe_ffn_ext(h, hr, w.router[il], w.gate_exps[il], w.up_exps[il], w.down_exps[il], w.gemm, w.quantize,
+                    w.flags[il, F_EXPERTS], renorm, act, rb, gb, ub, db, ds, out, w.moe_stats,
+                    nth)  # fmt: skip
+
+
+@njit(cache=True)
+def _parallel_experts(il, x, w, dims, buf, nth):
+    """buf.down = post_1(dense(norm(x))) + post_2(experts(norm_2(x))), routed on rms_norm(x) * router_norm
+    (gemma4); the experts' sum in buf.o."""
+    e, eps = w.extras, dims.eps
+    layers.rms_norm_rows(x, w.ffn_norm[il], eps, buf.h)
+    _dense_ffn(il, w, buf, nth)
+    dense, hr = np.empty_like(x), np.empty_like(x)
+    layers.rms_norm_rows(buf.down, e.post_ffn_norm_1[il], eps, dense)
+    layers.rms_norm_rows(x, e.router_norm[il], eps, hr)
+    layers.rms_norm_rows(x, e.ffn_norm_2[il], eps, buf.h)
+    _routed(il, w, buf.h, hr, buf.o, nth)
+    layers.rms_norm_rows(buf.o, e.post_ffn_norm_2[il], eps, buf.down)
+    _add_rows(buf.down, dense)
+
+
+@njit(cache=True)
+def _moe_ffn(il, w, buf, nth):
+    """buf.down = the routed experts' weighted sum of h = buf.h (in buf.o, free after attention), plus
+    the dense FFN times sigmoid(h . shexp_gate) where the layer has a shared expert."""
+    _routed(il, w, buf.h, buf.h, buf.o, nth)
     T = buf.h.shape[0]
     if not w.flags[il, F_SHARED]:
         buf.down[:] = buf.o
@@ -401,7 +434,12 @@ def _moe_ffn(il, w, buf, nth):
 
 @njit(cache=True)
 def _ffn_block(il, x, w, dims, buf, nth):
-    """x += [post-norm] ffn(h), h = rms_norm(x): the dense FFN or the experts."""
+    """x += [post-norm] ffn(h), h = rms_norm(x): the dense FFN or the experts (or gemma4's both, each
+    from its own norm of x)."""
+    if w.flags[il, F_PARALLEL]:
+        _parallel_experts(il, x, w, dims, buf, nth)
+        _residual(x, buf.down, w.flags[il, F_POST_FFN], w.post_ffn_norm[il], dims.eps, buf.h)
+        return
     layers.rms_norm_rows(x, w.ffn_norm[il], dims.eps, buf.h)
     if w.flags[il, F_EXPERTS]:
         _moe_ffn(il, w, buf, nth)

@@ -14,13 +14,14 @@ import numpy as np
 from numba import njit, prange
 
 from . import matmul
-from .layers import swiglu_oai_rows, swiglu_rows
+from .layers import geglu_rows, swiglu_oai_rows, swiglu_rows
 from .packing import TILE_ROWS as R
 from .simd import call_range_kernel, f32
 
 # llama.cpp clamps the sum it renormalises the top-k weights by (the smallest normal float16)
 RENORM_MIN = f32(6.103515625e-5)
 STAT_BYTES, STAT_ROWS = 0, 1  # stats[]: expert-weight bytes launched, (token, layer) rows routed
+ACT_SILU, ACT_OAI, ACT_GELU = 0, 1, 2  # the experts' activation: SwiGLU, gpt-oss's clamped one, GeGLU
 
 
 @njit(cache=True, error_model="numpy")
@@ -127,25 +128,31 @@ def moe_ffn(h, router, gate, up, down, gemm, quantize, k, renorm, out, stats, nt
     * up(h)). router: a (1, 5) launch table of the (experts, dim) router; gate, up, down: (experts, 5)
     tables, one row per expert. stats[STAT_BYTES] += the expert bytes launched, stats[STAT_ROWS] += T."""
     none1, none2 = np.empty(0, np.float32), np.empty((0, 0), np.float32)
-    moe_ffn_ext(h, router, gate, up, down, gemm, quantize, k, renorm, False, none1, none2, none2, none2, out,
-                stats, nth)  # fmt: skip
+    moe_ffn_ext(h, h, router, gate, up, down, gemm, quantize, k, renorm, ACT_SILU, none1, none2, none2, none2,
+                none1, out, stats, nth)  # fmt: skip
 
 
 @njit(cache=True)
-def moe_ffn_ext(h, router, gate, up, down, gemm, quantize, k, renorm, oai, rb, gb, ub, db, out, stats, nth):
-    """moe_ffn with gpt-oss's parts: rb (E,) added to the router logits, gb / ub (E, f) and db (E, dim)
-    added to each expert's gate / up / down outputs (empty arrays: none), and with oai the clamped
-    SwiGLU (layers.swiglu_oai_rows) instead of SwiGLU."""
+def moe_ffn_ext(h, hr, router, gate, up, down, gemm, quantize, k, renorm, act_kind, rb, gb, ub, db, ds, out,
+                stats, nth):  # fmt: skip
+    """moe_ffn with gpt-oss's and gemma4's parts: the router reads hr (h itself, or gemma4's own router
+    input); rb (E,) added to the router logits, gb / ub (E, f) and db (E, dim) added to each expert's
+    gate / up / down outputs, ds (E,) each expert's down output scale (empty arrays: none); act_kind
+    one of ACT_*."""
     T, d = h.shape
     E = router[0, 3]
     logits = np.empty((T, E), np.float32)
-    matmul.launch_many(router, gemm, quantize, h, np.array([[logits.ctypes.data, E]], np.int64), nth)
+    matmul.launch_many(router, gemm, quantize, hr, np.array([[logits.ctypes.data, E]], np.int64), nth)
     if rb.size:
         for t in range(T):
             logits[t] += rb
     ids = np.empty((T, k), np.int64)
     weights = np.empty((T, k), np.float32)
     route(logits, k, renorm, ids, weights)
+    if ds.size:  # scaling the weight scales the expert's output (llama.cpp: down output, then weight)
+        for t in range(T):
+            for j in range(k):
+                weights[t, j] *= ds[ids[t, j]]
     starts, order, slot = group_by_expert(ids, E)
     xg = np.empty((T * k, d), np.float32)
     for r in range(T * k):
@@ -157,8 +164,10 @@ def moe_ffn_ext(h, router, gate, up, down, gemm, quantize, k, renorm, oai, rb, g
     _add_expert_rows(starts, gb, gu[:, :f])
     _add_expert_rows(starts, ub, gu[:, f:])
     act = np.empty((T * k, f), np.float32)
-    if oai:
+    if act_kind == ACT_OAI:
         swiglu_oai_rows(gu[:, :f], gu[:, f:], act)
+    elif act_kind == ACT_GELU:
+        geglu_rows(gu[:, :f], gu[:, f:], act)
     else:
         swiglu_rows(gu[:, :f], gu[:, f:], act)
     table2, rows2, cols2 = _expert_launch(starts, (down,), np.zeros(1, np.int64))

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .reference import swiglu_oai
+from .reference import geglu, swiglu_oai
 
 RENORM_MIN = np.float32(6.103515625e-5)
 
@@ -26,13 +26,15 @@ def route(logits: np.ndarray, k: int, renorm: bool) -> tuple[np.ndarray, np.ndar
 def moe_ffn(
     h: np.ndarray, router: np.ndarray, experts: Callable[[int], Sequence[np.ndarray]], k: int, renorm: bool,
     biases: Callable[[int], Sequence[np.ndarray]] | None = None, router_bias: np.ndarray | None = None,
-    activation: str = "silu",
+    activation: str = "silu", router_in: np.ndarray | None = None, down_scale: np.ndarray | None = None,
 ) -> np.ndarray:  # fmt: skip
     """sum over each token's routed experts of weight * down(act(gate(h), up(h))); router (E, dim)
     float, experts(e) -> (gate, up, down) float matrices of expert e (only routed ones are asked).
     gpt-oss: biases(e) -> expert e's (gate, up, down) output biases, router_bias (E,) added to the
-    logits, activation "swiglu_oai" (reference.swiglu_oai) instead of SwiGLU."""
-    logits = h @ router.T
+    logits, activation "swiglu_oai" (reference.swiglu_oai) instead of SwiGLU. gemma4: activation
+    "gelu_tanh" (GeGLU), the router reading router_in (T, dim) instead of h, and expert e's down
+    output times down_scale[e]."""
+    logits = (h if router_in is None else router_in) @ router.T
     ids, weights = route(logits if router_bias is None else logits + router_bias, k, renorm)
     out = np.zeros_like(h, dtype=np.float32)
     for e in np.unique(ids):
@@ -40,9 +42,19 @@ def moe_ffn(
         bg, bu, bd = (np.float32(0),) * 3 if biases is None else biases(int(e))
         t, j = np.nonzero(ids == e)
         g, u = h[t] @ gate.T + bg, h[t] @ up.T + bu
-        act = swiglu_oai(g, u) if activation == "swiglu_oai" else g / (np.float32(1.0) + np.exp(-g)) * u
-        np.add.at(out, t, weights[t, j][:, None] * (act @ down.T + bd))
+        act = _activation(activation, g, u)
+        y = act @ down.T + bd
+        y = y if down_scale is None else y * np.float32(down_scale[e])
+        np.add.at(out, t, weights[t, j][:, None] * y)
     return out
+
+
+def _activation(name: str, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    if name == "swiglu_oai":
+        return swiglu_oai(g, u)
+    if name == "gelu_tanh":
+        return geglu(g, u)
+    return g / (np.float32(1.0) + np.exp(-g)) * u
 
 
 def sigmoid_gate(h: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -64,6 +64,13 @@ TENSOR_NAMES: dict[str, str] = {
     "gate_exps_b": "ffn_gate_exps.bias",
     "up_exps_b": "ffn_up_exps.bias",
     "down_exps_b": "ffn_down_exps.bias",
+    # gemma4's parallel experts: their input norm, the dense FFN's and their output norms, the router's
+    # input scale and each expert's down scale
+    "ffn_norm_2": "pre_ffw_norm_2.weight",
+    "post_ffn_norm_1": "post_ffw_norm_1.weight",
+    "post_ffn_norm_2": "post_ffw_norm_2.weight",
+    "router_norm": "ffn_gate_inp.scale",
+    "down_exps_s": "ffn_down_exps.scale",
     # gemma4's per-layer inputs: the gate into, projection out of and norm of each layer's embedding
     "ple_gate": "inp_gate.weight",
     "ple_proj": "proj.weight",

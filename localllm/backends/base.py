@@ -145,9 +145,10 @@ class Backend:
 
     runs_moe = False
 
-    def moe_ffn(self, h: Any, lw: LayerWeights, spec: LayerSpec) -> Any:
+    def moe_ffn(self, h: Any, lw: LayerWeights, spec: LayerSpec, router_in: Any = None) -> Any:
         """The routed experts' weighted sum for h (T, dim): lw's router, gate_exps, up_exps and
-        down_exps, as the LayerSpec's experts_used / expert_renorm say (kernels/moe_reference.py)."""
+        down_exps, as the LayerSpec's experts_used / expert_renorm / activation / expert_scale say
+        (kernels/moe_reference.py); the router reads router_in (T, dim) where given, else h."""
         raise NotImplementedError
 
     def sigmoid_gate(self, h: Any, weight: Any) -> Any:

@@ -308,9 +308,12 @@ class NumbaBackend(Backend):
 
     runs_moe = True
 
-    def moe_ffn(self, h: np.ndarray, lw: LayerWeights, spec: LayerSpec) -> np.ndarray:
+    def moe_ffn(
+        self, h: np.ndarray, lw: LayerWeights, spec: LayerSpec, router_in: np.ndarray | None = None
+    ) -> np.ndarray:
         """Only the routed experts' matrices are read (kernels/moe.py); tokens grouped by expert."""
         h2 = _rows(h, lw.router.k)
+        hr = h2 if router_in is None else _rows(router_in, lw.router.k)
         everything = (lw.router, *lw.gate_exps, *lw.up_exps, *lw.down_exps)
         use_int = any(w.lane for w in everything) and h2.shape[0] <= matmul.INT_PATH_MAX_T
         gemm = lw.router.gemm if matmul.needs_gemm(everything, use_int) else 0
@@ -321,9 +324,10 @@ class NumbaBackend(Backend):
         rb = _f32(lw.router_b).reshape(-1) if spec.router_bias else no1
         expert_b = (lw.gate_exps_b, lw.up_exps_b, lw.down_exps_b)
         gb, ub, db = (_f32(b) if spec.expert_bias else no2 for b in expert_b)
-        moe.moe_ffn_ext(h2, *tables, gemm, use_int, spec.experts_used, spec.expert_renorm,
-                        spec.activation == "swiglu_oai", rb, gb, ub, db, out, self.moe_stats,
-                        self.threads)  # fmt: skip
+        ds = _f32(lw.down_exps_s).reshape(-1) if spec.expert_scale else no1
+        act = {"swiglu_oai": moe.ACT_OAI, "gelu_tanh": moe.ACT_GELU}.get(spec.activation, moe.ACT_SILU)
+        moe.moe_ffn_ext(h2, hr, *tables, gemm, use_int, spec.experts_used, spec.expert_renorm, act, rb, gb,
+                        ub, db, ds, out, self.moe_stats, self.threads)  # fmt: skip
         return out
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ EXECUTED = frozenset(
      "rope.yarn_orig_ctx", "rope.yarn_beta_fast", "rope.yarn_beta_slow", "window", "qkv_bias", "qk_norm",
      "post_attn_norm", "post_ffn_norm", "activation", "precise_down", "attn_softcap", "experts",
      "experts_used", "expert_ffn_dim", "expert_renorm", "shared_expert", "attn_sinks", "o_bias",
-     "router_bias", "expert_bias"}
+     "router_bias", "expert_bias", "parallel_experts", "expert_scale"}
     | {"rope.yarn_log_mul", "attn_temp_scale", "attn_temp_length", "v_from_k", "v_norm", "out_scale"}
     | {"head_dim", "kv_heads", "ffn_dim", "kv_source"}
     # run by numba_hybrid.HybridPlan (kernels/hybrid_decoder.py), which plan_for picks for them
@@ -97,6 +97,7 @@ def _flags(a: ModelArgs, layers: list[Any], ropes: list[RopeSpec]) -> np.ndarray
         flags[il, dk.F_EXPERT_BIAS] = s.router_bias or s.expert_bias
         flags[il, dk.F_OAI] = s.activation == "swiglu_oai"
         flags[il, dk.F_V_NORM] = s.v_norm
+        flags[il, dk.F_PARALLEL], flags[il, dk.F_EXPERT_SCALE] = s.parallel_experts, s.expert_scale
     return flags
 
 
@@ -116,6 +117,11 @@ def _extras(specs: tuple[LayerSpec, ...], layers: list[Any]) -> dk.Extras:
     layer whose spec leaves one off gets zeros (F_EXPERT_BIAS covers router and expert biases)."""
     on = {"sinks": ("attn_sinks", 1), "bo": ("o_bias", 1), "router_b": ("router_bias", 1)}
     on |= {f: ("expert_bias", 2) for f in ("gate_exps_b", "up_exps_b", "down_exps_b")}
+    on |= {
+        f: ("parallel_experts", 1)
+        for f in ("ffn_norm_2", "post_ffn_norm_1", "post_ffn_norm_2", "router_norm")
+    }
+    on |= {"down_exps_s": ("expert_scale", 1)}
     pairs = list(zip(specs, layers, strict=True))
     return dk.Extras(*(_stack_any([getattr(x, f) if getattr(s, flag) else None for s, x in pairs], ndim)
                        for f, (flag, ndim) in on.items()))  # fmt: skip

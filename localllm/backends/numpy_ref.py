@@ -82,7 +82,7 @@ class NumpyBackend(Backend):
 
     runs_moe = True
 
-    def moe_ffn(self, h: np.ndarray, lw: LayerWeights, spec: LayerSpec) -> np.ndarray:
+    def moe_ffn(self, h: np.ndarray, lw: LayerWeights, spec: LayerSpec, router_in: Any = None) -> np.ndarray:
         def expert(e: int) -> tuple[np.ndarray, ...]:
             return tuple(w[e].dequantized() for w in (lw.gate_exps, lw.up_exps, lw.down_exps))
 
@@ -93,6 +93,8 @@ class NumpyBackend(Backend):
         return moe_reference.moe_ffn(
             x, router, expert, spec.experts_used, spec.expert_renorm, biases if spec.expert_bias else None,
             lw.router_b if spec.router_bias else None, spec.activation,
+            None if router_in is None else router_in.astype(np.float32),
+            lw.down_exps_s if spec.expert_scale else None,
         )  # fmt: skip
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -54,7 +54,9 @@ FLOAT_HYPERPARAMETERS: dict[str, tuple[str | None, float, float]] = {
 EXTRA_INT_KEYS = {"attention.value_length": (1, 1 << 12)}  # read by no model, but must match head_dim
 # Keys llama.cpp also reads as one value per layer (get_key_or_arr): an array passes these checks when
 # each value does; a model that cannot run per-layer values refuses them by name (models/base.py).
-PER_LAYER_KEYS = frozenset({"attention.head_count", "attention.head_count_kv", "feed_forward_length"})
+PER_LAYER_KEYS = frozenset(
+    {"attention.head_count", "attention.head_count_kv", "feed_forward_length", "expert_feed_forward_length"}
+)
 
 # Tokenizer keys every architecture shares: key -> what its value must be.
 TOKENIZER_KEYS = {

@@ -109,7 +109,8 @@ def read_moe(gf: GGUFFile, h: Hyper, expert_ffn_key: str | None, renorm: bool) -
             f"{gf.path.name}: '{gf.architecture}.expert_used_count' is {used}; expected 1 to {experts} "
             "(the expert count)"
         )
-    width = h.ffn_dim if expert_ffn_key is None else int(gf.arch_get(expert_ffn_key, h.ffn_dim // used))
+    width = h.ffn_dim if expert_ffn_key is None else \
+        int(_scalar(gf, expert_ffn_key, gf.arch_get(expert_ffn_key, h.ffn_dim // used)))  # fmt: skip
     return {"experts": experts, "experts_used": used, "expert_ffn_dim": width, "expert_renorm": renorm}
 
 
@@ -206,12 +207,16 @@ class WeightLoader:
             raw = raw[rows[0] : rows[1]]
         return self.backend.prepare_weight(raw, self.gf.tensors[name].ggml_type, self.cache)
 
-    def experts(self, name: str) -> tuple[Any, ...]:
+    def experts(self, name: str, rows: tuple[int, int] | None = None) -> tuple[Any, ...]:
         """A (experts, rows, cols) tensor as one prepared matrix per expert: a kernel given the routed
-        experts' matrices reads only their bytes."""
+        experts' matrices reads only their bytes. rows: that row range of each (a fused tensor's part)."""
         raw = self.gf.raw(self._checked(name))
         if raw.ndim != 3:
             raise ModelFormatError(f"{self.gf.path.name}: '{name}' should have 3 dimensions, not {raw.ndim}")
+        if rows is not None:
+            if not 0 <= rows[0] < rows[1] <= raw.shape[1]:
+                raise ModelFormatError(f"{self.gf.path.name}: '{name}' has no rows {rows[0]}:{rows[1]}")
+            raw = raw[:, rows[0] : rows[1]]
         ggml_type = self.gf.tensors[name].ggml_type
         return tuple(self.backend.prepare_weight(raw[e], ggml_type, self.cache) for e in range(raw.shape[0]))
 

@@ -71,6 +71,12 @@ TENSOR_SHAPES: dict[str, tuple[str, ...]] = {
     "blk.N.ffn_gate_exps.bias": ("experts", "expert_ffn_dim"),
     "blk.N.ffn_up_exps.bias": ("experts", "expert_ffn_dim"),
     "blk.N.ffn_down_exps.bias": ("experts", "dim"),
+    "blk.N.ffn_gate_up_exps.weight": ("experts", "2*expert_ffn_dim", "dim"),  # gemma4
+    "blk.N.ffn_gate_inp.scale": ("dim",),
+    "blk.N.ffn_down_exps.scale": ("experts",),
+    "blk.N.pre_ffw_norm_2.weight": ("dim",),
+    "blk.N.post_ffw_norm_1.weight": ("dim",),
+    "blk.N.post_ffw_norm_2.weight": ("dim",),
     "per_layer_token_embd.weight": ("vocab_size", "n_layers*per_layer_dim"),
     "per_layer_model_proj.weight": ("n_layers*per_layer_dim", "dim"),
     "per_layer_proj_norm.weight": ("per_layer_dim",),
@@ -200,7 +206,7 @@ def _sizes(args: ModelArgs, il: int | None = None) -> dict[str, int]:
         "per_layer_dim": args.per_layer_dim,
         "n_layers*per_layer_dim": args.n_layers * args.per_layer_dim,
         "2*n_heads*head_dim": 2 * args.n_heads * hd,
-        **_expert_sizes(args),
+        **_expert_sizes(args, il),
         **_ssm_sizes(args),
     }
 
@@ -215,13 +221,14 @@ def _ssm_sizes(args: ModelArgs) -> dict[str, int]:
             "ssm_v_heads": n_v, "2*ssm_v_heads": 2 * n_v, "ssm_head_dim": d}  # fmt: skip
 
 
-def _expert_sizes(args: ModelArgs) -> dict[str, int]:
-    """The first mixture-of-experts layer's sizes (0 where no layer has experts)."""
+def _expert_sizes(args: ModelArgs, il: int | None = None) -> dict[str, int]:
+    """Layer il's expert sizes where it has experts, else the first mixture-of-experts layer's (0 where
+    no layer has experts)."""
     moe = [s for s in args.layers if s.experts]
-    return {
-        "experts": moe[0].experts if moe else 0,
-        "expert_ffn_dim": moe[0].expert_ffn_dim if moe else 0,
-    }
+    if il is not None and args.layers[il].experts:
+        moe = [args.layers[il]]
+    f = moe[0].expert_ffn_dim if moe else 0
+    return {"experts": moe[0].experts if moe else 0, "expert_ffn_dim": f, "2*expert_ffn_dim": 2 * f}
 
 
 def _rope_dim(args: ModelArgs) -> int:

@@ -11,7 +11,11 @@ As the released files have them: sliding layers' heads `attention.key_length_swa
 `attention.key_length`; `attention.head_count_kv` and `feed_forward_length` one value per layer or one
 for all; the last `attention.shared_kv_layers` layers store no K/V but attend the cache of the last
 storing layer of their kind; `embedding_length_per_layer_input` > 0 adds the per-layer inputs (E2B/E4B).
-Mixture-of-experts layers (26B-A4B) are refused by name.
+
+A layer with `ffn_gate_inp` (26B-A4B) runs its dense FFN and `expert_count` GeGLU experts side by side
+(LayerSpec.parallel_experts): top `expert_used_count` of a softmax, renormalised, each
+`expert_feed_forward_length` wide (one value per layer or one for all), gate and up separate or one
+`ffn_gate_up_exps`, each expert's output times its `ffn_down_exps.scale` entry where the file has one.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from localllm.errors import ModelFormatError
-from localllm.models.base import make_args, per_layer_values, read_hyper, read_rope
+from localllm.models.base import make_args, per_layer_values, read_hyper, read_moe, read_rope
 from localllm.models.gemma2 import windowed_layers
 from localllm.models.spec import Hyper, LayerSpec, ModelArgs, RopeSpec
 
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_FINAL_CAP = 30.0
 LOCAL_ROPE_BASE = 10_000.0
 OUT_SCALE = "layer_output_scale.weight"
+FUSED_EXPERTS = "ffn_gate_up_exps.weight"
 PER_LAYER_KEYS = ("attention.head_count_kv", "feed_forward_length")
 # tensors llama.cpp loads on a KV-sharing layer but never reads (the layer projects no k or v)
 UNUSED_ON_SHARED = ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")
@@ -50,7 +55,8 @@ def read_args(gf: GGUFFile) -> ModelArgs:
     swa = windowed_layers(gf, h.n_layers, 0)
     sizes = _layer_sizes(gf, h, swa)
     sources = _kv_sources(gf, h.n_layers, swa, sizes)
-    layers = [_layer(gf, il, local if s else full, window if s else 0, sizes[il], sources[il])
+    moe = _moe_fields(gf, h)
+    layers = [_layer(gf, il, local if s else full, window if s else 0, {**sizes[il], **moe[il]}, sources[il])
               for il, s in enumerate(swa)]  # fmt: skip
     scales = tuple(n for n in (f"blk.{il}.{OUT_SCALE}" for il in range(h.n_layers)) if n in gf.tensors)
     unused = tuple(f"blk.{il}.{n}" for il in range(h.n_layers) if sources[il] >= 0 for n in UNUSED_ON_SHARED)
@@ -60,6 +66,7 @@ def read_args(gf: GGUFFile) -> ModelArgs:
         spec_tensors=(*(n for n in ("rope_freqs.weight",) if n in gf.tensors), *scales,
                       *(n for n in unused if n in gf.tensors)),
         per_layer_dim=int(gf.arch_get("embedding_length_per_layer_input", 0) or 0),
+        fused_gate_up_exps=any(f"blk.{il}.{FUSED_EXPERTS}" in gf.tensors for il in range(h.n_layers)),
     )  # fmt: skip
 
 
@@ -72,6 +79,32 @@ def _layer(gf: GGUFFile, il: int, rope: RopeSpec, window: int, size: dict, sourc
         activation="gelu_tanh", precise_down=True, v_norm=True,
         v_from_k=f"blk.{il}.attn_v.weight" not in gf.tensors, out_scale=scale, kv_source=source, **size,
     )  # fmt: skip
+
+
+def _moe_fields(gf: GGUFFile, h: Hyper) -> list[dict]:
+    """Each layer's mixture-of-experts LayerSpec fields ({} on a layer without ffn_gate_inp)."""
+    moe = read_moe(gf, h, None, renorm=True)
+    routed = [f"blk.{il}.ffn_gate_inp.weight" in gf.tensors for il in range(h.n_layers)]
+    if not any(routed):
+        return [{} for _ in routed]
+    if not moe or gf.arch_get("expert_feed_forward_length") is None:
+        raise ModelFormatError(
+            f"{gf.path.name}: layers have ffn_gate_inp but '{gf.architecture}.expert_count', "
+            "'expert_used_count' or 'expert_feed_forward_length' is missing"
+        )
+    widths = per_layer_values(gf, "expert_feed_forward_length", h.n_layers, None)
+    fused = [f"blk.{il}.{FUSED_EXPERTS}" in gf.tensors for il in range(h.n_layers) if routed[il]]
+    if len(set(fused)) > 1 or (
+        fused[0] and len({int(w) for w, r in zip(widths, routed, strict=True) if r}) > 1
+    ):
+        raise ModelFormatError(
+            f"{gf.path.name}: fused '{FUSED_EXPERTS}' on some expert layers only, or with per-layer widths"
+        )
+    return [
+        {**moe, "expert_ffn_dim": int(widths[il]), "parallel_experts": True,
+         "expert_scale": f"blk.{il}.ffn_down_exps.scale" in gf.tensors} if r else {}
+        for il, r in enumerate(routed)
+    ]  # fmt: skip
 
 
 def _layer_sizes(gf: GGUFFile, h: Hyper, swa: list[bool]) -> list[dict]:
@@ -134,10 +167,5 @@ def _scalar(gf: GGUFFile, name: str) -> float:
 
 def _refuse_unsupported(gf: GGUFFile) -> None:
     arch = gf.architecture
-    if gf.arch_get("expert_count", 0):
-        raise ModelFormatError(
-            f"{gf.path.name}: '{arch}.expert_count' is set: mixture-of-experts layers (Gemma 4 26B-A4B), "
-            "not supported yet"
-        )
     if "blk.0.attn_qkv.weight" in gf.tensors:
         raise ModelFormatError(f"{gf.path.name}: fused 'attn_qkv' tensors are not supported for {arch}")

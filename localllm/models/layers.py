@@ -55,6 +55,13 @@ class LayerWeights:
     gate_exps_b: Any = None  # (experts, expert_ffn_dim)
     up_exps_b: Any = None
     down_exps_b: Any = None  # (experts, dim)
+    down_exps_s: Any = None  # (experts,): each expert's down output scale (spec.expert_scale)
+    # gemma4's parallel experts (spec.parallel_experts): the experts' input norm, the dense FFN's and the
+    # experts' output norms, and the router's input norm weight (ffn_gate_inp.scale / sqrt(dim))
+    ffn_norm_2: Any = None
+    post_ffn_norm_1: Any = None
+    post_ffn_norm_2: Any = None
+    router_norm: Any = None
     v_norm: Any = None  # (head_dim,) ones: v's weightless RMSNorm (spec.v_norm)
     ple_gate: Any = None  # (per_layer_dim, dim), (dim, per_layer_dim), (dim,): the per-layer input's
     ple_proj: Any = None  # gate, projection and norm (ModelArgs.per_layer_dim)
@@ -73,6 +80,7 @@ class LayerWeights:
     ssm_out: Any = None
 
 
+PARALLEL_EXPERT_NORMS = ("ffn_norm_2", "post_ffn_norm_1", "post_ffn_norm_2", "router_norm")
 SSM_FIELDS = ("ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_conv", "ssm_dt", "ssm_a", "ssm_norm",
               "ssm_out")  # fmt: skip
 
@@ -90,6 +98,8 @@ def wanted(spec: LayerSpec, per_layer_input: bool = False) -> list[str]:
     names += ["gate", "up", "down"] if spec.dense_ffn else []
     names += ["router", "gate_exps", "up_exps", "down_exps"] if spec.experts else []
     names += ["shexp_gate"] if spec.shared_expert else []
+    names += list(PARALLEL_EXPERT_NORMS) if spec.parallel_experts else []
+    names += ["down_exps_s"] if spec.expert_scale else []
     names += ["bq", "bk", "bv"] if spec.qkv_bias else []
     names += (["q_norm", "k_norm"] if stores else ["q_norm"]) if spec.qk_norm else []
     names += ["post_attn_norm"] if spec.post_attn_norm else []
@@ -113,6 +123,9 @@ def fused_rows(args: ModelArgs) -> dict[str, tuple[str, int, int]]:
     if args.fused_gate_up:  # gate first: llama.cpp's swiglu takes silu of the first half
         f = args.ffn_dim
         out.update(gate=("ffn_up.weight", 0, f), up=("ffn_up.weight", f, 2 * f))
+    if args.fused_gate_up_exps:  # per expert: gate rows, then up rows (gemma4's ffn_gate_up_exps)
+        f = next(s.expert_ffn_dim for s in args.layers if s.experts)
+        out.update(gate_exps=("ffn_gate_up_exps.weight", 0, f), up_exps=("ffn_gate_up_exps.weight", f, 2 * f))
     return out
 
 
@@ -141,6 +154,10 @@ def load_layer(
 ) -> LayerWeights:  # fmt: skip
     values = {}
     for field in wanted(spec, per_layer_input):
+        if field in fused and field in EXPERTS:  # a row range of every expert's matrix
+            name, *rows = fused[field]
+            values[field] = w.experts(f"blk.{il}.{name}", (rows[0], rows[1]))
+            continue
         if field in fused:
             name, *rows = fused[field]
             values[field] = w.matrix(f"blk.{il}.{name}", rows[0] if len(rows) == 1 else tuple(rows))
@@ -156,6 +173,8 @@ def load_layer(
         values["wv"] = values["wk"]
     if spec.v_norm:
         values["v_norm"] = w.ones(head_dim)
+    if spec.parallel_experts:  # the router input's 1 / sqrt(dim), folded into its norm's weight
+        values["router_norm"] = values["router_norm"] * float(1.0 / np.sqrt(values["router_norm"].shape[0]))
     return LayerWeights(**values)
 
 
@@ -218,14 +237,25 @@ def _layer_slots(batch: ForwardBatch, factor: int, block_size: int) -> tuple[Any
     return slots + (slots >= 0) * (slots // block_size) * ((factor - 1) * block_size), tables * factor
 
 
-def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
-    """The dense FFN, or the routed experts' weighted sum (plus the gated shared expert)."""
+def feed_forward(b: Backend, spec: LayerSpec, lw: LayerWeights, x: Any, eps: float) -> Any:
+    """The FFN of x, the residual stream after attention: the dense FFN or the routed experts' weighted
+    sum (plus the gated shared expert) of rms_norm(x), or gemma4's parallel dense FFN and experts."""
+    if spec.parallel_experts:
+        return parallel_experts(b, spec, lw, x, eps)
+    h = b.rms_norm(x, lw.ffn_norm, eps)
     if not spec.experts:
         return dense_ffn(b, spec, lw, h)
     out = b.moe_ffn(h, lw, spec)
     if spec.shared_expert:
         out = out + dense_ffn(b, spec, lw, h) * b.sigmoid_gate(h, lw.shexp_gate)
     return out
+
+
+def parallel_experts(b: Backend, spec: LayerSpec, lw: LayerWeights, x: Any, eps: float) -> Any:
+    """gemma4: norm1(dense(norm(x))) + norm2(experts(norm_2(x))), routed on rms_norm(x) * router_norm."""
+    dense = b.rms_norm(dense_ffn(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps)), lw.post_ffn_norm_1, eps)
+    routed = b.moe_ffn(b.rms_norm(x, lw.ffn_norm_2, eps), lw, spec, b.rms_norm(x, lw.router_norm, eps))
+    return dense + b.rms_norm(routed, lw.post_ffn_norm_2, eps)
 
 
 def dense_ffn(b: Backend, spec: LayerSpec, lw: LayerWeights, h: Any) -> Any:
@@ -246,7 +276,7 @@ def decoder_layer(
     mixer = gated_delta_net if spec.mixer == "gated_delta_net" else self_attention
     h = mixer(b, args, spec, lw, b.rms_norm(x, lw.attn_norm, eps), batch, kv, il)
     x = x + (b.rms_norm(h, lw.post_attn_norm, eps) if spec.post_attn_norm else h)
-    h = feed_forward(b, spec, lw, b.rms_norm(x, lw.ffn_norm, eps))
+    h = feed_forward(b, spec, lw, x, eps)
     x = x + (b.rms_norm(h, lw.post_ffn_norm, eps) if spec.post_ffn_norm else h)
     if per_layer is not None:  # gelu(x @ gate) * this layer's input, projected back and normed
         g = b.geglu(b.linear(x, lw.ple_gate), per_layer)

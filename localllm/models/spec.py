@@ -99,6 +99,11 @@ class LayerSpec:
     expert_ffn_dim: int = 0  # each expert's hidden width
     expert_renorm: bool = False
     shared_expert: bool = False  # plus the dense FFN (ffn_*_shexp) under a sigmoid gate (qwen2moe)
+    # gemma4 (26B-A4B): the dense FFN (ffn_norm in, post_ffw_norm_1 out) plus the experts (pre_ffw_norm_2
+    # in, post_ffw_norm_2 out), both reading the attention block's output; the router reads that output
+    # RMS-normed without a weight, times ffn_gate_inp.scale / sqrt(dim)
+    parallel_experts: bool = False
+    expert_scale: bool = False  # each expert's down output times its ffn_down_exps.scale entry (gemma4)
     # gpt-oss: a learned logit per head joins each softmax's denominator (attention sinks: a query may
     # attend to "nothing"); biases on the output projection, the router's logits and every expert's
     # gate/up/down outputs.  (Its top-k softmax over the chosen logits is expert_renorm: the same weights.)
@@ -141,6 +146,8 @@ class LayerSpec:
             )
         if self.experts and not 0 < self.experts_used <= self.experts:
             raise ValueError(f"{self.experts_used} experts used per token of {self.experts}")
+        if (self.parallel_experts or self.expert_scale) and not self.experts:
+            raise ValueError("parallel_experts and expert_scale need a mixture-of-experts layer")
 
     @property
     def recurrent(self) -> bool:
@@ -158,8 +165,8 @@ class LayerSpec:
 
     @property
     def dense_ffn(self) -> bool:
-        """Whether the layer runs the dense gate/up/down FFN (alone, or as the shared expert)."""
-        return not self.experts or self.shared_expert
+        """Whether the layer runs the dense gate/up/down FFN (alone, beside or as a shared expert)."""
+        return not self.experts or self.shared_expert or self.parallel_experts
 
 
 def attn_temperature(positions: np.ndarray, scale: float, length: int) -> np.ndarray:
@@ -197,6 +204,7 @@ class ModelArgs(Hyper):
     spec_tensors: tuple[str, ...] = ()  # tensors read into the specs (RoPE factors), not loaded as weights
     fused_qkv: bool = False  # q, k, v stored as one attn_qkv tensor (phi3), split by rows at load
     fused_gate_up: bool = False  # gate and up stored as one ffn_up of 2 * ffn_dim rows (phi3)
+    fused_gate_up_exps: bool = False  # each expert's gate and up as one ffn_gate_up_exps matrix (gemma4)
     # Per-layer inputs (gemma4 E2B/E4B): each layer adds a projection of a gated per-layer embedding
     # (per_layer_token_embd) of this width; 0 = none
     per_layer_dim: int = 0

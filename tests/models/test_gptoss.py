@@ -167,7 +167,9 @@ def test_biased_moe_matches_its_twin(t: int) -> None:
         matmul.group_table(ws, False) for ws in ((router,), packed["gate"], packed["up"], packed["down"])
     ]
     out, stats = np.empty_like(h), np.zeros(2, np.int64)
-    moe.moe_ffn_ext(h, *tables, router.gemm, False, k, True, True, rb, gb, ub, db, out, stats, 2)
+    none = np.empty(0, np.float32)
+    oai = moe.ACT_OAI
+    moe.moe_ffn_ext(h, h, *tables, router.gemm, False, k, True, oai, rb, gb, ub, db, none, out, stats, 2)
     expected = twin.moe_ffn(h, router_f, lambda e: tuple(mats[n][e] for n in ("gate", "up", "down")), k, True,
                             lambda e: (gb[e], ub[e], db[e]), rb, "swiglu_oai")  # fmt: skip
     assert np.abs(out - expected).max() / np.abs(expected).max() < 1e-5

@@ -82,7 +82,6 @@ def _fake_gemma4(meta: dict, tensors: tuple[str, ...] = ()) -> SimpleNamespace:
 @pytest.mark.parametrize(
     "meta, tensors, key",
     [
-        ({"expert_count": 128}, (), "expert_count"),
         ({}, ("blk.0.attn_qkv.weight",), "attn_qkv"),
     ],
 )

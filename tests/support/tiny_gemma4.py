@@ -6,6 +6,11 @@ so the full layers' KV rows are half the sliding ones'); a full layer every four
 layers share the KV cache of layers 2 (sliding) and 3 (full), with a double-wide FFN
 (feed_forward_length per layer); per-layer inputs 8 wide; v from k on the full layers; proportional
 RoPE on the full layers; a layer scalar on each; the vocabulary of tiny_model.py.
+
+`gemma4_moe` is 26B-A4B-like: every layer runs its dense FFN (96 wide) beside 8 GeGLU experts (32 wide,
+top 2) stored as one `ffn_gate_up_exps` per layer with a per-expert `ffn_down_exps.scale`; sliding and
+full layers alternate; no KV sharing, no per-layer inputs. fused_experts=False writes the experts'
+gate and up as separate tensors (the same numbers).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ GEMMA4_VARIANTS = {
         "E2B-like: per-layer head sizes and KV heads, KV sharing, "
         "double-wide FFN on sharing layers, per-layer inputs",
     ),  # fmt: skip
+    "gemma4_moe": ("gemma4", "F32", "26B-A4B-like: dense FFN beside 8 GeGLU experts (top 2), fused gate_up"),
 }
 
 
@@ -42,6 +48,11 @@ class Shape:
     shared_kv: int = 4
     per_layer: int = 8
     window: int = 16
+    experts: int = 0  # 0: dense layers only
+    experts_used: int = 2
+    expert_ffn: int = 32
+    fused_experts: bool = True  # one ffn_gate_up_exps (gate rows, then up rows) per layer
+    expert_ffn_per_layer: bool = False  # expert_feed_forward_length as one value per layer
 
     def swa(self, il: int) -> bool:
         return (il + 1) % self.full_every != 0
@@ -52,6 +63,13 @@ class Shape:
 
     def ffn_of(self, il: int) -> int:
         return self.ffn * (2 if il >= self.n_layers - self.shared_kv else 1)
+
+
+SHAPES = {
+    "gemma4_e": Shape(),
+    "gemma4_moe": Shape(n_layers=4, full_every=2, shared_kv=0, per_layer=0, experts=8),
+}
+ROUTER_STD = 2.5  # router logits spread over a few units: top-2 picks rarely near a tie
 
 
 def _metadata(w, s: Shape) -> None:
@@ -76,6 +94,13 @@ def _metadata(w, s: Shape) -> None:
     w.add_uint32(f"{arch}.attention.shared_kv_layers", s.shared_kv)
     w.add_uint32(f"{arch}.embedding_length_per_layer_input", s.per_layer)
     w.add_float32(f"{arch}.final_logit_softcapping", SOFTCAPS["final"])
+    if s.experts:
+        w.add_uint32(f"{arch}.expert_count", s.experts)
+        w.add_uint32(f"{arch}.expert_used_count", s.experts_used)
+        if s.expert_ffn_per_layer:
+            w.add_array(f"{arch}.expert_feed_forward_length", [s.expert_ffn] * s.n_layers)
+        else:
+            w.add_uint32(f"{arch}.expert_feed_forward_length", s.expert_ffn)
     write_vocabulary(w, vocabulary())
 
 
@@ -85,7 +110,7 @@ def write_gemma4_variant(path: Path, variant: str, quant: str | None = None, see
     import gguf
 
     _, default_quant, _ = GEMMA4_VARIANTS[variant]
-    s = shape or Shape()
+    s = shape or SHAPES[variant]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "gemma4")
     _metadata(w, s)
@@ -93,9 +118,10 @@ def write_gemma4_variant(path: Path, variant: str, quant: str | None = None, see
     n_vocab, L, P = len(vocabulary()[0]), s.n_layers, s.per_layer
     t.matrix("token_embd.weight", n_vocab, s.dim, GEMMA2_EMBD_SCALE)
     t.vector("output_norm.weight", s.dim)
-    t.matrix("per_layer_token_embd.weight", n_vocab, L * P, 2.0)
-    t.matrix("per_layer_model_proj.weight", L * P, s.dim, 2.0)
-    t.vector("per_layer_proj_norm.weight", P)
+    if P:
+        t.matrix("per_layer_token_embd.weight", n_vocab, L * P, 2.0)
+        t.matrix("per_layer_model_proj.weight", L * P, s.dim, 2.0)
+        t.vector("per_layer_proj_norm.weight", P)
     quarter = s.full_head // 8  # proportional RoPE: a quarter of the full layers' pairs turn
     factors = [1.0] * quarter + [1e30] * (s.full_head // 2 - quarter)
     w.add_tensor("rope_freqs.weight", np.array(factors, np.float32))
@@ -111,7 +137,10 @@ def write_gemma4_variant(path: Path, variant: str, quant: str | None = None, see
 def _layer(w, t: RandomTensors, rng: np.random.Generator, s: Shape, il: int) -> None:
     p, (hd, kvh), dim, ffn = f"blk.{il}", s.head(il), s.dim, s.ffn_of(il)
     stores = il < s.n_layers - s.shared_kv
-    for name in ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm", "post_norm"):
+    norms = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm") + (
+        ("post_norm",) if s.per_layer else ()
+    )
+    for name in norms:
         t.vector(f"{p}.{name}.weight", dim)
     t.matrix(f"{p}.attn_q.weight", s.heads * hd, dim, 1.5)
     t.vector(f"{p}.attn_q_norm.weight", hd, 0.5)
@@ -121,7 +150,41 @@ def _layer(w, t: RandomTensors, rng: np.random.Generator, s: Shape, il: int) -> 
         if s.swa(il):  # full layers have no attn_v: v is k's projection
             t.matrix(f"{p}.attn_v.weight", kvh * hd, dim)
     t.matrix(f"{p}.attn_output.weight", dim, s.heads * hd)
-    for name, rows, cols in (("ffn_gate", ffn, dim), ("ffn_up", ffn, dim), ("ffn_down", dim, ffn),
-                             ("inp_gate", s.per_layer, dim), ("proj", dim, s.per_layer)):  # fmt: skip
+    ple = (("inp_gate", s.per_layer, dim), ("proj", dim, s.per_layer)) if s.per_layer else ()
+    for name, rows, cols in (("ffn_gate", ffn, dim), ("ffn_up", ffn, dim), ("ffn_down", dim, ffn), *ple):
         t.matrix(f"{p}.{name}.weight", rows, cols)
+    if s.experts:
+        _experts(w, t, rng, s, p)
     w.add_tensor(f"{p}.layer_output_scale.weight", rng.uniform(0.5, 1.5, 1).astype(np.float32))
+
+
+def _experts(w, t: RandomTensors, rng: np.random.Generator, s: Shape, p: str) -> None:
+    """The router (its weights, its input scale), the experts' norms and matrices, their down scales."""
+    E, f, dim = s.experts, s.expert_ffn, s.dim
+    w.add_tensor(f"{p}.ffn_gate_inp.weight", (rng.standard_normal((E, dim)) * ROUTER_STD).astype(np.float32))
+    for name in (
+        "ffn_gate_inp.scale",
+        "pre_ffw_norm_2.weight",
+        "post_ffw_norm_1.weight",
+        "post_ffw_norm_2.weight",
+    ):
+        t.vector(f"{p}.{name}", dim)
+    gate_up = (rng.standard_normal((E, 2 * f, dim)) * 1.5 / np.sqrt(dim)).astype(np.float32)
+    down = (rng.standard_normal((E, dim, f)) / np.sqrt(f)).astype(np.float32)
+    if s.fused_experts:
+        _add(t, f"{p}.ffn_gate_up_exps.weight", gate_up)
+    else:
+        _add(t, f"{p}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :f]))
+        _add(t, f"{p}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, f:]))
+    _add(t, f"{p}.ffn_down_exps.weight", down)
+    w.add_tensor(f"{p}.ffn_down_exps.scale", rng.uniform(0.5, 2.0, E).astype(np.float32))
+
+
+def _add(t: RandomTensors, name: str, data: np.ndarray) -> None:
+    """An (experts, rows, cols) tensor in the file's quant, as RandomTensors.matrix writes matrices."""
+    from gguf.quants import quantize
+
+    if t.quant == "F32":
+        t.w.add_tensor(name, data)
+    else:
+        t.w.add_tensor(name, quantize(data, t.qtype), raw_dtype=t.qtype)

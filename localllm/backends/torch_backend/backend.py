@@ -206,18 +206,25 @@ class TorchBackend(Backend):
 
     runs_moe = True
 
-    def moe_ffn(self, h: torch.Tensor, lw: LayerWeights, spec: LayerSpec) -> torch.Tensor:
+    def moe_ffn(
+        self, h: torch.Tensor, lw: LayerWeights, spec: LayerSpec, router_in: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Each routed expert on its tokens only; the routing waits for the device (the static
-        decode stack is not used for mixture-of-experts models, see run_layers)."""
-        probs = torch.softmax(self.linear(h, lw.router).float(), dim=-1)
+        decode stack is not used for mixture-of-experts models, see run_layers). The router reads
+        router_in where given (gemma4); each expert's output is scaled by down_exps_s where the spec
+        says (expert_scale)."""
+        probs = torch.softmax(self.linear(h if router_in is None else router_in, lw.router).float(), dim=-1)
         weights, ids = torch.topk(probs, spec.experts_used, dim=-1)
         if spec.expert_renorm:
             weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
+        if spec.expert_scale:
+            weights = weights * lw.down_exps_s.float()[ids]
+        act_fn = self.geglu if spec.activation == "gelu_tanh" else self.swiglu
         out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         for e in ids.unique().tolist():
             t, j = torch.nonzero(ids == e, as_tuple=True)
             x = h[t]
-            act = self.swiglu(self.linear(x, lw.gate_exps[e]), self.linear(x, lw.up_exps[e]))
+            act = act_fn(self.linear(x, lw.gate_exps[e]), self.linear(x, lw.up_exps[e]))
             out.index_add_(0, t, self.linear(act, lw.down_exps[e]) * weights[t, j, None])
         return out
 
