@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .simd import f16_to_f32, f32, f32_to_f16, i32
+from .simd import f16_to_f32, f32, f32_to_f16, i32, scale_i8x32
 
 # Storage dtypes by llama.cpp's cache-type names.
 CACHE_TYPES = {"f32": "float32", "f16": "uint16", "q8_0": "int8"}
@@ -58,12 +58,11 @@ def q8_scale(raw, o):
 
 @njit(cache=True, fastmath=True)
 def q8_dequantize_row(raw, out) -> None:
-    """out (n,) = the Q8_0 blocks in raw (n / 32 * 34 bytes): d * q, as ggml's dequantize_row_q8_0."""
+    """out (n,) = the Q8_0 blocks in raw (n / 32 * 34 bytes): d * q, as ggml's dequantize_row_q8_0
+    (a vector convert and multiply per block: the plain loop stayed scalar)."""
     for b in range(out.shape[0] // Q8_VALUES):
         o = b * Q8_BYTES
-        d = q8_scale(raw, o)
-        for j in range(Q8_VALUES):
-            out[b * Q8_VALUES + j] = d * f32(raw[o + 2 + j])
+        scale_i8x32(raw, o + 2, q8_scale(raw, o), out, b * Q8_VALUES)
 
 
 @njit(cache=True, error_model="numpy")
