@@ -278,7 +278,6 @@ def fma_f32(typingctx, a, b, c):
 EXACT_FP = {"nnan", "ninf", "nsz"}
 
 
-
 def _i8x32(context, builder, aryty, ary, idx):
     """<32 x i8> at flat element idx of a contiguous int8 array (unaligned, unchecked)."""
     data = context.make_array(aryty)(context, builder, ary).data
