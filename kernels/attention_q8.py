@@ -2,9 +2,9 @@
 
 Keys: each query row is quantized to Q8_0 once per step the way ggml's AVX2 quantize_row_q8_0 does
 (d = max|x| / 127 stored as f16, quants rint(x * 127 / max|x|), ties to even), and a score is the sum
-over 32-blocks of (d_key * d_query) * (int8 . int8 as int32), then times the softmax scale: the
-integer dot of ggml_vec_dot_q8_0_q8_0, with no float copy of the key.  The 32-wide int8 products
-reduce in int32, which LLVM turns into vpmaddwd on AVX2 (scripts/kv_q8_asm.py checks).
+over 32-blocks of (d_key * d_query) * (int8 . int8 in int32), then times the softmax scale: the
+integer dot of ggml_vec_dot_q8_0_q8_0 in its AVX2 lane order (simd_i8.q8_dot_row, vpmaddwd here),
+with no float copy of the key.
 Values stay in attention._weighted_values: each q8_0 row is dequantized once (d * q, kv.py, a vector
 convert per block) and added times w to every row of the group, as llama.cpp's v_to_float + mad.
 """
@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kv import Q8_BYTES, Q8_VALUES
-from .simd import dot_i8x32, f16_to_f32, f32, f32_to_f16, i32, rint_f32
+from .kv import Q8_VALUES
+from .simd import f16_to_f32, f32, f32_to_f16, i32, rint_f32
+from .simd_i8 import q8_dot_row
 
 
 @njit(cache=True, error_model="numpy")
@@ -33,25 +34,12 @@ def quantize_query(x, qq, qd) -> None:
             qq[o + j] = np.int8(i32(rint_f32(x[o + j] * inv)))
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _key_score(keys, kr, qq, qd, row, nb):
-    """Key row kr . query row `row`, unscaled (flat indices: no array views, no refcounting)."""
-    s = f32(0.0)
-    k0, q0 = kr * keys.shape[1], row * qq.shape[1]
-    for b in range(nb):
-        o = b * Q8_BYTES
-        dk = f16_to_f32((i32(keys[kr, o]) & 0xFF) | ((i32(keys[kr, o + 1]) & 0xFF) << 8))
-        dots = dot_i8x32(keys, k0 + o + 2, qq, q0 + b * Q8_VALUES)  # int32, exact
-        s += (dk * qd[row, b]) * f32(dots)
-    return s
-
-
 @njit(cache=True, fastmath=True, error_model="numpy")
 def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc) -> None:
     """attention._scores for a q8_0 key cache: qq/qd hold each row's quantized query (unscaled; the
     score is scaled after the dot, as llama.cpp does)."""
     first, end = lo[0], hi[rows - 1]
-    nb = qd.shape[1]
+    nb, width = qd.shape[1], keys.shape[1]
     for b in range(first // bs, (end - 1) // bs + 1):
         j0, j1 = max(first, b * bs), min(end, b * bs + bs)
         kr0 = (table[b] * bs - b * bs) * kvh + kh
@@ -59,7 +47,7 @@ def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc
             for row in range(rows):
                 if j < lo[row] or j >= hi[row]:
                     continue
-                s = _key_score(keys, kr0 + j * kvh, qq, qd, row, nb) * scale
+                s = q8_dot_row(keys, (kr0 + j * kvh) * width, qq, row * qq.shape[1], qd, row * nb, nb) * scale
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
                 sc[row, j - lo[row]] = s

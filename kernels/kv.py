@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .simd import f16_to_f32, f32, f32_to_f16, i32, scale_i8x32
+from .simd import f16_to_f32, f32, f32_to_f16, i32
+from .simd_i8 import scale_i8x32
 
 # Storage dtypes by llama.cpp's cache-type names.
 CACHE_TYPES = {"f32": "float32", "f16": "uint16", "q8_0": "int8"}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 i16, i32, f32 = np.int16, np.int32, np.float32
@@ -276,54 +275,3 @@ def fma_f32(typingctx, a, b, c):
 # differently (seen: the int matmul's scale step, cold vs cached, up to 2e-7 relative), so these
 # flags keep only those that cannot change a finite result; FMAs are written out (fma_f32).
 EXACT_FP = {"nnan", "ninf", "nsz"}
-
-
-def _i8x32(context, builder, aryty, ary, idx):
-    """<32 x i8> at flat element idx of a contiguous int8 array (unaligned, unchecked)."""
-    data = context.make_array(aryty)(context, builder, ary).data
-    ptr = builder.bitcast(builder.gep(data, [idx]), ir.VectorType(ir.IntType(8), 32).as_pointer())
-    return builder.load(ptr, align=1)
-
-
-def _int8_arrays(*arys) -> bool:
-    return all(isinstance(a, types.Array) and a.dtype == types.int8 and a.layout == "C" for a in arys)
-
-
-@intrinsic
-def dot_i8x32(typingctx, a, ia, b, ib):
-    """sum_e a[ia + e] * b[ib + e] for e < 32 (flat indices into C-contiguous int8 arrays), in int32
-    (exact: |sum| <= 32 * 128 * 128), unchecked.  Plain LLVM vector IR (sext, mul, reduce.add):
-    portable, and on AVX2 the backend emits vpmovsxbw + vpmaddwd; a Numba loop of the same stayed 32
-    scalar imuls (its index checks keep the SLP vectoriser from seeing 32 adjacent loads)."""
-    if not _int8_arrays(a, b):
-        return None
-    v32 = ir.VectorType(ir.IntType(32), 32)
-
-    def codegen(context, builder, signature, args):
-        x = builder.sext(_i8x32(context, builder, a, args[0], args[1]), v32)
-        y = builder.sext(_i8x32(context, builder, b, args[2], args[3]), v32)
-        fnty = ir.FunctionType(ir.IntType(32), [v32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.vector.reduce.add.v32i32")
-        return builder.call(fn, [builder.mul(x, y)])
-
-    return types.int32(a, types.intp, b, types.intp), codegen
-
-
-@intrinsic
-def scale_i8x32(typingctx, a, ia, d, out, io):
-    """out[io + e] = d * float(a[ia + e]) for e < 32 (flat indices; out C-contiguous float32),
-    unchecked: one vector convert and multiply (the Numba loop stayed scalar, as dot_i8x32's)."""
-    if not (_int8_arrays(a) and isinstance(out, types.Array) and out.dtype == types.float32):
-        return None
-    vf = ir.VectorType(ir.FloatType(), 32)
-
-    def codegen(context, builder, signature, args):
-        x = builder.sitofp(_i8x32(context, builder, a, args[0], args[1]), vf)
-        splat = builder.insert_element(ir.Constant(vf, None), args[2], ir.Constant(ir.IntType(32), 0))
-        splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(ir.IntType(32), 32), None))
-        data = context.make_array(out)(context, builder, args[3]).data
-        ptr = builder.bitcast(builder.gep(data, [args[4]]), vf.as_pointer())
-        builder.store(builder.fmul(splat, x), ptr, align=4)
-        return context.get_dummy_value()
-
-    return types.void(a, types.intp, types.float32, out, types.intp), codegen

@@ -10,7 +10,7 @@ from numba import njit
 
 from localllm.backends import bounds
 from localllm.backends.kv_types import row_width
-from localllm.kernels import attention, attention_q8, layers, simd
+from localllm.kernels import attention, attention_q8, layers, simd_i8
 from localllm.kernels import reference as ref
 from localllm.quant.ggml import BLOCK_Q8_0
 from localllm.quant.quantize_legacy import quantize_q8_0
@@ -96,30 +96,40 @@ def test_the_query_is_quantized_as_ggml_avx2_quantize_row_q8_0() -> None:
     assert (err <= 0.51 * scales[..., None] + 1e-6).all()
 
 
-def test_the_int8_dot_and_scale_intrinsics_are_exact() -> None:
-    """dot_i8x32 (int32 sum of 32 int8 products, extremes included) and scale_i8x32 (d * q), at
-    unaligned offsets, equal NumPy's integer and float32 results."""
+def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
+    """q8_dot_row over 3 blocks at an unaligned offset, with scale products 1, 2 or 4 (integer sums
+    below 2**24: every float step exact), extremes (-128 * -128) included, equals the exact sum;
+    scale_i8x32 equals d * q in float32."""
     rng = np.random.default_rng(6)
-    a, b = rng.integers(-128, 128, (2, 100), dtype=np.int8)
-    a[3:35], b[5:37] = -128, -128
-    assert dot_kernel(a, 3, b, 5) == 32 * 128 * 128
-    for ia, ib in [(0, 0), (7, 61), (68, 1)]:
-        expected = (a[ia : ia + 32].astype(np.int32) * b[ib : ib + 32].astype(np.int32)).sum()
-        assert dot_kernel(a, ia, b, ib) == expected
+    keys = rng.integers(-128, 128, (2, 3 * 34 + 5), dtype=np.int8)
+    qq = rng.integers(-127, 128, (2, 96), dtype=np.int8)
+    keys[1, 7:39], qq[1, :32] = -128, -127
+    qd = np.array([[2.0, 1.0, 2.0], [4.0, 2.0, 1.0]], np.float32)  # d_key * d_query: 1, 2 or 4
+    for kr in (0, 1):
+        raw = keys[kr, 5:].copy().view(np.uint8)
+        for b, e in enumerate((0.5, 1.0, 2.0)):  # the f16 key scales, little-endian bytes
+            raw[b * 34 : b * 34 + 2] = np.frombuffer(np.float16(e).tobytes(), np.uint8)
+        keys[kr, 5:] = raw.view(np.int8)
+        for row in (0, 1):
+            blocks = keys[kr, 5:].reshape(3, 34)
+            dk = blocks[:, :2].copy().view(np.float16).astype(np.float64)[:, 0]
+            dots = (blocks[:, 2:].astype(np.int64) * qq[row].reshape(3, 32)).sum(axis=1)
+            exact = (dk * qd[row] * dots).sum()
+            assert row_dot(keys, kr * keys.shape[1] + 5, qq, row * 96, qd, row * 3, 3) == np.float32(exact)
     out = np.zeros(70, np.float32)
-    scale_kernel(a, 9, np.float32(0.37), out, 5)
-    np.testing.assert_array_equal(out[5:37], np.float32(0.37) * a[9:41].astype(np.float32))
+    scale_kernel(keys[0], 9, np.float32(0.37), out, 5)
+    np.testing.assert_array_equal(out[5:37], np.float32(0.37) * keys[0, 9:41].astype(np.float32))
     assert not out[:5].any() and not out[37:].any()
 
 
 @njit(cache=True)
-def dot_kernel(a, ia, b, ib):
-    return simd.dot_i8x32(a, ia, b, ib)
+def row_dot(keys, k0, qq, q0, qd, d0, nb):
+    return simd_i8.q8_dot_row(keys, k0, qq, q0, qd, d0, nb)
 
 
 @njit(cache=True)
 def scale_kernel(a, ia, d, out, io):
-    simd.scale_i8x32(a, ia, d, out, io)
+    simd_i8.scale_i8x32(a, ia, d, out, io)
 
 
 def test_keys_and_values_may_differ_in_type() -> None:

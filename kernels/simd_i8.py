@@ -1,0 +1,108 @@
+"""Portable LLVM IR for the q8_0 KV cache's int8 rows (Numba intrinsics, no target intrinsics).
+
+A Numba loop over 32 int8 values stays scalar (each index is checked and wrapped, which hides the
+32 adjacent loads from LLVM's vectorisers); these say `load <32 x i8>` outright.  On AVX2 the backend
+turns the widened multiply-adds into vpmovsxbw + vpmaddwd; elsewhere LLVM legalises the same IR.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+_V32I8, _V32I32, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32), ir.VectorType(_I32, 8)
+_V8F, _V32F = ir.VectorType(_F32, 8), ir.VectorType(_F32, 32)
+Q8_BYTES = 34
+
+
+def _c_arrays(dtype: types.Type, *arys) -> bool:
+    return all(isinstance(a, types.Array) and a.dtype == dtype and a.layout == "C" for a in arys)
+
+
+def _at(context, builder, aryty, ary, idx, ty: ir.Type) -> ir.Value:
+    """A ty* at flat element idx of a C-contiguous array (unchecked)."""
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.bitcast(builder.gep(data, [idx]), ty.as_pointer())
+
+
+def _call(builder, name: str, ret: ir.Type, args: list) -> ir.Value:
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _splat(builder, x: ir.Value, vty: ir.VectorType) -> ir.Value:
+    v = builder.insert_element(ir.Constant(vty, None), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, vty.count), None))
+
+
+def _pick(builder, v: ir.Value, first: int, step: int) -> ir.Value:
+    n = v.type.count // step
+    return builder.shuffle_vector(
+        v, v, ir.Constant(ir.VectorType(_I32, n), list(range(first, v.type.count, step)))
+    )
+
+
+def _quad_sums(builder, k: ir.Value, q: ir.Value) -> ir.Value:
+    """<8 x i32> lane l = sum_e<4 k[4l + e] * q[4l + e] (exact; the lanes ggml's AVX2 dot forms), from
+    <32 x i32> sign-extended int8: even/odd products added in pairs is the shape LLVM lowers to vpmaddwd."""
+    pairs = builder.add(
+        builder.mul(_pick(builder, k, 0, 2), _pick(builder, q, 0, 2)),
+        builder.mul(_pick(builder, k, 1, 2), _pick(builder, q, 1, 2)),
+    )
+    return builder.add(_pick(builder, pairs, 0, 2), _pick(builder, pairs, 1, 2))
+
+
+def _hsum8(builder, acc: ir.Value) -> ir.Value:
+    """ggml's hsum_float_8 order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), no reassociation."""
+    e = [builder.extract_element(acc, ir.Constant(_I32, i)) for i in range(8)]
+    r = [builder.fadd(e[4 + i], e[i]) for i in range(4)]
+    return builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
+
+
+@intrinsic
+def q8_dot_row(typingctx, keys, k0, qq, q0, qd, d0, nb):
+    """A q8_0 key row's nb blocks (bytes from flat index k0 of keys) . a quantized query (int8 from
+    qq[q0], float32 scales from qd[d0]), as ggml_vec_dot_q8_0_q8_0 on AVX2: per block, 8 lanes of
+    4-product int32 sums, converted to float and fused-multiply-added with (d_key * d_query) into 8
+    float lanes, summed at the end in hsum_float_8's order: the same bits as llama.cpp's score."""
+    if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, qd)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        kary, k0v, qary, q0v, dary, d0v, nbv = args
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
+        builder.store(ir.Constant(_V8F, [0.0] * 8), acc)
+        with cgutils.for_range(builder, nbv) as loop:
+            ko = builder.add(k0v, builder.mul(loop.index, ir.Constant(k0v.type, Q8_BYTES)))
+            bits = builder.load(_at(context, builder, keys, kary, ko, _I16), align=1)
+            dk = builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
+            dq = builder.load(_at(context, builder, qd, dary, builder.add(d0v, loop.index), _F32))
+            ko2 = builder.add(ko, ir.Constant(ko.type, 2))
+            kv = builder.sext(builder.load(_at(context, builder, keys, kary, ko2, _V32I8), align=1), _V32I32)
+            qo = builder.add(q0v, builder.mul(loop.index, ir.Constant(q0v.type, 32)))
+            qv = builder.sext(builder.load(_at(context, builder, qq, qary, qo, _V32I8), align=1), _V32I32)
+            lanes = builder.sitofp(_quad_sums(builder, kv, qv), _V8F)
+            d = _splat(builder, builder.fmul(dk, dq), _V8F)
+            builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(acc)]), acc)
+        return _hsum8(builder, builder.load(acc))
+
+    return types.float32(keys, types.intp, qq, types.intp, qd, types.intp, types.intp), codegen
+
+
+@intrinsic
+def scale_i8x32(typingctx, a, ia, d, out, io):
+    """out[io + e] = d * float(a[ia + e]) for e < 32 (flat indices; a int8, out float32, both
+    C-contiguous), unchecked: a q8_0 block dequantized as ggml's dequantize_row_q8_0."""
+    if not (_c_arrays(types.int8, a) and _c_arrays(types.float32, out)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        x = builder.sitofp(builder.load(_at(context, builder, a, args[0], args[1], _V32I8), align=1), _V32F)
+        y = builder.fmul(_splat(builder, args[2], _V32F), x)
+        builder.store(y, _at(context, builder, out, args[3], args[4], _V32F), align=4)
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, types.float32, out, types.intp), codegen
