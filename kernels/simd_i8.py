@@ -1,8 +1,9 @@
-"""Portable LLVM IR for the q8_0 KV cache's int8 rows (Numba intrinsics, no target intrinsics).
+"""LLVM IR for the q8_0 KV cache's int8 rows (Numba intrinsics; portable but for one AVX2 path).
 
 A Numba loop over 32 int8 values stays scalar (each index is checked and wrapped, which hides the
-32 adjacent loads from LLVM's vectorisers); these say `load <32 x i8>` outright.  On AVX2 the backend
-turns the widened multiply-adds into vpmovsxbw + vpmaddwd; elsewhere LLVM legalises the same IR.
+32 adjacent loads from LLVM's vectorisers); these say `load <32 x i8>` outright.  The int8 dot uses
+AVX2's vpmaddubsw where the host has it (as ggml does) and plain vector IR elsewhere, with the same
+integer sums, so the same bits.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .simd import _host_has
+
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _V32I8, _V32I32, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32), ir.VectorType(_I32, 8)
 _V8F, _V32F = ir.VectorType(_F32, 8), ir.VectorType(_F32, 32)
 Q8_BYTES = 34
+HAVE_AVX2 = _host_has("avx2")
 
 
 def _c_arrays(dtype: types.Type, *arys) -> bool:
@@ -45,9 +49,18 @@ def _pick(builder, v: ir.Value, first: int, step: int) -> ir.Value:
     )
 
 
-def _quad_sums(builder, k: ir.Value, q: ir.Value) -> ir.Value:
-    """<8 x i32> lane l = sum_e<4 k[4l + e] * q[4l + e] (exact; the lanes ggml's AVX2 dot forms), from
-    <32 x i32> sign-extended int8: even/odd products added in pairs is the shape LLVM lowers to vpmaddwd."""
+def _quad_sums(builder, k8: ir.Value, q8: ir.Value, avx2: bool) -> ir.Value:
+    """<8 x i32> lane l = sum_e<4 k[4l + e] * q[4l + e] of two <32 x i8> (exact; the lanes ggml's AVX2
+    dot forms).  AVX2: |k| (unsigned) times q with k's sign, vpmaddubsw into int16 pairs (at most
+    2 * 128 * 127: no saturation, the query's quants being within +-127), vpmaddwd by ones; elsewhere
+    the same sums in plain IR (even/odd products added in pairs: the shape LLVM lowers to vpmaddwd)."""
+    if avx2:
+        v16 = ir.VectorType(_I16, 16)
+        absk = _call(builder, "llvm.abs.v32i8", _V32I8, [k8, ir.Constant(ir.IntType(1), 0)])
+        signed_q = _call(builder, "llvm.x86.avx2.psign.b", _V32I8, [q8, k8])
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [absk, signed_q])
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ir.Constant(v16, [1] * 16)])
+    k, q = builder.sext(k8, _V32I32), builder.sext(q8, _V32I32)
     pairs = builder.add(
         builder.mul(_pick(builder, k, 0, 2), _pick(builder, q, 0, 2)),
         builder.mul(_pick(builder, k, 1, 2), _pick(builder, q, 1, 2)),
@@ -62,34 +75,41 @@ def _hsum8(builder, acc: ir.Value) -> ir.Value:
     return builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
 
 
-@intrinsic
-def q8_dot_row(typingctx, keys, k0, qq, q0, qd, d0, nb):
-    """A q8_0 key row's nb blocks (bytes from flat index k0 of keys) . a quantized query (int8 from
-    qq[q0], float32 scales from qd[d0]), as ggml_vec_dot_q8_0_q8_0 on AVX2: per block, 8 lanes of
-    4-product int32 sums, converted to float and fused-multiply-added with (d_key * d_query) into 8
-    float lanes, summed at the end in hsum_float_8's order: the same bits as llama.cpp's score."""
-    if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, qd)):
-        return None
+def _row_dot(avx2: bool):
+    @intrinsic
+    def q8_dot_row(typingctx, keys, k0, qq, q0, qd, d0, nb):
+        """A q8_0 key row's nb blocks (bytes from flat index k0 of keys) . a quantized query (int8 from
+        qq[q0], float32 scales from qd[d0]), as ggml_vec_dot_q8_0_q8_0 on AVX2: per block, 8 lanes of
+        4-product int32 sums, converted to float and fused-multiply-added with (d_key * d_query) into 8
+        float lanes, summed at the end in hsum_float_8's order: the same bits as llama.cpp's score."""
+        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, qd)):
+            return None
 
-    def codegen(context, builder, signature, args):
-        kary, k0v, qary, q0v, dary, d0v, nbv = args
-        acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
-        builder.store(ir.Constant(_V8F, [0.0] * 8), acc)
-        with cgutils.for_range(builder, nbv) as loop:
-            ko = builder.add(k0v, builder.mul(loop.index, ir.Constant(k0v.type, Q8_BYTES)))
-            bits = builder.load(_at(context, builder, keys, kary, ko, _I16), align=1)
-            dk = builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
-            dq = builder.load(_at(context, builder, qd, dary, builder.add(d0v, loop.index), _F32))
-            ko2 = builder.add(ko, ir.Constant(ko.type, 2))
-            kv = builder.sext(builder.load(_at(context, builder, keys, kary, ko2, _V32I8), align=1), _V32I32)
-            qo = builder.add(q0v, builder.mul(loop.index, ir.Constant(q0v.type, 32)))
-            qv = builder.sext(builder.load(_at(context, builder, qq, qary, qo, _V32I8), align=1), _V32I32)
-            lanes = builder.sitofp(_quad_sums(builder, kv, qv), _V8F)
-            d = _splat(builder, builder.fmul(dk, dq), _V8F)
-            builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(acc)]), acc)
-        return _hsum8(builder, builder.load(acc))
+        def codegen(context, builder, signature, args):
+            kary, k0v, qary, q0v, dary, d0v, nbv = args
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
+            builder.store(ir.Constant(_V8F, [0.0] * 8), acc)
+            with cgutils.for_range(builder, nbv) as loop:
+                ko = builder.add(k0v, builder.mul(loop.index, ir.Constant(k0v.type, Q8_BYTES)))
+                bits = builder.load(_at(context, builder, keys, kary, ko, _I16), align=1)
+                dk = builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
+                dq = builder.load(_at(context, builder, qd, dary, builder.add(d0v, loop.index), _F32))
+                ko2 = builder.add(ko, ir.Constant(ko.type, 2))
+                kv = builder.load(_at(context, builder, keys, kary, ko2, _V32I8), align=1)
+                qo = builder.add(q0v, builder.mul(loop.index, ir.Constant(q0v.type, 32)))
+                qv = builder.load(_at(context, builder, qq, qary, qo, _V32I8), align=1)
+                lanes = builder.sitofp(_quad_sums(builder, kv, qv, avx2), _V8F)
+                d = _splat(builder, builder.fmul(dk, dq), _V8F)
+                builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(acc)]), acc)
+            return _hsum8(builder, builder.load(acc))
 
-    return types.float32(keys, types.intp, qq, types.intp, qd, types.intp, types.intp), codegen
+        return types.float32(keys, types.intp, qq, types.intp, qd, types.intp, types.intp), codegen
+
+    return q8_dot_row
+
+
+q8_dot_row = _row_dot(HAVE_AVX2)
+q8_dot_row_portable = _row_dot(False)  # the same sums in plain IR (tests compare the two)
 
 
 @intrinsic

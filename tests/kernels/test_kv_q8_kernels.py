@@ -116,6 +116,13 @@ def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
             dots = (blocks[:, 2:].astype(np.int64) * qq[row].reshape(3, 32)).sum(axis=1)
             exact = (dk * qd[row] * dots).sum()
             assert row_dot(keys, kr * keys.shape[1] + 5, qq, row * 96, qd, row * 3, 3) == np.float32(exact)
+    keys[0, 5:] = rng.integers(-127, 128, 102, dtype=np.int8)
+    for b in range(3):  # random finite f16 key scales
+        keys[0, 5 + b * 34 : 7 + b * 34] = np.float16(rng.uniform(0.001, 2)).reshape(1).view(np.int8)
+    qd = rng.uniform(0.001, 2, (2, 3)).astype(np.float32)
+    for kr, row in [(0, 0), (0, 1), (1, 1)]:  # the AVX2 path (where present) and plain IR: same bits
+        args = (keys, kr * keys.shape[1] + 5, qq, row * 96, qd, row * 3, 3)
+        assert row_dot(*args) == row_dot_portable(*args)
     out = np.zeros(70, np.float32)
     scale_kernel(keys[0], 9, np.float32(0.37), out, 5)
     np.testing.assert_array_equal(out[5:37], np.float32(0.37) * keys[0, 9:41].astype(np.float32))
@@ -125,6 +132,11 @@ def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
 @njit(cache=True)
 def row_dot(keys, k0, qq, q0, qd, d0, nb):
     return simd_i8.q8_dot_row(keys, k0, qq, q0, qd, d0, nb)
+
+
+@njit(cache=True)
+def row_dot_portable(keys, k0, qq, q0, qd, d0, nb):
+    return simd_i8.q8_dot_row_portable(keys, k0, qq, q0, qd, d0, nb)
 
 
 @njit(cache=True)
