@@ -91,8 +91,12 @@ def q8_quantize_row(x, raw) -> None:
 def _kv_row_impl(cache, i, buf):
     if _is_q8(cache):
 
-        def dequantized(cache, i, buf):
-            q8_dequantize_row(cache[i], buf)
+        def dequantized(cache, i, buf):  # flat indices: a row view would cost two atomic refcounts
+            w = cache.shape[1]
+            for b in range(buf.shape[0] // Q8_VALUES):
+                o = b * Q8_BYTES
+                d = f16_to_f32((i32(cache[i, o]) & 0xFF) | ((i32(cache[i, o + 1]) & 0xFF) << 8))
+                scale_i8x32(cache, i * w + o + 2, d, buf, b * Q8_VALUES)
             return buf
 
         return dequantized

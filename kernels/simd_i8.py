@@ -69,47 +69,82 @@ def _quad_sums(builder, k8: ir.Value, q8: ir.Value, avx2: bool) -> ir.Value:
 
 
 def _hsum8(builder, acc: ir.Value) -> ir.Value:
-    """ggml's hsum_float_8 order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), no reassociation."""
-    e = [builder.extract_element(acc, ir.Constant(_I32, i)) for i in range(8)]
-    r = [builder.fadd(e[4 + i], e[i]) for i in range(4)]
-    return builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
+    """ggml's hsum_float_8: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)), as three vector adds
+    (plain fadds: no fast-math flags, so LLVM keeps this order)."""
+
+    def half(v: ir.Value, idx: list[int]) -> ir.Value:
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 4), idx))
+
+    r = builder.fadd(half(acc, [4, 5, 6, 7]), half(acc, [0, 1, 2, 3]))
+    r = builder.fadd(r, half(r, [2, 3, 2, 3]))
+    r = builder.fadd(r, half(r, [1, 1, 3, 3]))
+    return builder.extract_element(r, ir.Constant(_I32, 0))
 
 
-def _row_dot(avx2: bool):
+def _key_block(builder, at, k0v, b):
+    """Block b of the key row at flat byte k0v: its <32 x i8> quants and its f16 scale as float."""
+    ko = builder.add(k0v, builder.mul(b, ir.Constant(k0v.type, Q8_BYTES)))
+    dk = builder.fpext(builder.bitcast(builder.load(at("k", ko, _I16), align=1), ir.HalfType()), _F32)
+    return builder.load(at("k", builder.add(ko, ir.Constant(ko.type, 2)), _V32I8), align=1), dk
+
+
+def _dim(context, builder, aryty, ary, i: int) -> ir.Value:
+    return cgutils.unpack_tuple(builder, context.make_array(aryty)(context, builder, ary).shape)[i]
+
+
+def _rows_dot(avx2: bool):
     @intrinsic
-    def q8_dot_row(typingctx, keys, k0, qq, q0, qd, d0, nb):
-        """A q8_0 key row's nb blocks (bytes from flat index k0 of keys) . a quantized query (int8 from
-        qq[q0], float32 scales from qd[d0]), as ggml_vec_dot_q8_0_q8_0 on AVX2: per block, 8 lanes of
-        4-product int32 sums, converted to float and fused-multiply-added with (d_key * d_query) into 8
-        float lanes, summed at the end in hsum_float_8's order: the same bits as llama.cpp's score."""
-        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, qd)):
+    def q8_dot_rows(typingctx, keys, k0, qq, qd, rows, acc, out):
+        """out[r] = the q8_0 key row at flat byte k0 of keys . quantized query r (qq[r] int8, qd[r] its
+        block scales) for r < rows, as ggml_vec_dot_q8_0_q8_0 on AVX2: per block, 8 lanes of
+        4-product int32 sums, converted to float and fused-multiply-added with (d_key * d_query) into
+        8 float lanes (acc[r], scratch of (>= rows, 8) float32), summed at the end in hsum_float_8's
+        order: llama.cpp's score, bit for bit.  Blocks outside, rows inside: each key block is loaded
+        once for the whole group."""
+        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, qd, acc, out)):
             return None
 
         def codegen(context, builder, signature, args):
-            kary, k0v, qary, q0v, dary, d0v, nbv = args
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
-            builder.store(ir.Constant(_V8F, [0.0] * 8), acc)
-            with cgutils.for_range(builder, nbv) as loop:
-                ko = builder.add(k0v, builder.mul(loop.index, ir.Constant(k0v.type, Q8_BYTES)))
-                bits = builder.load(_at(context, builder, keys, kary, ko, _I16), align=1)
-                dk = builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
-                dq = builder.load(_at(context, builder, qd, dary, builder.add(d0v, loop.index), _F32))
-                ko2 = builder.add(ko, ir.Constant(ko.type, 2))
-                kv = builder.load(_at(context, builder, keys, kary, ko2, _V32I8), align=1)
-                qo = builder.add(q0v, builder.mul(loop.index, ir.Constant(q0v.type, 32)))
-                qv = builder.load(_at(context, builder, qq, qary, qo, _V32I8), align=1)
-                lanes = builder.sitofp(_quad_sums(builder, kv, qv, avx2), _V8F)
-                d = _splat(builder, builder.fmul(dk, dq), _V8F)
-                builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(acc)]), acc)
-            return _hsum8(builder, builder.load(acc))
+            kary, k0v, qary, dary, rowsv, aary, oary = args
+            arrays = {"k": (keys, kary), "q": (qq, qary), "d": (qd, dary), "a": (acc, aary), "o": (out, oary)}
 
-        return types.float32(keys, types.intp, qq, types.intp, qd, types.intp, types.intp), codegen
+            def at(name, idx, ty):
+                return _at(context, builder, *arrays[name], idx, ty)
 
-    return q8_dot_row
+            width, nb = _dim(context, builder, qq, qary, 1), _dim(context, builder, qd, dary, 1)
+            with cgutils.for_range(builder, rowsv) as r:
+                builder.store(ir.Constant(_V8F, [0.0] * 8), at("a", builder.mul(r.index, _c8(r.index)), _V8F))
+            with cgutils.for_range(builder, nb) as b:
+                kv, dk = _key_block(builder, at, k0v, b.index)
+                with cgutils.for_range(builder, rowsv) as r:
+                    qo = builder.add(builder.mul(r.index, width), builder.mul(b.index, _c32(b.index)))
+                    qv = builder.load(at("q", qo, _V32I8), align=1)
+                    lanes = builder.sitofp(_quad_sums(builder, kv, qv, avx2), _V8F)
+                    dq = builder.load(at("d", builder.add(builder.mul(r.index, nb), b.index), _F32))
+                    d = _splat(builder, builder.fmul(dk, dq), _V8F)
+                    ptr = at("a", builder.mul(r.index, _c8(r.index)), _V8F)
+                    builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(ptr)]), ptr)
+            with cgutils.for_range(builder, rowsv) as r:
+                total = _hsum8(builder, builder.load(at("a", builder.mul(r.index, _c8(r.index)), _V8F)))
+                builder.store(total, at("o", r.index, _F32))
+            return context.get_dummy_value()
+
+        sig = types.void(keys, types.intp, qq, qd, types.intp, acc, out)
+        return sig, codegen
+
+    return q8_dot_rows
 
 
-q8_dot_row = _row_dot(HAVE_AVX2)
-q8_dot_row_portable = _row_dot(False)  # the same sums in plain IR (tests compare the two)
+def _c8(v: ir.Value) -> ir.Constant:
+    return ir.Constant(v.type, 8)
+
+
+def _c32(v: ir.Value) -> ir.Constant:
+    return ir.Constant(v.type, 32)
+
+
+q8_dot_rows = _rows_dot(HAVE_AVX2)
+q8_dot_rows_portable = _rows_dot(False)  # the same sums in plain IR (tests compare the two)
 
 
 @intrinsic

@@ -97,7 +97,7 @@ def test_the_query_is_quantized_as_ggml_avx2_quantize_row_q8_0() -> None:
 
 
 def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
-    """q8_dot_row over 3 blocks at an unaligned offset, with scale products 1, 2 or 4 (integer sums
+    """q8_dot_rows over 3 blocks at an unaligned offset, with scale products 1, 2 or 4 (integer sums
     below 2**24: every float step exact), extremes (-128 * -128) included, equals the exact sum;
     scale_i8x32 equals d * q in float32."""
     rng = np.random.default_rng(6)
@@ -115,28 +115,37 @@ def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
             dk = blocks[:, :2].copy().view(np.float16).astype(np.float64)[:, 0]
             dots = (blocks[:, 2:].astype(np.int64) * qq[row].reshape(3, 32)).sum(axis=1)
             exact = (dk * qd[row] * dots).sum()
-            assert row_dot(keys, kr * keys.shape[1] + 5, qq, row * 96, qd, row * 3, 3) == np.float32(exact)
+            assert row_dot(keys, kr * keys.shape[1] + 5, qq, qd)[row] == np.float32(exact)
     keys[0, 5:] = rng.integers(-127, 128, 102, dtype=np.int8)
     for b in range(3):  # random finite f16 key scales
         keys[0, 5 + b * 34 : 7 + b * 34] = np.float16(rng.uniform(0.001, 2)).reshape(1).view(np.int8)
     qd = rng.uniform(0.001, 2, (2, 3)).astype(np.float32)
-    for kr, row in [(0, 0), (0, 1), (1, 1)]:  # the AVX2 path (where present) and plain IR: same bits
-        args = (keys, kr * keys.shape[1] + 5, qq, row * 96, qd, row * 3, 3)
-        assert row_dot(*args) == row_dot_portable(*args)
+    for kr in (0, 1):  # the AVX2 path (where present) and plain IR: same bits
+        args = (keys, kr * keys.shape[1] + 5, qq, qd)
+        np.testing.assert_array_equal(row_dot(*args), row_dot(*args, portable=True))
     out = np.zeros(70, np.float32)
     scale_kernel(keys[0], 9, np.float32(0.37), out, 5)
     np.testing.assert_array_equal(out[5:37], np.float32(0.37) * keys[0, 9:41].astype(np.float32))
     assert not out[:5].any() and not out[37:].any()
 
 
-@njit(cache=True)
-def row_dot(keys, k0, qq, q0, qd, d0, nb):
-    return simd_i8.q8_dot_row(keys, k0, qq, q0, qd, d0, nb)
+def row_dot(keys, k0, qq, qd, portable: bool = False) -> np.ndarray:
+    """Every query row's score against the key row at flat byte k0."""
+    out = np.zeros(qq.shape[0], np.float32)
+    (rows_dot_portable if portable else rows_dot)(
+        keys, k0, qq, qd, np.empty((qq.shape[0], 8), np.float32), out
+    )
+    return out
 
 
 @njit(cache=True)
-def row_dot_portable(keys, k0, qq, q0, qd, d0, nb):
-    return simd_i8.q8_dot_row_portable(keys, k0, qq, q0, qd, d0, nb)
+def rows_dot(keys, k0, qq, qd, acc, out):
+    simd_i8.q8_dot_rows(keys, k0, qq, qd, qq.shape[0], acc, out)
+
+
+@njit(cache=True)
+def rows_dot_portable(keys, k0, qq, qd, acc, out):
+    simd_i8.q8_dot_rows_portable(keys, k0, qq, qd, qq.shape[0], acc, out)
 
 
 @njit(cache=True)
