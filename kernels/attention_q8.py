@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kv import Q8_VALUES
+from .kv import Q8_BYTES, Q8_VALUES
 from .simd import f16_to_f32, f32, f32_to_f16, i32, rint_f32
 from .simd_i8 import q8_dot_rows
 
@@ -35,16 +35,21 @@ def quantize_query(x, qq, qd) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, acc8, dots) -> None:
+def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, acc8, dots, kd) -> None:
     """attention._scores for a q8_0 key cache: qq/qd hold each row's quantized query (unscaled; the
-    score is scaled after the dot, as llama.cpp does).  acc8 (rows, 8), dots (rows,): scratch."""
+    score is scaled after the dot, as llama.cpp does).  acc8 (rows, 8), dots (rows,), kd (D / 32,):
+    scratch."""
     first, end = lo[0], hi[rows - 1]
     width = keys.shape[1]
     for b in range(first // bs, (end - 1) // bs + 1):
         j0, j1 = max(first, b * bs), min(end, b * bs + bs)
         kr0 = (table[b] * bs - b * bs) * kvh + kh
         for j in range(j0, j1):
-            q8_dot_rows(keys, (kr0 + j * kvh) * width, qq, qd, rows, acc8, dots)
+            kr = kr0 + j * kvh
+            for c in range(kd.shape[0]):
+                o = c * Q8_BYTES
+                kd[c] = f16_to_f32((i32(keys[kr, o]) & 0xFF) | ((i32(keys[kr, o + 1]) & 0xFF) << 8))
+            q8_dot_rows(keys, kr * width, kd, qq, qd, rows, acc8, dots)
             for row in range(rows):
                 if j < lo[row] or j >= hi[row]:
                     continue

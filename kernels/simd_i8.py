@@ -82,10 +82,9 @@ def _hsum8(builder, acc: ir.Value) -> ir.Value:
 
 
 def _key_block(builder, at, k0v, b):
-    """Block b of the key row at flat byte k0v: its <32 x i8> quants and its f16 scale as float."""
+    """Block b of the key row at flat byte k0v: its <32 x i8> quants."""
     ko = builder.add(k0v, builder.mul(b, ir.Constant(k0v.type, Q8_BYTES)))
-    dk = builder.fpext(builder.bitcast(builder.load(at("k", ko, _I16), align=1), ir.HalfType()), _F32)
-    return builder.load(at("k", builder.add(ko, ir.Constant(ko.type, 2)), _V32I8), align=1), dk
+    return builder.load(at("k", builder.add(ko, ir.Constant(ko.type, 2)), _V32I8), align=1)
 
 
 def _dim(context, builder, aryty, ary, i: int) -> ir.Value:
@@ -94,19 +93,22 @@ def _dim(context, builder, aryty, ary, i: int) -> ir.Value:
 
 def _rows_dot(avx2: bool):
     @intrinsic
-    def q8_dot_rows(typingctx, keys, k0, qq, qd, rows, acc, out):
-        """out[r] = the q8_0 key row at flat byte k0 of keys . quantized query r (qq[r] int8, qd[r] its
-        block scales) for r < rows, as ggml_vec_dot_q8_0_q8_0 on AVX2: per block, 8 lanes of
-        4-product int32 sums, converted to float and fused-multiply-added with (d_key * d_query) into
-        8 float lanes (acc[r], scratch of (>= rows, 8) float32), summed at the end in hsum_float_8's
-        order: llama.cpp's score, bit for bit.  Blocks outside, rows inside: each key block is loaded
-        once for the whole group."""
-        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, qd, acc, out)):
+    def q8_dot_rows(typingctx, keys, k0, kd, qq, qd, rows, acc, out):
+        """out[r] = the q8_0 key row at flat byte k0 of keys (kd: its block scales as float32, converted
+        by the caller: a half-float fpext here would be a libcall on CPUs without F16C) . quantized
+        query r (qq[r] int8, qd[r] its block scales) for r < rows, as ggml_vec_dot_q8_0_q8_0 on
+        AVX2: per block, 8 lanes of 4-product int32 sums, converted to float and fused-multiply-added
+        with (d_key * d_query) into 8 float lanes (acc[r], scratch of (>= rows, 8) float32), summed at
+        the end in hsum_float_8's order: llama.cpp's score, bit for bit.  Blocks outside, rows inside:
+        each key block is loaded once for the whole group."""
+        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, kd, qd, acc, out)):
             return None
 
         def codegen(context, builder, signature, args):
-            kary, k0v, qary, dary, rowsv, aary, oary = args
-            arrays = {"k": (keys, kary), "q": (qq, qary), "d": (qd, dary), "a": (acc, aary), "o": (out, oary)}
+            kary, k0v, kdary, qary, dary, rowsv, aary, oary = args
+            types_ = (keys, kd, qq, qd, acc, out)
+            values = (kary, kdary, qary, dary, aary, oary)
+            arrays = dict(zip(("k", "kd", "q", "d", "a", "o"), zip(types_, values, strict=True), strict=True))
 
             def at(name, idx, ty):
                 return _at(context, builder, *arrays[name], idx, ty)
@@ -115,7 +117,7 @@ def _rows_dot(avx2: bool):
             with cgutils.for_range(builder, rowsv) as r:
                 builder.store(ir.Constant(_V8F, [0.0] * 8), at("a", builder.mul(r.index, _c8(r.index)), _V8F))
             with cgutils.for_range(builder, nb) as b:
-                kv, dk = _key_block(builder, at, k0v, b.index)
+                kv, dk = _key_block(builder, at, k0v, b.index), builder.load(at("kd", b.index, _F32))
                 with cgutils.for_range(builder, rowsv) as r:
                     qo = builder.add(builder.mul(r.index, width), builder.mul(b.index, _c32(b.index)))
                     qv = builder.load(at("q", qo, _V32I8), align=1)
@@ -129,7 +131,7 @@ def _rows_dot(avx2: bool):
                 builder.store(total, at("o", r.index, _F32))
             return context.get_dummy_value()
 
-        sig = types.void(keys, types.intp, qq, qd, types.intp, acc, out)
+        sig = types.void(keys, types.intp, kd, qq, qd, types.intp, acc, out)
         return sig, codegen
 
     return q8_dot_rows

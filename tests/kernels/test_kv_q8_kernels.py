@@ -131,21 +131,21 @@ def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
 
 def row_dot(keys, k0, qq, qd, portable: bool = False) -> np.ndarray:
     """Every query row's score against the key row at flat byte k0."""
-    out = np.zeros(qq.shape[0], np.float32)
-    (rows_dot_portable if portable else rows_dot)(
-        keys, k0, qq, qd, np.empty((qq.shape[0], 8), np.float32), out
-    )
+    out, acc = np.zeros(qq.shape[0], np.float32), np.empty((qq.shape[0], 8), np.float32)
+    blocks = keys.reshape(-1)[k0 : k0 + qd.shape[1] * 34].reshape(-1, 34)
+    kd = blocks[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)  # the caller converts them
+    (rows_dot_portable if portable else rows_dot)(keys, k0, kd, qq, qd, acc, out)
     return out
 
 
 @njit(cache=True)
-def rows_dot(keys, k0, qq, qd, acc, out):
-    simd_i8.q8_dot_rows(keys, k0, qq, qd, qq.shape[0], acc, out)
+def rows_dot(keys, k0, kd, qq, qd, acc, out):
+    simd_i8.q8_dot_rows(keys, k0, kd, qq, qd, qq.shape[0], acc, out)
 
 
 @njit(cache=True)
-def rows_dot_portable(keys, k0, qq, qd, acc, out):
-    simd_i8.q8_dot_rows_portable(keys, k0, qq, qd, qq.shape[0], acc, out)
+def rows_dot_portable(keys, k0, kd, qq, qd, acc, out):
+    simd_i8.q8_dot_rows_portable(keys, k0, kd, qq, qd, qq.shape[0], acc, out)
 
 
 @njit(cache=True)
