@@ -144,24 +144,8 @@ def _key_pass_impl(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, sof
         group = q.shape[1] // kvh
         for row in range(rows):  # once per query row and step, unscaled (as llama.cpp)
             q8.quantize_query(q[i0 + row // group, kh * group + row % group], qq[row], qd[row])
-        q8.scores_q8(
-            qq,
-            qd,
-            rows,
-            keys,
-            table,
-            bs,
-            kvh,
-            kh,
-            lo,
-            hi,
-            scale,
-            softcap,
-            sc,
-            scratch[10],
-            scratch[11],
-            scratch[12],
-        )
+        kd = scratch[10]
+        q8.scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, kd)
 
     return integer_dots
 
@@ -214,8 +198,6 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
         np.empty(D, np.float32),
         np.empty((rows, D), np.int8),  # a q8_0 key cache's quantized queries and their scales
         np.empty((rows, max(1, D // 32)), np.float32),
-        np.empty((rows, 8), np.float32),  # its dots' 8 float lanes a row, then the dots
-        np.empty(rows, np.float32),
         np.empty(max(1, D // 32), np.float32),  # a q8_0 key's block scales
     )
     for it in range(first, items.shape[0], step):

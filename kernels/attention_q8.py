@@ -3,7 +3,7 @@
 Keys: each query row is quantized to Q8_0 once per step the way ggml's AVX2 quantize_row_q8_0 does
 (d = max|x| / 127 stored as f16, quants rint(x * 127 / max|x|), ties to even), and a score is the sum
 over 32-blocks of (d_key * d_query) * (int8 . int8 in int32), then times the softmax scale: the
-integer dot of ggml_vec_dot_q8_0_q8_0 in its AVX2 lane order (simd_i8.q8_dot_rows: vpmaddubsw here),
+integer dot of ggml_vec_dot_q8_0_q8_0 in its AVX2 lane order (simd_i8.q8_dot_row: vpmaddubsw here),
 with no float copy of the key.
 Values stay in attention._weighted_values: each q8_0 row is dequantized once (d * q, kv.py, a vector
 convert per block) and added times w to every row of the group, as llama.cpp's v_to_float + mad.
@@ -16,7 +16,7 @@ from numba import njit
 
 from .kv import Q8_BYTES, Q8_VALUES
 from .simd import f16_to_f32, f32, f32_to_f16, i32, rint_f32
-from .simd_i8 import q8_dot_rows
+from .simd_i8 import q8_dot_row
 
 
 @njit(cache=True, error_model="numpy")
@@ -35,10 +35,9 @@ def quantize_query(x, qq, qd) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, acc8, dots, kd) -> None:
+def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, kd) -> None:
     """attention._scores for a q8_0 key cache: qq/qd hold each row's quantized query (unscaled; the
-    score is scaled after the dot, as llama.cpp does).  acc8 (rows, 8), dots (rows,), kd (D / 32,):
-    scratch."""
+    score is scaled after the dot, as llama.cpp does).  kd (D / 32,): scratch for a key's scales."""
     first, end = lo[0], hi[rows - 1]
     width = keys.shape[1]
     for b in range(first // bs, (end - 1) // bs + 1):
@@ -49,11 +48,10 @@ def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc
             for c in range(kd.shape[0]):
                 o = c * Q8_BYTES
                 kd[c] = f16_to_f32((i32(keys[kr, o]) & 0xFF) | ((i32(keys[kr, o + 1]) & 0xFF) << 8))
-            q8_dot_rows(keys, kr * width, kd, qq, qd, rows, acc8, dots)
             for row in range(rows):
                 if j < lo[row] or j >= hi[row]:
                     continue
-                s = dots[row] * scale
+                s = q8_dot_row(keys, kr * width, kd, qq, row * qq.shape[1], qd, row * kd.shape[0]) * scale
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
                 sc[row, j - lo[row]] = s

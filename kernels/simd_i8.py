@@ -91,62 +91,48 @@ def _dim(context, builder, aryty, ary, i: int) -> ir.Value:
     return cgutils.unpack_tuple(builder, context.make_array(aryty)(context, builder, ary).shape)[i]
 
 
-def _rows_dot(avx2: bool):
+def _row_dot(avx2: bool):
     @intrinsic
-    def q8_dot_rows(typingctx, keys, k0, kd, qq, qd, rows, acc, out):
-        """out[r] = the q8_0 key row at flat byte k0 of keys (kd: its block scales as float32, converted
-        by the caller: a half-float fpext here would be a libcall on CPUs without F16C) . quantized
-        query r (qq[r] int8, qd[r] its block scales) for r < rows, as ggml_vec_dot_q8_0_q8_0 on
-        AVX2: per block, 8 lanes of 4-product int32 sums, converted to float and fused-multiply-added
-        with (d_key * d_query) into 8 float lanes (acc[r], scratch of (>= rows, 8) float32), summed at
-        the end in hsum_float_8's order: llama.cpp's score, bit for bit.  Blocks outside, rows inside:
-        each key block is loaded once for the whole group."""
-        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, kd, qd, acc, out)):
+    def q8_dot_row(typingctx, keys, k0, kd, qq, q0, qd, d0):
+        """The q8_0 key row at flat byte k0 of keys (kd: its block scales as float32, converted by the
+        caller: a half-float fpext here would be a libcall on CPUs without F16C) . the quantized
+        query at qq[q0] (its block scales from qd[d0]), as ggml_vec_dot_q8_0_q8_0 on AVX2: per
+        block, 8 lanes of 4-product int32 sums, converted to float and fused-multiply-added with
+        (d_key * d_query) into 8 float lanes, summed at the end in hsum_float_8's order: llama.cpp's
+        score, bit for bit."""
+        if not (_c_arrays(types.int8, keys, qq) and _c_arrays(types.float32, kd, qd)):
             return None
 
         def codegen(context, builder, signature, args):
-            kary, k0v, kdary, qary, dary, rowsv, aary, oary = args
-            types_ = (keys, kd, qq, qd, acc, out)
-            values = (kary, kdary, qary, dary, aary, oary)
-            arrays = dict(zip(("k", "kd", "q", "d", "a", "o"), zip(types_, values, strict=True), strict=True))
+            kary, k0v, kdary, qary, q0v, dary, d0v = args
+            arrays = {"k": (keys, kary), "kd": (kd, kdary), "q": (qq, qary), "d": (qd, dary)}
 
             def at(name, idx, ty):
                 return _at(context, builder, *arrays[name], idx, ty)
 
-            width, nb = _dim(context, builder, qq, qary, 1), _dim(context, builder, qd, dary, 1)
-            with cgutils.for_range(builder, rowsv) as r:
-                builder.store(ir.Constant(_V8F, [0.0] * 8), at("a", builder.mul(r.index, _c8(r.index)), _V8F))
-            with cgutils.for_range(builder, nb) as b:
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8))
+            with cgutils.for_range(builder, _dim(context, builder, kd, kdary, 0)) as b:
                 kv, dk = _key_block(builder, at, k0v, b.index), builder.load(at("kd", b.index, _F32))
-                with cgutils.for_range(builder, rowsv) as r:
-                    qo = builder.add(builder.mul(r.index, width), builder.mul(b.index, _c32(b.index)))
-                    qv = builder.load(at("q", qo, _V32I8), align=1)
-                    lanes = builder.sitofp(_quad_sums(builder, kv, qv, avx2), _V8F)
-                    dq = builder.load(at("d", builder.add(builder.mul(r.index, nb), b.index), _F32))
-                    d = _splat(builder, builder.fmul(dk, dq), _V8F)
-                    ptr = at("a", builder.mul(r.index, _c8(r.index)), _V8F)
-                    builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(ptr)]), ptr)
-            with cgutils.for_range(builder, rowsv) as r:
-                total = _hsum8(builder, builder.load(at("a", builder.mul(r.index, _c8(r.index)), _V8F)))
-                builder.store(total, at("o", r.index, _F32))
-            return context.get_dummy_value()
+                qo = builder.add(q0v, builder.mul(b.index, _c32(b.index)))
+                lanes = builder.sitofp(
+                    _quad_sums(builder, kv, builder.load(at("q", qo, _V32I8), align=1), avx2), _V8F
+                )
+                dq = builder.load(at("d", builder.add(d0v, b.index), _F32))
+                d = _splat(builder, builder.fmul(dk, dq), _V8F)
+                builder.store(_call(builder, "llvm.fma.v8f32", _V8F, [d, lanes, builder.load(acc)]), acc)
+            return _hsum8(builder, builder.load(acc))
 
-        sig = types.void(keys, types.intp, kd, qq, qd, types.intp, acc, out)
-        return sig, codegen
+        return types.float32(keys, types.intp, kd, qq, types.intp, qd, types.intp), codegen
 
-    return q8_dot_rows
-
-
-def _c8(v: ir.Value) -> ir.Constant:
-    return ir.Constant(v.type, 8)
+    return q8_dot_row
 
 
 def _c32(v: ir.Value) -> ir.Constant:
     return ir.Constant(v.type, 32)
 
 
-q8_dot_rows = _rows_dot(HAVE_AVX2)
-q8_dot_rows_portable = _rows_dot(False)  # the same sums in plain IR (tests compare the two)
+q8_dot_row = _row_dot(HAVE_AVX2)
+q8_dot_row_portable = _row_dot(False)  # the same sums in plain IR (tests compare the two)
 
 
 @intrinsic

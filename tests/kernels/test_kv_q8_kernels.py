@@ -97,7 +97,7 @@ def test_the_query_is_quantized_as_ggml_avx2_quantize_row_q8_0() -> None:
 
 
 def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
-    """q8_dot_rows over 3 blocks at an unaligned offset, with scale products 1, 2 or 4 (integer sums
+    """q8_dot_row over 3 blocks at an unaligned offset, with scale products 1, 2 or 4 (integer sums
     below 2**24: every float step exact), extremes (-128 * -128) included, equals the exact sum;
     scale_i8x32 equals d * q in float32."""
     rng = np.random.default_rng(6)
@@ -131,21 +131,25 @@ def test_the_row_dot_and_block_scale_intrinsics_are_exact() -> None:
 
 def row_dot(keys, k0, qq, qd, portable: bool = False) -> np.ndarray:
     """Every query row's score against the key row at flat byte k0."""
-    out, acc = np.zeros(qq.shape[0], np.float32), np.empty((qq.shape[0], 8), np.float32)
     blocks = keys.reshape(-1)[k0 : k0 + qd.shape[1] * 34].reshape(-1, 34)
     kd = blocks[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)  # the caller converts them
-    (rows_dot_portable if portable else rows_dot)(keys, k0, kd, qq, qd, acc, out)
+    return (rows_dot_portable if portable else rows_dot)(keys, k0, kd, qq, qd)
+
+
+@njit(cache=True)
+def rows_dot(keys, k0, kd, qq, qd):
+    out = np.empty(qq.shape[0], np.float32)
+    for r in range(qq.shape[0]):
+        out[r] = simd_i8.q8_dot_row(keys, k0, kd, qq, r * qq.shape[1], qd, r * qd.shape[1])
     return out
 
 
 @njit(cache=True)
-def rows_dot(keys, k0, kd, qq, qd, acc, out):
-    simd_i8.q8_dot_rows(keys, k0, kd, qq, qd, qq.shape[0], acc, out)
-
-
-@njit(cache=True)
-def rows_dot_portable(keys, k0, kd, qq, qd, acc, out):
-    simd_i8.q8_dot_rows_portable(keys, k0, kd, qq, qd, qq.shape[0], acc, out)
+def rows_dot_portable(keys, k0, kd, qq, qd):
+    out = np.empty(qq.shape[0], np.float32)
+    for r in range(qq.shape[0]):
+        out[r] = simd_i8.q8_dot_row_portable(keys, k0, kd, qq, r * qq.shape[1], qd, r * qd.shape[1])
+    return out
 
 
 @njit(cache=True)
