@@ -15,8 +15,10 @@ import numpy as np
 from numba import njit
 
 from .kv import Q8_BYTES, Q8_VALUES
-from .simd import f16_to_f32, f32, f32_to_f16, i32, rint_f32
-from .simd_i8 import q8_dot_row
+from .simd import HAVE_F16C, f16_to_f32, f32, f32_to_f16, i32, rint_f32
+from .simd_i8 import HAVE_AVX2, q8_dot_row
+
+SCALES_IN_IR = HAVE_AVX2 and HAVE_F16C  # q8_dot_row reads the key's f16 scales itself (no kd)
 
 
 @njit(cache=True, error_model="numpy")
@@ -45,7 +47,7 @@ def scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc
         kr0 = (table[b] * bs - b * bs) * kvh + kh
         for j in range(j0, j1):
             kr = kr0 + j * kvh
-            for c in range(kd.shape[0]):
+            for c in range(0 if SCALES_IN_IR else kd.shape[0]):
                 o = c * Q8_BYTES
                 kd[c] = f16_to_f32((i32(keys[kr, o]) & 0xFF) | ((i32(keys[kr, o + 1]) & 0xFF) << 8))
             for row in range(rows):

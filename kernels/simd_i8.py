@@ -13,7 +13,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import _host_has
+from .simd import HAVE_F16C, _host_has
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _V32I8, _V32I32, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 32), ir.VectorType(_I32, 8)
@@ -91,11 +91,19 @@ def _dim(context, builder, aryty, ary, i: int) -> ir.Value:
     return cgutils.unpack_tuple(builder, context.make_array(aryty)(context, builder, ary).shape)[i]
 
 
+def _key_scale(builder, at, k0v, b, f16c: bool) -> ir.Value:
+    """Block b's d_key: from its f16 bytes (one vcvtph2ps) where the CPU has F16C, else from kd."""
+    if not f16c:
+        return builder.load(at("kd", b, _F32))
+    ko = builder.add(k0v, builder.mul(b, ir.Constant(k0v.type, Q8_BYTES)))
+    return builder.fpext(builder.bitcast(builder.load(at("k", ko, _I16), align=1), ir.HalfType()), _F32)
+
+
 def _row_dot(avx2: bool):
     @intrinsic
     def q8_dot_row(typingctx, keys, k0, kd, qq, q0, qd, d0):
-        """The q8_0 key row at flat byte k0 of keys (kd: its block scales as float32, converted by the
-        caller: a half-float fpext here would be a libcall on CPUs without F16C) . the quantized
+        """The q8_0 key row at flat byte k0 of keys (kd: its block scales as float32, filled by the caller
+        only where the CPU lacks F16C, as there a half-float fpext would be a libcall) . the quantized
         query at qq[q0] (its block scales from qd[d0]), as ggml_vec_dot_q8_0_q8_0 on AVX2: per
         block, 8 lanes of 4-product int32 sums, converted to float and fused-multiply-added with
         (d_key * d_query) into 8 float lanes, summed at the end in hsum_float_8's order: llama.cpp's
@@ -112,7 +120,10 @@ def _row_dot(avx2: bool):
 
             acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8))
             with cgutils.for_range(builder, _dim(context, builder, kd, kdary, 0)) as b:
-                kv, dk = _key_block(builder, at, k0v, b.index), builder.load(at("kd", b.index, _F32))
+                kv, dk = (
+                    _key_block(builder, at, k0v, b.index),
+                    _key_scale(builder, at, k0v, b.index, avx2 and HAVE_F16C),
+                )
                 qo = builder.add(q0v, builder.mul(b.index, _c32(b.index)))
                 lanes = builder.sitofp(
                     _quad_sums(builder, kv, builder.load(at("q", qo, _V32I8), align=1), avx2), _V8F
