@@ -5,8 +5,8 @@ in f16 by default: half the memory of f32, and attention reads half the bytes; q
 
 `kv_get`, `kv_row` and `kv_set_row` are resolved at compile time from the cache array's dtype, so each
 attention and store kernel is compiled once per storage type with no per-element branch. Attention
-reads a q8_0 row through `kv_row`, which dequantizes that one row into a small buffer: never a
-float copy of the cache.
+reads a q8_0 value row through `kv_row`, which dequantizes that one row into a small buffer (never a
+float copy of the cache); q8_0 keys are scored in their own bytes (attention_q8.py).
 """
 
 from __future__ import annotations
@@ -49,21 +49,6 @@ def _kv_get_impl(row, j):
     if _is_f16(row):
         return lambda row, j: f16_to_f32(row[j])
     return lambda row, j: row[j]
-
-
-@njit(inline="always")
-def q8_scale(raw, o):
-    """The f16 scale stored little-endian at raw[o], raw[o + 1], as float32."""
-    return f16_to_f32((i32(raw[o]) & 0xFF) | ((i32(raw[o + 1]) & 0xFF) << 8))
-
-
-@njit(cache=True, fastmath=True)
-def q8_dequantize_row(raw, out) -> None:
-    """out (n,) = the Q8_0 blocks in raw (n / 32 * 34 bytes): d * q, as ggml's dequantize_row_q8_0
-    (a vector convert and multiply per block: the plain loop stayed scalar)."""
-    for b in range(out.shape[0] // Q8_VALUES):
-        o = b * Q8_BYTES
-        scale_i8x32(raw, o + 2, q8_scale(raw, o), out, b * Q8_VALUES)
 
 
 @njit(cache=True, error_model="numpy")
