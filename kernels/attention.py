@@ -17,8 +17,10 @@ fastmath is safe: dot products are reordered, and exp is simd.fast_exp (~2 ulp).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
+from . import attention_q8 as q8
 from .kv import kv_get, kv_row
 from .simd import f32, fast_exp
 
@@ -122,6 +124,32 @@ def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf) -> 
                     acc[row, d] += w * kv_get(value, d)
 
 
+def _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
+    """sc = the rows' scores: _scores over f32/f16 keys, attention_q8's integer dots over q8_0 keys."""
+
+
+def _is_q8(cache) -> bool:
+    return isinstance(cache, types.Array) and cache.dtype == types.int8
+
+
+@overload(_key_pass, inline="always", jit_options={"cache": True})
+def _key_pass_impl(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
+    if not _is_q8(keys):
+        return lambda q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch: _scores(
+            qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, scratch[7]
+        )
+
+    def integer_dots(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
+        qq, qd = scratch[8], scratch[9]
+        group = q.shape[1] // kvh
+        for row in range(rows):  # once per query row and step, unscaled (as llama.cpp)
+            q8.quantize_query(q[i0 + row // group, kh * group + row % group], qq[row], qd[row])
+        kd = scratch[10]
+        q8.scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, kd)
+
+    return integer_dots
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window, softcap, sinks, out,
                 scratch):  # fmt: skip
@@ -129,7 +157,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
     are the cache as (blocks * block_size * kv_heads, width) rows (plain 2-D indexing vectorises
     reliably; 4-D indexing did not): width D, or a q8_0 row's bytes.  sinks: (n_heads,) sink logits,
     or empty."""
-    qc, sc, acc, total, lo, hi, sink, buf = scratch
+    qc, sc, acc, total, lo, hi, sink, buf = scratch[:8]
     group = q.shape[1] // kvh
     rows = nq * group
     _row_bounds(rows, group, pos0, window, lo, hi)
@@ -139,7 +167,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
             qc[row, d] = q[i0 + row // group, h, d] * scale
         if sinks.size:
             sink[row] = sinks[h]
-    _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, buf)
+    _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch)
     _softmax_rows(sc, rows, lo, hi, total, sink[:rows] if sinks.size else sink[:0])
     _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf)
     for row in range(rows):
@@ -168,6 +196,9 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
         np.empty(rows, np.int64),
         np.empty(rows, np.float32),
         np.empty(D, np.float32),
+        np.empty((rows, D), np.int8),  # a q8_0 key cache's quantized queries and their scales
+        np.empty((rows, max(1, D // 32)), np.float32),
+        np.empty(max(1, D // 32), np.float32),  # a q8_0 key's block scales
     )
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]

@@ -5,8 +5,8 @@ in f16 by default: half the memory of f32, and attention reads half the bytes; q
 
 `kv_get`, `kv_row` and `kv_set_row` are resolved at compile time from the cache array's dtype, so each
 attention and store kernel is compiled once per storage type with no per-element branch. Attention
-reads a q8_0 row through `kv_row`, which dequantizes that one row into a small buffer: never a
-float copy of the cache.
+reads a q8_0 value row through `kv_row`, which dequantizes that one row into a small buffer (never a
+float copy of the cache); q8_0 keys are scored in their own bytes (attention_q8.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .simd import f16_to_f32, f32, f32_to_f16, i32
+from .simd_i8 import scale_i8x32
 
 # Storage dtypes by llama.cpp's cache-type names.
 CACHE_TYPES = {"f32": "float32", "f16": "uint16", "q8_0": "int8"}
@@ -50,22 +51,6 @@ def _kv_get_impl(row, j):
     return lambda row, j: row[j]
 
 
-@njit(inline="always")
-def q8_scale(raw, o):
-    """The f16 scale stored little-endian at raw[o], raw[o + 1], as float32."""
-    return f16_to_f32((i32(raw[o]) & 0xFF) | ((i32(raw[o + 1]) & 0xFF) << 8))
-
-
-@njit(cache=True, fastmath=True)
-def q8_dequantize_row(raw, out) -> None:
-    """out (n,) = the Q8_0 blocks in raw (n / 32 * 34 bytes): d * q, as ggml's dequantize_row_q8_0."""
-    for b in range(out.shape[0] // Q8_VALUES):
-        o = b * Q8_BYTES
-        d = q8_scale(raw, o)
-        for j in range(Q8_VALUES):
-            out[b * Q8_VALUES + j] = d * f32(raw[o + 2 + j])
-
-
 @njit(cache=True, error_model="numpy")
 def q8_quantize_row(x, raw) -> None:
     """raw = x (n,) as Q8_0 blocks, ggml's quantize_row_q8_0_ref: d = max|x| / 127 (stored as f16),
@@ -91,8 +76,12 @@ def q8_quantize_row(x, raw) -> None:
 def _kv_row_impl(cache, i, buf):
     if _is_q8(cache):
 
-        def dequantized(cache, i, buf):
-            q8_dequantize_row(cache[i], buf)
+        def dequantized(cache, i, buf):  # flat indices: a row view would cost two atomic refcounts
+            w = cache.shape[1]
+            for b in range(buf.shape[0] // Q8_VALUES):
+                o = b * Q8_BYTES
+                d = f16_to_f32((i32(cache[i, o]) & 0xFF) | ((i32(cache[i, o + 1]) & 0xFF) << 8))
+                scale_i8x32(cache, i * w + o + 2, d, buf, b * Q8_VALUES)
             return buf
 
         return dequantized

@@ -119,6 +119,26 @@ def from_storage(raw: np.ndarray, head_dim: int) -> np.ndarray:
     return dequant_q8_0(blocks).reshape(*raw.shape[:-1], head_dim)
 
 
+def quantize_query_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (n, D) float32 as ggml's AVX2 quantize_row_q8_0 (llama.cpp's Q before a q8_0 K cache):
+    quants (n, D / 32, 32) int8 = rint(x * 127 / max|x|), scales (n, D / 32) f16-rounded max|x| / 127."""
+    blocks = np.asarray(x, np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax != 0)
+    quants = np.rint(blocks * inv[..., None]).astype(np.int8)
+    return quants, (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+
+
+def q8_key_scores(x: np.ndarray, raw: np.ndarray, scale: float) -> np.ndarray:
+    """(n, L) scores of queries x (n, D) against q8_0 key rows raw (L, width): per 32-block, the int32
+    dot of the int8 quants times (key scale * query scale), summed over blocks, then times scale."""
+    quants, dq = quantize_query_q8(x)
+    blocks = np.ascontiguousarray(raw).reshape(-1).view(BLOCK_Q8_0).reshape(raw.shape[0], -1)
+    dk = blocks["d"].astype(np.float32)
+    dots = np.einsum("nbe,lbe->nlb", quants.astype(np.int32), blocks["qs"].astype(np.int32))
+    return ((dk[None] * dq[:, None]) * dots.astype(np.float32)).sum(axis=-1) * np.float32(scale)
+
+
 def gather_kv(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.ndarray:
     """The first `length` positions of one sequence, read through its block table -> (length, KVH, D)."""
     bs = cache.shape[1]
@@ -151,7 +171,8 @@ def paged_attention(
     for s in range(len(context_lens)):
         q0, q1 = int(query_start_loc[s]), int(query_start_loc[s + 1])
         length = int(context_lens[s])
-        keys = from_storage(gather_kv(k_cache, block_tables[s], length), q.shape[2])  # (L, KVH, D)
+        raw_keys = gather_kv(k_cache, block_tables[s], length)
+        keys = from_storage(raw_keys, q.shape[2])  # (L, KVH, D)
         values = from_storage(gather_kv(v_cache, block_tables[s], length), q.shape[2])
         q_pos = np.arange(length - (q1 - q0), length)
         k_pos = np.arange(length)
@@ -160,7 +181,10 @@ def paged_attention(
             mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         for h in range(n_heads):
             kh = h // group
-            scores = (q[q0:q1, h, :] @ keys[:, kh, :].T) * np.float32(scale)
+            if k_cache.dtype == np.int8:  # llama.cpp's integer dots with a quantized query
+                scores = q8_key_scores(q[q0:q1, h, :], raw_keys[:, kh], scale)
+            else:
+                scores = (q[q0:q1, h, :] @ keys[:, kh, :].T) * np.float32(scale)
             if softcap > 0:
                 scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
             scores = np.where(mask, scores, -np.inf)
