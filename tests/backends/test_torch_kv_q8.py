@@ -21,3 +21,17 @@ def test_q8_0_rows_match_the_reference_bytes_and_values() -> None:
     got = quantize_rows(torch.from_numpy(x)).numpy()
     assert got.dtype == np.int8 and np.array_equal(got, raw)
     assert np.array_equal(dequantize_rows(torch.from_numpy(raw)).numpy(), from_storage(raw, 64))
+
+
+def test_the_query_is_rounded_as_llama_cpp_rounds_it() -> None:
+    """Against a q8_0 K cache the query is scored as ggml's Q8_0 (kernels/reference.quantize_query_q8)."""
+    from localllm.backends.torch_backend.kv_q8 import rounded_query
+    from localllm.kernels.reference import quantize_query_q8
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((6, 64)) * rng.uniform(1e-3, 30, (6, 1))).astype(np.float32)
+    x[0, :32] = 0
+    x[1, :32] = np.arange(32) - 15.5
+    quants, scales = quantize_query_q8(x)
+    want = (quants.astype(np.float32) * scales[..., None]).reshape(x.shape)
+    assert np.array_equal(rounded_query(torch.from_numpy(x)).numpy(), want)

@@ -95,7 +95,10 @@ def attend_group(
     n_heads, kv_heads, dim = q.shape[1], k_cache.shape[2], q.shape[2]
     s, nq = g.q_pos.shape
     # (S, KVH, G, Q, D): query head h reads kv head h // G, as the reference groups them
-    qg = q[g.tokens].float().view(s, nq, kv_heads, n_heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
+    rows = q[g.tokens].float()
+    if k_cache.dtype == torch.int8:  # a q8_0 K cache: the query rounded as llama.cpp rounds it
+        rows = kv_q8.rounded_query(rows)
+    qg = rows.view(s, nq, kv_heads, n_heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
     keys, values = (_gather(c, g) for c in (k_cache, v_cache))  # (S, KVH, 1, L, D)
     if softcap > 0:
         out = _softcapped_attention(qg, keys, values, mask, scale, softcap)

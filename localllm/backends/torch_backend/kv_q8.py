@@ -29,3 +29,17 @@ def dequantize_rows(raw: torch.Tensor) -> torch.Tensor:
     blocks = raw.reshape(*lead, n, Q8_0_BYTES)
     d = blocks[..., :2].contiguous().view(torch.float16).float()  # (..., n, 1)
     return (blocks[..., 2:].float() * d).reshape(*lead, n * Q8_0_VALUES)
+
+
+def rounded_query(q: torch.Tensor) -> torch.Tensor:
+    """q (..., D) as llama.cpp scores it against a q8_0 K cache: rounded to Q8_0 as ggml's AVX2
+    quantize_row_q8_0 does (rint(x * 127 / max|x|), an f16 scale max|x| / 127), then the values
+    scale * quant (kernels/reference.quantize_query_q8), so the dot equals its integer dots up to
+    float32 rounding."""
+    lead, n = q.shape[:-1], q.shape[-1] // Q8_0_VALUES
+    blocks = q.float().reshape(*lead, n, Q8_0_VALUES)
+    amax = blocks.abs().amax(dim=-1)
+    inverse = torch.where(amax != 0, 127.0 / torch.where(amax != 0, amax, 1.0), 0.0)
+    quants = torch.round(blocks * inverse[..., None])  # (halves to even, as rint)
+    scale = (amax / 127.0).half().float()
+    return (quants * scale[..., None]).reshape(q.shape)
