@@ -54,24 +54,16 @@ def test_specs_read_from_the_file(path) -> None:
     assert a.fused_gate_up_exps and a.ffn_dim == 96
 
 
-@pytest.mark.parametrize("backend", ["numba", "numpy"])
+@pytest.mark.parametrize("backend", ["numba", "numpy", "torch"])
 def test_conforms_to_llama_cpp(path, backend: str) -> None:
+    if backend == "torch":
+        pytest.importorskip("torch")
     ref = load_fixture(VARIANT)
     e = engine(path, backend)
     assert backend != "numba" or e.backend.fused(e.model), "should run fused"
     logits = teacher_forced(e, ref)
     assert compare(logits, ref, near_tie(ref))["figures"]["agree_all"] >= 0.95
     assert failures(logits, ref) == []
-    assert greedy_problem(greedy(e, ref), ref) is None
-
-
-def test_torch_backend_picks_llama_cpps_tokens(path) -> None:
-    """The torch backend's MoE layer (on the CPU here): top-1 and greedy as llama.cpp's. (Its logits
-    sit further off than the CPU backends' on dense Gemma 4 too, so the RMS bound is not asked.)"""
-    pytest.importorskip("torch")
-    ref = load_fixture(VARIANT)
-    e = engine(path, "torch")
-    assert compare(teacher_forced(e, ref), ref, near_tie(ref))["figures"]["agree_all"] >= 0.95
     assert greedy_problem(greedy(e, ref), ref) is None
 
 

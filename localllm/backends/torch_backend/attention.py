@@ -77,6 +77,11 @@ def static_group(batch: Any, block_size: int) -> Group:
     return Group(tokens, q_pos, batch.context_lens, batch.block_tables, w * block_size)
 
 
+def in_layer(g: Group, factor: int) -> Group:
+    """g for a layer whose cache view has `factor` blocks per pool block (pool block b is its b * factor)."""
+    return g if factor == 1 else Group(g.tokens, g.q_pos, g.ctx, g.tables * factor, g.n_keys)
+
+
 def causal_mask(g: Group, window: int) -> torch.Tensor:
     """(S, 1, 1, Q, L) keys each query sees: its own and earlier positions, within `window`."""
     k_pos = torch.arange(g.n_keys, device=g.q_pos.device)[None, None, :]

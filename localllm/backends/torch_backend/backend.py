@@ -79,6 +79,7 @@ class TorchBackend(Backend):
         self._step: tuple[int, int, float, ThreadGovernor] | None = None  # (tokens, threads, start, governor)
         self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self._groups: list[attention.Group] = []
+        self._pool_blocks = 1  # blocks in each layer's slab of the KV pools (allocate_kv)
         self._masks: dict[tuple[int, int], torch.Tensor] = {}
         self._max_pos = 0
         self._host: ForwardBatch | None = None  # this step's batch as the engine gave it (NumPy)
@@ -127,6 +128,7 @@ class TorchBackend(Backend):
         if unsupported := [t for t in cache_types if t not in CACHE_DTYPES]:
             raise ConfigError(f"the torch backend has no {unsupported[0]} KV cache: use f16 or f32, or numba")
         # one block more than the engine's pool: the scratch block static decode's padding rows write
+        self._pool_blocks = num_blocks + 1
         shape = (n_layers, num_blocks + 1, block_size, kv_heads)
         k, v = (
             torch.zeros((*shape, row_width(t, head_dim)), dtype=CACHE_DTYPES[t], device=self.device)
@@ -312,11 +314,15 @@ class TorchBackend(Backend):
         index arguments are the plan's source and are not read again here."""
         if sinks is not None:
             raise ModelFormatError("attention sinks (gpt-oss) are not supported by the torch backend yet")
+        # a layer narrower than the pool's rows sees its slab as `factor` times more blocks, of which
+        # pool block b is its block b * factor (engine/kv_cache.py): the plan's tables name pool blocks
+        factor = k_cache.shape[0] // self._pool_blocks
         if self._static_batch is not None:
-            g = attention.static_group(self._static_batch, k_cache.shape[1])
+            g = attention.in_layer(attention.static_group(self._static_batch, k_cache.shape[1]), factor)
             return attention.attend_group(q, k_cache, v_cache, g, self._mask(-1, g, window), scale, softcap)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for i, g in enumerate(self._groups):
+            g = attention.in_layer(g, factor)
             rows = attention.attend_group(q, k_cache, v_cache, g, self._mask(i, g, window), scale, softcap)
             out[g.tokens] = rows
         return out
