@@ -174,7 +174,8 @@ def load_layer(
     if spec.v_norm:
         values["v_norm"] = w.ones(head_dim)
     if spec.parallel_experts:  # the router input's 1 / sqrt(dim), folded into its norm's weight
-        values["router_norm"] = values["router_norm"] * float(1.0 / np.sqrt(values["router_norm"].shape[0]))
+        norm: Any = values["router_norm"]
+        values["router_norm"] = norm * float(1.0 / np.sqrt(norm.shape[0]))
     return LayerWeights(**values)
 
 

@@ -35,14 +35,23 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of events
 
 
+# Characters that str.splitlines (and so httpx's iter_lines and many clients) takes for line breaks, which
+# json.dumps leaves raw with ensure_ascii=False: escaped, so a token holding one cannot cut an event.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def event_json(payload: dict[str, Any]) -> str:
+    """One event's data: compact JSON, non-ASCII text kept as it is but for line-breaking characters."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
+
+
 def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + event_json(payload).encode() + b"\n\n"
 
 
 def sse_event(event: str, payload: dict[str, Any]) -> bytes:
     """A named event (`event:` line), as the Responses and Anthropic Messages streams frame theirs."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event}\ndata: {data}\n\n".encode()
+    return f"event: {event}\ndata: {event_json(payload)}\n\n".encode()
 
 
 def sse_error(message: str, type: str = "server_error", code: str | None = None) -> bytes:

@@ -544,3 +544,15 @@ def test_real_model_greedy_matches_engine(smollm2_path: Path, index_dir: Path) -
     assert r.choices[0].message.content == expected.text
     assert r.choices[0].finish_reason == expected.finish_reason
     assert r.usage.prompt_tokens == len(ids)
+
+
+def test_an_event_is_one_line_whatever_the_text_holds() -> None:
+    """U+0085, U+2028 and U+2029 break lines for str.splitlines (httpx's iter_lines, many clients);
+    json.dumps leaves them raw without ensure_ascii, so a token holding one cut its event in two."""
+    from localllm.server.streaming import sse, sse_event
+
+    payload = {"choices": [{"delta": {"content": "a\x85b\u2028c\u2029d, é 日本"}}]}
+    for raw in (sse(payload), sse_event("message", payload)):
+        text = raw.decode()
+        [data] = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert json.loads(data) == payload and "é 日本" in text  # other text stays as it is
