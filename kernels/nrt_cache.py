@@ -10,6 +10,7 @@ triple, CPU name and features), and loaded as machine code plus bitcode like any
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 from pathlib import Path
@@ -21,6 +22,13 @@ from numba.core import config
 from numba.core.runtime import nrtdynmod
 
 _numba_compile = nrtdynmod.compile_nrt_functions
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """The saved state is strings, tuples and bytes: a file naming any global is not ours."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} in the NRT cache file")
 
 
 def _cache_file(ctx: Any) -> Path | None:
@@ -52,7 +60,7 @@ def compile_nrt_functions(ctx: Any) -> Any:
     path = _cache_file(ctx)
     if path is not None and path.is_file():
         try:
-            state = pickle.loads(path.read_bytes())
+            state = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
             if state[0] == "nrt" and state[1] == "object":
                 return ctx.codegen().unserialize_library(state)
         except Exception:  # a damaged or foreign file: compile afresh (and overwrite it)

@@ -81,11 +81,37 @@ class WeightCache:
         """Write the cache file if this load packed anything the file did not already hold."""
         if not (self.misses and self._packed):
             return
-        _write(self.path, self.key, self._packed)
+        _write(self.path, self.key, self._packed, Path(self.gf.path).resolve())
         with contextlib.suppress(OSError):
             for old in self.path.parent.glob(f"{self._prefix}-*.wpack"):
                 if old != self.path:
                     old.unlink()
+        prune_orphans(self.path.parent)
+
+
+def prune_orphans(cache_dir: Path) -> list[Path]:
+    """Delete the cache files whose model file is gone (deleted or moved outside `rm`): a packed copy
+    is as large as the model, and nothing else would ever remove it.  Returns the files deleted."""
+    gone = []
+    for path in cache_dir.glob("*.wpack"):
+        model = _model_of(path)
+        if model is not None and not Path(model).exists():
+            with contextlib.suppress(OSError):
+                path.unlink()
+                gone.append(path)
+    return gone
+
+
+def _model_of(path: Path) -> str | None:
+    """The model path a cache file records (None: unreadable, or written before files recorded it)."""
+    try:
+        with open(path, "rb") as f:
+            magic, length, crc = _HEADER.unpack(f.read(_HEADER.size))
+            text = f.read(length) if magic == MAGIC and length <= os.fstat(f.fileno()).st_size else b""
+        model = json.loads(text).get("model") if text and zlib.crc32(text) == crc else None
+        return model if isinstance(model, str) else None
+    except (OSError, ValueError, struct.error, AttributeError):
+        return None
 
 
 def _read(path: Path, key: str) -> dict[Entry, PackedWeight]:
@@ -119,13 +145,13 @@ def _map(path: Path, base: int, rows: list[list[Any]]) -> dict[Entry, PackedWeig
     return out
 
 
-def _write(path: Path, key: str, weights: dict[Entry, PackedWeight]) -> None:
+def _write(path: Path, key: str, weights: dict[Entry, PackedWeight], model: Path) -> None:
     """Header and index, then the buffers from the next page boundary ("start" counts from there)."""
     rows, pos = [], 0
     for (offset, ggml_type, shape), w in weights.items():
         rows.append([offset, ggml_type, list(shape), w.kind, w.n, w.k, pos, w.nbytes])
         pos = _aligned(pos + w.nbytes)
-    text = json.dumps({"key": key, "weights": rows}).encode()
+    text = json.dumps({"key": key, "model": str(model), "weights": rows}).encode()
     base = _aligned(_HEADER.size + len(text))
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:

@@ -3,6 +3,8 @@
 Parsing a large vocabulary still costs a fraction of a second, so the index (metadata + tensor table)
 is cached, keyed by the file's path, size and mtime. A cached index is trusted only if a hash of the
 file's header bytes still matches and it passes the same validation, so a tampered file is re-read.
+Unpickling resolves only the few classes an index holds, so a planted cache file cannot name a
+callable (os.system and the like) to run at load.
 """
 
 from __future__ import annotations
@@ -12,12 +14,32 @@ import mmap
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 from localllm.loading.checks import validate_index
 from localllm.loading.index import GGUFIndex
 from localllm.loading.parser import digest, read_index
 
 INDEX_VERSION = 6  # 6: the index classes moved to localllm.loading.index
+
+# (module, name) of every global a pickled GGUFIndex refers to; numpy 1.x names its core `numpy.core`
+_ALLOWED = {
+    ("localllm.loading.index", "GGUFIndex"),
+    ("localllm.loading.index", "TensorInfo"),
+    ("localllm.text_table", "TextTable"),
+    ("numpy", "dtype"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("array", "array"),
+    ("array", "_array_reconstructor"),
+}
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a cached index")
+        return super().find_class(module, name)
 
 
 def _index_path(path: Path, index_dir: Path) -> Path:
@@ -48,7 +70,7 @@ def _read_cached(cached: Path, path: Path) -> GGUFIndex | None:
     """The cached index if it still describes the file and passes validation; else None (re-read)."""
     try:
         with open(cached, "rb") as f:
-            index = pickle.load(f)
+            index = _IndexUnpickler(f).load()
         if not isinstance(index, GGUFIndex):
             return None
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:

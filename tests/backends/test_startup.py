@@ -144,3 +144,17 @@ def test_engine_generates_the_same_tokens_from_the_cache(model_path: Path, tmp_p
     first = generate()
     assert len(_cache_files(tmp_path)) == 1
     assert generate() == first
+
+
+def test_the_cache_of_a_deleted_model_is_pruned(model_path: Path, tmp_path: Path) -> None:
+    """A model deleted outside `rm` leaves a packed copy as large as itself: the next save removes it."""
+    cache_dir = tmp_path / "cache"
+    gone = Path(shutil.copy(model_path, tmp_path / "gone.gguf"))
+    _load(gone, cache_dir)
+    (orphan,) = _cache_files(cache_dir)
+    unreadable = cache_dir / "0123456789abcdef-0123456789abcdef.wpack"
+    unreadable.write_bytes(b"not a cache file")  # records no model: left alone
+    gone.unlink()
+    _load(model_path, cache_dir)
+    kept = _cache_files(cache_dir)
+    assert orphan not in kept and unreadable in kept and len(kept) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import gguf
@@ -247,6 +248,26 @@ def test_damaged_index_cache_is_rebuilt(tiny_model_path, tmp_path):
     for cached in tmp_path.glob("*.pkl"):
         cached.write_bytes(b"not a pickle")
     assert GGUFFile.open(tiny_model_path, tmp_path).arch_get("block_count") == 2
+
+
+class _Planted:
+    """Unpickles by calling os.system: what a planted cache file would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_planted_index_cache_runs_nothing(tiny_model_path, tmp_path):
+    """A cache file naming a callable outside the index's classes is refused, not called."""
+    GGUFFile.open(tiny_model_path, tmp_path)
+    marker = tmp_path / "ran"
+    for cached in tmp_path.glob("*.pkl"):
+        cached.write_bytes(pickle.dumps(_Planted(marker)))
+    assert GGUFFile.open(tiny_model_path, tmp_path).arch_get("block_count") == 2
+    assert not marker.exists()
 
 
 def test_info_shows_escape_sequences_inert(tmp_path):
