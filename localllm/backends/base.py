@@ -61,6 +61,11 @@ class Backend:
         is what open_weight_cache gave for the file `raw` comes from, or None."""
         raise NotImplementedError
 
+    def prepare_rows(self, raw: np.ndarray, rows: np.ndarray, ggml_type: int, cache: Any = None) -> Any:
+        """prepare_weight of the rows `rows` of raw (a part a file interleaves with another's); a backend
+        whose cache holds them prepared may skip the gather."""
+        return self.prepare_weight(np.ascontiguousarray(raw[rows]), ggml_type, cache)
+
     def prepare_vector(self, raw: np.ndarray, ggml_type: int) -> Any:
         """A small 1-D tensor (norm weight, bias) as float32."""
         raise NotImplementedError

@@ -102,6 +102,23 @@ class NumbaBackend(Backend):
             self._raws.append(raw)
         return packed
 
+    def prepare_rows(
+        self, raw: np.ndarray, rows: np.ndarray, ggml_type: int, cache: WeightCache | None = None
+    ) -> PackedWeight:
+        """prepare_weight(raw[rows]), with no gather (nor a read of those pages) where `cache` holds it."""
+        if cache is None:
+            return super().prepare_rows(raw, rows, ggml_type, cache)
+        key = (raw.__array_interface__["data"][0], raw.shape, rows.tobytes(), int(ggml_type))
+        packed = self._prepared.get(key)
+        if packed is None:
+
+            def pack(_: np.ndarray, t: int) -> PackedWeight:
+                return cache.pack_rows(raw, rows, t)
+
+            packed = self._prepared[key] = matmul.prepare_weight(raw, ggml_type, pack)
+            self._raws.append(raw)
+        return packed
+
     def open_weight_cache(self, gf: GGUFFile, cache_dir: Path) -> WeightCache:
         """The disk cache of gf's packed weights in cache_dir (the caller saves it after the load: never
         a cache of a half-loaded model)."""

@@ -27,12 +27,12 @@ import numpy as np
 from localllm.kernels import packing
 from localllm.kernels.packing import PackedWeight, pack_weight
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: entries name the rows gathered from a tensor ("" for all of it)
 MAGIC = b"LLMPACK1"
 _HEADER = struct.Struct("<8sQI")  # magic, index length, index CRC32
 _ALIGN = 4096  # page-aligned buffers: at least the alignment the kernels get from np.empty
 
-Entry = tuple[int, int, tuple[int, ...]]  # (file offset, GGML type, raw shape): one tensor
+Entry = tuple[int, int, tuple[int, ...], str]  # (file offset, GGML type, shape, rows digest): one matrix
 
 
 def packing_digest() -> str:
@@ -67,11 +67,21 @@ class WeightCache:
 
     def pack(self, raw: np.ndarray, ggml_type: int) -> PackedWeight:
         """pack_weight(raw, ggml_type), from the cache file when it holds this tensor."""
+        return self._lookup(raw, None, ggml_type)
+
+    def pack_rows(self, raw: np.ndarray, rows: np.ndarray, ggml_type: int) -> PackedWeight:
+        """pack_weight(raw[rows], ggml_type): the rows are gathered (reading those pages of the file)
+        only when the cache file does not hold them packed."""
+        return self._lookup(raw, rows, ggml_type)
+
+    def _lookup(self, raw: np.ndarray, rows: np.ndarray | None, ggml_type: int) -> PackedWeight:
         offset = self.gf.offset_of(raw)
-        entry = (offset, int(ggml_type), tuple(raw.shape)) if offset is not None else None
+        shape = tuple(raw.shape) if rows is None else (len(rows), *raw.shape[1:])
+        tag = "" if rows is None else hashlib.sha256(np.asarray(rows, np.int64).tobytes()).hexdigest()[:16]
+        entry = (offset, int(ggml_type), shape, tag) if offset is not None else None
         w = self._cached.get(entry) if entry is not None else None
-        if w is None or w.n != raw.shape[0]:
-            w = pack_weight(raw, ggml_type)
+        if w is None or w.n != shape[0]:
+            w = pack_weight(raw if rows is None else np.ascontiguousarray(raw[rows]), ggml_type)
             self.misses += w.lane  # row kinds are views of the file: nothing to cache or save
         if entry is not None and w.lane:
             self._packed[entry] = w
@@ -139,17 +149,17 @@ def _map(path: Path, base: int, rows: list[list[Any]]) -> dict[Entry, PackedWeig
         return {}  # a short file: truncated since it was written
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     out = {}
-    for offset, ggml_type, shape, kind, n, k, start, nbytes in rows:
+    for offset, ggml_type, shape, tag, kind, n, k, start, nbytes in rows:
         buf = mm[base + start : base + start + nbytes]
-        out[(offset, ggml_type, tuple(shape))] = PackedWeight(kind, ggml_type, n, k, buf)
+        out[(offset, ggml_type, tuple(shape), str(tag))] = PackedWeight(kind, ggml_type, n, k, buf)
     return out
 
 
 def _write(path: Path, key: str, weights: dict[Entry, PackedWeight], model: Path) -> None:
     """Header and index, then the buffers from the next page boundary ("start" counts from there)."""
     rows, pos = [], 0
-    for (offset, ggml_type, shape), w in weights.items():
-        rows.append([offset, ggml_type, list(shape), w.kind, w.n, w.k, pos, w.nbytes])
+    for (offset, ggml_type, shape, tag), w in weights.items():
+        rows.append([offset, ggml_type, list(shape), tag, w.kind, w.n, w.k, pos, w.nbytes])
         pos = _aligned(pos + w.nbytes)
     text = json.dumps({"key": key, "model": str(model), "weights": rows}).encode()
     base = _aligned(_HEADER.size + len(text))
@@ -159,7 +169,7 @@ def _write(path: Path, key: str, weights: dict[Entry, PackedWeight], model: Path
         with open(tmp, "wb") as f:
             f.write(_HEADER.pack(MAGIC, len(text), zlib.crc32(text)) + text)
             for row, w in zip(rows, weights.values(), strict=True):
-                f.seek(base + row[6])
+                f.seek(base + row[7])
                 f.write(np.ascontiguousarray(w.buf).data)
         os.replace(tmp, path)
     except OSError:  # a full disk or a read-only cache only costs speed

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from localllm.backends.memory import lazy_zeros
+
 if TYPE_CHECKING:
     from localllm.models.spec import ModelArgs
 
@@ -81,7 +83,9 @@ class StateCache:
         self.layout = layout
         self.num_slots = num_slots
         n = len(layout.layers)
-        self.arrays = tuple(np.zeros((n, num_slots, *shape), np.float32) for _, shape in layout.tensors)
+        # without huge pages: NumPy asks for them on large arrays, and a slot's 1 MiB of a layer would
+        # then make 2-4 MiB resident
+        self.arrays = tuple(lazy_zeros((n, num_slots, *shape), np.float32) for _, shape in layout.tensors)
         self._index = {il: j for j, il in enumerate(layout.layers)}
 
     @property
@@ -111,7 +115,7 @@ class StateSnapshots:
         self.cache = cache
         self.num_snapshots = num_snapshots
         n = len(cache.layout.layers)
-        self.arrays = tuple(np.zeros((n, num_snapshots, *a.shape[2:]), np.float32) for a in cache.arrays)
+        self.arrays = tuple(lazy_zeros((n, num_snapshots, *a.shape[2:]), np.float32) for a in cache.arrays)
         self._where: OrderedDict[bytes, int] = OrderedDict()  # key -> snapshot index, least recent first
         self._free = list(range(num_snapshots - 1, -1, -1))
         self.saved = self.restored = 0

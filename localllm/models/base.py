@@ -195,13 +195,13 @@ class WeightLoader:
 
     def matrix(self, name: str, rows: tuple[int, int] | np.ndarray | None = None) -> Any:
         """A weight matrix, or the row range `rows` of one (a fused tensor's part), or the rows of
-        the id array `rows` (a part interleaved with another, copied)."""
+        the id array `rows` (a part interleaved with another: Backend.prepare_rows)."""
         raw = self.gf.raw(self._checked(name))
         if isinstance(rows, np.ndarray):
             if rows.size == 0 or rows.min() < 0 or rows.max() >= raw.shape[0]:
                 raise ModelFormatError(f"{self.gf.path.name}: '{name}' has only {raw.shape[0]} rows")
-            raw = np.ascontiguousarray(raw[rows])
-        elif rows is not None:
+            return self.backend.prepare_rows(raw, rows, self.gf.tensors[name].ggml_type, self.cache)
+        if rows is not None:
             if not 0 <= rows[0] < rows[1] <= raw.shape[0]:
                 raise ModelFormatError(f"{self.gf.path.name}: '{name}' has no rows {rows[0]}:{rows[1]}")
             raw = raw[rows[0] : rows[1]]

@@ -158,3 +158,22 @@ def test_the_cache_of_a_deleted_model_is_pruned(model_path: Path, tmp_path: Path
     _load(model_path, cache_dir)
     kept = _cache_files(cache_dir)
     assert orphan not in kept and unreadable in kept and len(kept) == 2
+
+
+def test_gathered_rows_come_from_the_cache(tmp_path: Path, monkeypatch) -> None:
+    """qwen35's q and gate rows interleave in one tensor: a second load maps them packed from the cache
+    and never gathers them from the file (a copy of each plus those file pages resident)."""
+    from tiny_hybrid import write_hybrid
+
+    path = write_hybrid(tmp_path / "h.gguf", "qwen35", "Q8_0")
+    first, _ = _load(path, tmp_path / "c")
+    gated = [x for x in first.layers if x.wg is not None]
+    assert gated, "the tiny qwen35 has no gated attention layer"
+    _no_packing(monkeypatch)
+    monkeypatch.setattr(np, "ascontiguousarray", lambda *a, **k: pytest.fail("gathered rows again"))
+    second, cache = _load(path, tmp_path / "c")
+    assert cache.misses == 0
+    for a, b in zip(gated, [x for x in second.layers if x.wg is not None], strict=True):
+        for wa, wb in ((a.wq, b.wq), (a.wg, b.wg)):
+            assert np.array_equal(np.asarray(wa.buf), np.asarray(wb.buf))
+            assert isinstance(wb.buf.base, np.memmap)

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 from numba import njit
+from resident import resident_kib
 
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine, score_tokens
@@ -77,21 +78,6 @@ def test_unsupported_cache_types_are_one_line_errors() -> None:
         EngineConfig(model="x.gguf", cache_type_k="q4_0")
 
 
-def _resident_kib(a: np.ndarray) -> int:
-    """Rss of the mappings that overlap array a's bytes (/proc/self/smaps; madvise may split one)."""
-    lo_a = a.__array_interface__["data"][0]
-    hi_a, rss, inside = lo_a + a.nbytes, 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo < hi_a and lo_a < hi
-            elif inside and head == "Rss:":
-                rss += int(line.split()[1])
-    return rss
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 def test_a_short_request_makes_only_its_blocks_resident(tiny_model_path) -> None:
     """The pool is mapped lazily and without huge pages: a 64 MiB pool (4,096 blocks) that serves one
@@ -102,7 +88,7 @@ def test_a_short_request_makes_only_its_blocks_resident(tiny_model_path) -> None
     score_tokens(eng, list(range(5, 40)))
     written = int(np.count_nonzero(k.reshape(k.shape[0], k.shape[1], -1).any(-1)))  # (layer, block) pairs
     assert written > 0
-    assert _resident_kib(k) <= written * (k[0, 0].nbytes // 1024 + 8) + 1024
+    assert resident_kib(k) <= written * (k[0, 0].nbytes // 1024 + 8) + 1024
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
@@ -114,11 +100,11 @@ def test_a_restore_prefaults_its_chunk_of_the_pool_in_one_go(tiny_model_path) ->
     eng = _engine(tiny_model_path, "f16", kv_cache_mb=64)
     kv = eng.kv_cache
     chunk = kv.k[:, :PREFAULT_BLOCKS].nbytes // 1024  # KiB, every layer
-    assert _resident_kib(kv.k) < chunk // 4
+    assert resident_kib(kv.k) < chunk // 4
     k, v = kv.read_block(3)
     kv.write_block(PREFAULT_BLOCKS + 3, k + 1, v)
-    assert chunk <= _resident_kib(kv.k) <= chunk + 1024
+    assert chunk <= resident_kib(kv.k) <= chunk + 1024
     assert (kv.k[:, PREFAULT_BLOCKS + 3] == k + 1).all()
     kv.prefault_blocks = 0
     kv.write_block(5 * PREFAULT_BLOCKS, k, v)  # off: only the written pages
-    assert _resident_kib(kv.k) <= chunk + 1024 + 2 * kv.k[:, 0].nbytes // 1024 + 64
+    assert resident_kib(kv.k) <= chunk + 1024 + 2 * kv.k[:, 0].nbytes // 1024 + 64
