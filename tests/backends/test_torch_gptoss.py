@@ -6,6 +6,10 @@ against their NumPy twins (kernels/reference.py, kernels/moe_reference.py), and 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,12 +21,18 @@ pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'loca
 import torch  # noqa: E402
 
 from localllm.backends.torch_backend.backend import TorchBackend  # noqa: E402
+from localllm.backends.torch_backend.weights import dequantize_torch, e8m0_half, upload  # noqa: E402
+from localllm.engine.engine import score_tokens  # noqa: E402
 from localllm.kernels import moe_reference as twin  # noqa: E402
 from localllm.kernels import reference as ref  # noqa: E402
 from localllm.models.layers import LayerWeights  # noqa: E402
 from localllm.models.spec import LayerSpec, RopeSpec  # noqa: E402
+from localllm.quant import QUANT_BY_NAME, dequantize  # noqa: E402
+from localllm.quant.ggml import BLOCK_MXFP4  # noqa: E402
+from localllm.quant.ggml import e8m0_half as e8m0_half_numpy  # noqa: E402
 
 NEAR_TIE = 0.5  # ../shared/reference/README.md's margin, as tests/models/test_gptoss.py uses it
+TRITON_MODULE = "localllm.backends.torch_backend.triton_quant"
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +120,74 @@ def test_biased_moe_matches_its_twin(backend, t: int) -> None:
     assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
     plain = backend.moe_ffn(_t(h), lw, dataclasses.replace(spec, router_bias=False, expert_bias=False))
     assert np.abs(plain.numpy() - expected).max() / np.abs(expected).max() > 0.05  # the biases matter
+
+
+# ---- MXFP4 kept quantized ------------------------------------------------------------------------------
+
+
+def test_mxfp4_dequantizes_like_numpy_at_every_exponent() -> None:
+    """weights.py's torch dequantizer, bit for bit, over every E8M0 byte (subnormal 0 and 1, and 255,
+    whose doubled codes overflow to infinity as NumPy's do) and every E2M1 code."""
+    e = np.arange(256, dtype=np.uint8)
+    same = e8m0_half(torch.from_numpy(e)).numpy().view(np.uint32) == e8m0_half_numpy(e).view(np.uint32)
+    assert same.all()
+    rng = np.random.default_rng(0)
+    blocks = np.zeros((4, 64), BLOCK_MXFP4)  # 4 rows of 64 blocks: each exponent once
+    blocks["e"] = e.reshape(4, 64)
+    blocks["qs"] = rng.integers(0, 256, size=(4, 64, 16))
+    raw = blocks.view(np.uint8).reshape(4, -1)
+    ggml_type = QUANT_BY_NAME["MXFP4"].ggml_type
+    got = dequantize_torch(upload(raw, ggml_type, torch.device("cpu"))).numpy()
+    with np.errstate(over="ignore"):  # e = 255 times 12: infinity, on both sides
+        expected = dequantize(raw, ggml_type)
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+def _quantized_engine(path, monkeypatch, device: str = "cpu"):
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+
+    monkeypatch.setenv("LOCALLLM_TORCH_WEIGHTS", "quantized")
+    e = LLMEngine(EngineConfig(model=str(path), backend="torch", device=device, threads=2, ctx_size=128))
+    assert e.backend.weights == "quantized"
+    assert {"MXFP4", "Q8_0"} <= set(e.backend.memory.by_kind), e.backend.memory.by_kind  # no dense experts
+    return e
+
+
+def test_mxfp4_experts_stay_quantized_through_torch_ops(files, monkeypatch) -> None:
+    """The path without Triton (MPS; here the CPU): the experts held as MXFP4 blocks, dequantized a
+    chunk at a time, give the NumPy oracle's logits to float rounding."""
+    e = _quantized_engine(files["gptoss"], monkeypatch)
+    assert e.backend.qlinear.kernels == "torch"
+    tokens = load_fixture("gptoss")["prompt"][:24]
+    expected = score_tokens(engine(files["gptoss"], "numpy"), tokens)
+    got = score_tokens(e, tokens)
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 5e-4
+    assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+@pytest.fixture(scope="module")
+def tq():
+    """The kernel module: compiled on a GPU, else run by Triton's interpreter (as test_torch_quant.py)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    if not torch.cuda.is_available():
+        if TRITON_MODULE in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("the kernels were already defined for a GPU in this process")
+        os.environ["TRITON_INTERPRET"] = "1"
+    return importlib.import_module(TRITON_MODULE)
+
+
+def test_mxfp4_experts_through_the_triton_kernels(tq, files, monkeypatch) -> None:
+    """Every matmul through the Triton kernels (the interpreter here, CPU tensors; on a GPU the
+    device's): an 8-token prefill by the GEMM and the decode's 1-3 routed tokens per expert by the
+    GEMV, the oracle's logits to float rounding."""
+    e = _quantized_engine(files["gptoss"], monkeypatch, "cuda" if torch.cuda.is_available() else "cpu")
+    e.backend.qlinear.kernels, e.backend.qlinear.precision = "triton", "ieee"
+    tokens = load_fixture("gptoss")["prompt"][:8]
+    expected = score_tokens(engine(files["gptoss"], "numpy"), tokens)
+    got = score_tokens(e, tokens)
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 5e-4
 
 
 # ---- the tiny gpt-oss files against llama.cpp -------------------------------------------------------

@@ -1,11 +1,11 @@
 """The PyTorch backend: the shared decoder's operations as torch tensor ops on CUDA, Apple MPS or the CPU.
 
-Weights (weights.py, qlinear.py): on a GPU the GGUF blocks of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
-and Q6_K matrices stay quantized on the device and are dequantized inside the matmul (Triton kernels
-on CUDA, chunks of torch ops on MPS or where Triton is absent), with the NumPy oracle's values; other
-types, and every matrix on the CPU, are dequantized once to dense tensors: float32 on the CPU; on CUDA
-the file's own float type (F32, F16, BF16), else bf16 where the card has it (else fp16); fp16 on MPS
-(device.py). LOCALLLM_TORCH_WEIGHTS=dense or
+Weights (weights.py, qlinear.py): on a GPU the GGUF blocks of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K and MXFP4 (gpt-oss's experts) matrices stay quantized on the device and are dequantized inside
+the matmul (Triton kernels on CUDA, chunks of torch ops on MPS or where Triton is absent), with the
+NumPy oracle's values; other types, and every matrix on the CPU, are dequantized once to dense
+tensors: float32 on the CPU; on CUDA the file's own float type (F32, F16, BF16), else bf16 where the
+card has it (else fp16); fp16 on MPS (device.py). LOCALLLM_TORCH_WEIGHTS=dense or
 quantized overrides the choice. Activations, norms and attention run in float32.
 
 The paged KV cache is a pair of device tensors (n_layers, num_blocks + 1, block_size, kv_heads,
