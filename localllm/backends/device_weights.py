@@ -25,6 +25,7 @@ DEVICE_QUANTIZED: dict[str, int] = {
     "Q4_K": 4,
     "Q5_K": 4,
     "Q6_K": 0,
+    "MXFP4": 0,
 }
 _BLOCK = {"Q4_K": 256, "Q5_K": 256}
 _FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}

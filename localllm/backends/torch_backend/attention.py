@@ -94,9 +94,10 @@ def causal_mask(g: Group, window: int) -> torch.Tensor:
 
 def attend_group(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: Group, mask: torch.Tensor,
-    scale: float, softcap: float,
+    scale: float, softcap: float, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """(S*Q, H, D) attention outputs of the group's (padded) query rows."""
+    """(S*Q, H, D) attention outputs of the group's (padded) query rows; sinks (H,): each head's
+    attention-sink logit (gpt-oss), or None."""
     n_heads, kv_heads, dim = q.shape[1], k_cache.shape[2], q.shape[2]
     s, nq = g.q_pos.shape
     # (S, KVH, G, Q, D): query head h reads kv head h // G, as the reference groups them
@@ -105,8 +106,9 @@ def attend_group(
         rows = kv_q8.rounded_query(rows)
     qg = rows.view(s, nq, kv_heads, n_heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
     keys, values = (_gather(c, g) for c in (k_cache, v_cache))  # (S, KVH, 1, L, D)
-    if softcap > 0:
-        out = _softcapped_attention(qg, keys, values, mask, scale, softcap)
+    if softcap > 0 or sinks is not None:
+        group_sinks = None if sinks is None else sinks.float().view(1, kv_heads, n_heads // kv_heads, 1, 1)
+        out = _explicit_attention(qg, keys, values, mask, scale, softcap, group_sinks)
     else:
         out = _sdpa(qg, keys, values, mask, scale)
     return out.permute(0, 3, 1, 2, 4).reshape(s * nq, n_heads, dim)
@@ -123,15 +125,23 @@ def _gather(cache: torch.Tensor, g: Group) -> torch.Tensor:
     return seq.permute(0, 2, 1, 3)[:, :, None]
 
 
-def _softcapped_attention(
+def _explicit_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
-    softcap: float,
+    softcap: float, sinks: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
-    """Scores through cap * tanh(score / cap) before the softmax (gemma2), which SDPA cannot do."""
+    """Scores by hand, for what SDPA cannot do: cap * tanh(score / cap) before the softmax (gemma2),
+    and sinks (1, KVH, G, 1, 1), a logit per query head that joins the softmax's denominator and adds
+    no value (gpt-oss), as kernels/reference.py: max over the scores and the sink, exp, divide."""
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return torch.matmul(probs, values)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1), values)
+    top = torch.maximum(scores.amax(-1, keepdim=True), sinks)
+    p = torch.exp(scores - top)
+    total = p.sum(-1, keepdim=True) + torch.exp(sinks - top)
+    return torch.matmul(p / total, values)
 
 
 def _sdpa(

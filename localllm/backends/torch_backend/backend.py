@@ -1,11 +1,11 @@
 """The PyTorch backend: the shared decoder's operations as torch tensor ops on CUDA, Apple MPS or the CPU.
 
-Weights (weights.py, qlinear.py): on a GPU the GGUF blocks of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
-and Q6_K matrices stay quantized on the device and are dequantized inside the matmul (Triton kernels
-on CUDA, chunks of torch ops on MPS or where Triton is absent), with the NumPy oracle's values; other
-types, and every matrix on the CPU, are dequantized once to dense tensors: float32 on the CPU; on CUDA
-the file's own float type (F32, F16, BF16), else bf16 where the card has it (else fp16); fp16 on MPS
-(device.py). LOCALLLM_TORCH_WEIGHTS=dense or
+Weights (weights.py, qlinear.py): on a GPU the GGUF blocks of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K and MXFP4 (gpt-oss's experts) matrices stay quantized on the device and are dequantized inside
+the matmul (Triton kernels on CUDA, chunks of torch ops on MPS or where Triton is absent), with the
+NumPy oracle's values; other types, and every matrix on the CPU, are dequantized once to dense
+tensors: float32 on the CPU; on CUDA the file's own float type (F32, F16, BF16), else bf16 where the
+card has it (else fp16); fp16 on MPS (device.py). LOCALLLM_TORCH_WEIGHTS=dense or
 quantized overrides the choice. Activations, norms and attention run in float32.
 
 The paged KV cache is a pair of device tensors (n_layers, num_blocks + 1, block_size, kv_heads,
@@ -37,9 +37,9 @@ from localllm.backends.torch_backend.qlinear import QuantLinear, WeightMemory, w
 from localllm.backends.torch_backend.sampling import sample_batch
 from localllm.backends.torch_backend.uploads import upload_ints
 from localllm.backends.torch_backend.weights import QuantWeight, dequantize_torch, keeps_quantized, upload
-from localllm.errors import ConfigError, ModelFormatError
+from localllm.errors import ConfigError
 from localllm.models.batch import ForwardBatch
-from localllm.models.spec import LayerSpec, RopeSpec
+from localllm.models.spec import OAI_ALPHA, OAI_LIMIT, LayerSpec, RopeSpec
 from localllm.quant import dequantize
 
 if TYPE_CHECKING:
@@ -194,6 +194,12 @@ class TorchBackend(Backend):
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
 
+    def swiglu_oai(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """gpt-oss's clamped SwiGLU, in kernels/reference.swiglu_oai's operations and order."""
+        g = torch.clamp(gate.float(), max=OAI_LIMIT)
+        u = torch.clamp(up.float(), min=-OAI_LIMIT, max=OAI_LIMIT)
+        return g / (1.0 + torch.exp(-OAI_ALPHA * g)) * (u + 1.0)
+
     def geglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.gelu(gate, approximate="tanh") * up
 
@@ -211,24 +217,35 @@ class TorchBackend(Backend):
     def moe_ffn(
         self, h: torch.Tensor, lw: LayerWeights, spec: LayerSpec, router_in: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Each routed expert on its tokens only; the routing waits for the device (the static
-        decode stack is not used for mixture-of-experts models, see run_layers). The router reads
-        router_in where given (gemma4); each expert's output is scaled by down_exps_s where the spec
-        says (expert_scale)."""
-        probs = torch.softmax(self.linear(h if router_in is None else router_in, lw.router).float(), dim=-1)
-        weights, ids = torch.topk(probs, spec.experts_used, dim=-1)
-        if spec.expert_renorm:
-            weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
-        if spec.expert_scale:
-            weights = weights * lw.down_exps_s.float()[ids]
-        act_fn = self.geglu if spec.activation == "gelu_tanh" else self.swiglu
+        """Each routed expert on its tokens only, as kernels/moe_reference.moe_ffn; the routing waits
+        for the device (the static decode stack is not used for mixture-of-experts models, see
+        run_layers). The router reads router_in where given (gemma4); gpt-oss adds router_b to the
+        logits and each expert's gate/up/down biases to its outputs; each expert's output is scaled by
+        down_exps_s where the spec says (expert_scale)."""
+        weights, ids = self._route(h if router_in is None else router_in, lw, spec)
+        act_fn = {"gelu_tanh": self.geglu, "swiglu_oai": self.swiglu_oai}.get(spec.activation, self.swiglu)
         out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         for e in ids.unique().tolist():
             t, j = torch.nonzero(ids == e, as_tuple=True)
             x = h[t]
-            act = act_fn(self.linear(x, lw.gate_exps[e]), self.linear(x, lw.up_exps[e]))
-            out.index_add_(0, t, self.linear(act, lw.down_exps[e]) * weights[t, j, None])
+            gate, up = self.linear(x, lw.gate_exps[e]), self.linear(x, lw.up_exps[e])
+            if spec.expert_bias:
+                gate, up = gate + lw.gate_exps_b[e], up + lw.up_exps_b[e]
+            y = self.linear(act_fn(gate, up), lw.down_exps[e])
+            y = y + lw.down_exps_b[e] if spec.expert_bias else y
+            y = y * lw.down_exps_s[e].float() if spec.expert_scale else y
+            out.index_add_(0, t, y * weights[t, j, None])
         return out
+
+    def _route(self, x: torch.Tensor, lw: LayerWeights, spec: LayerSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, ids), each (T, experts_used): the softmax over all (biased) router logits, its k
+        largest, renormalised to sum 1 where the spec says (moe_reference.route)."""
+        logits = self.linear(x, lw.router).float()
+        probs = torch.softmax(logits + lw.router_b if spec.router_bias else logits, dim=-1)
+        weights, ids = torch.topk(probs, spec.experts_used, dim=-1)
+        if spec.expert_renorm:
+            weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
+        return weights, ids
 
     def sigmoid_gate(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(h.float() @ weight)[:, None]
@@ -311,19 +328,20 @@ class TorchBackend(Backend):
         sinks: Any = None,
     ) -> torch.Tensor:  # fmt: skip
         """Causal grouped-query attention over the paged cache, per the step's plan (begin_step); the
-        index arguments are the plan's source and are not read again here."""
-        if sinks is not None:
-            raise ModelFormatError("attention sinks (gpt-oss) are not supported by the torch backend yet")
+        index arguments are the plan's source and are not read again here. sinks: gpt-oss's per-head
+        logits in each softmax's denominator (attention.attend_group)."""
         # a layer narrower than the pool's rows sees its slab as `factor` times more blocks, of which
         # pool block b is its block b * factor (engine/kv_cache.py): the plan's tables name pool blocks
         factor = k_cache.shape[0] // self._pool_blocks
         if self._static_batch is not None:
             g = attention.in_layer(attention.static_group(self._static_batch, k_cache.shape[1]), factor)
-            return attention.attend_group(q, k_cache, v_cache, g, self._mask(-1, g, window), scale, softcap)
+            mask = self._mask(-1, g, window)
+            return attention.attend_group(q, k_cache, v_cache, g, mask, scale, softcap, sinks)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for i, g in enumerate(self._groups):
             g = attention.in_layer(g, factor)
-            rows = attention.attend_group(q, k_cache, v_cache, g, self._mask(i, g, window), scale, softcap)
+            mask = self._mask(i, g, window)
+            rows = attention.attend_group(q, k_cache, v_cache, g, mask, scale, softcap, sinks)
             out[g.tokens] = rows
         return out
 

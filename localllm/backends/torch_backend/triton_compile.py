@@ -10,7 +10,7 @@ from typing import Any
 from localllm.backends.torch_backend import triton_quant as tq
 from localllm.backends.torch_backend.weights import TYPES
 
-PLANE_TYPES = {"d": "*fp16", "dm": "*fp16", "qs": "*u8", "scm": "*u8", "qh": "*u8"}
+PLANE_TYPES = {"d": "*fp16", "dm": "*fp16", "qs": "*u8", "scm": "*u8", "qh": "*u8", "e": "*u8"}
 EXCEPTIONS = {("Q5_0", "qh"): "*i32", ("Q5_1", "qh"): "*i32", ("Q8_0", "qs"): "*i8", ("Q6_K", "scm"): "*i8"}
 
 

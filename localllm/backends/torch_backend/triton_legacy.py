@@ -1,7 +1,7 @@
-"""GEMV and GEMM for the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), block by block: each step
-takes a (rows, blocks, bytes) tile of quants, contiguous per row (16-byte loads once pointers are
-aligned), reads each block's scale (and min) once, and x once per tile, broadcast over the rows (so
-a thread that holds several rows reuses its x registers).
+"""GEMV and GEMM for the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4), block by block:
+each step takes a (rows, blocks, bytes) tile of quants, contiguous per row (16-byte loads once
+pointers are aligned), reads each block's scale (and min) once, and x once per tile, broadcast over
+the rows (so a thread that holds several rows reuses its x registers).
 
 The GEMM forms the values themselves, exactly as quant/ggml.py does, and meets x in tensor-core
 dots. In the GEMV, per block the sum is d * sum(q * x) (Q4_1/Q5_1: + m * sum(x)), as llama.cpp's
@@ -11,8 +11,10 @@ as a float's pattern, minus 2^23), an integer op and a float subtraction instead
 int-to-float convert; exact for the small integers they are.
 
 Planes (weights.py), as p0..p2: Q4_0 (d, qs), Q4_1 (dm, qs), Q5_0 (d, qh, qs), Q5_1 (dm, qh, qs),
-Q8_0 (d, qs). QT is triton_quant.QTYPE_IDS' (0..4). Each program owns a range of blocks (split-K)
-and writes its partial sums to out[split] (the caller adds them).
+Q8_0 (d, qs), MXFP4 (e, qs). QT is triton_quant.QTYPE_IDS' (0..4; MXFP4 8). MXFP4's value is
+2^(e - 128) times a doubled E2M1 code (quant/ggml.py's e8m0_half and MXFP4_VALUES), both formed from
+bits (e8m0_half, e2m1_float): exact, so the GEMM's weights are the oracle's. Each program owns a
+range of blocks (split-K) and writes its partial sums to out[split] (the caller adds them).
 """
 
 from __future__ import annotations
@@ -27,6 +29,37 @@ MAGIC = tl.constexpr(0x4B000000)  # the float 2^23: its low 23 bits are an integ
 def _small_float(q, bias: tl.constexpr):
     """q - bias as float32 for int32 0 <= q < 2^23, exactly."""
     return (q | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def e8m0_half(e):
+    """E8M0 exponent bytes -> float32 2^(e - 128), built from the bits (e < 2 are subnormal)."""
+    e = e.to(tl.int32)
+    return tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_biased(c):
+    """E2M1 codes (int32 0..15) -> their doubled values (MXFP4_VALUES, -12..12) plus 12."""
+    ex = (c >> 1) & 3
+    mant = c & 1
+    mag = tl.where(ex == 0, mant, (2 + mant) << tl.maximum(ex - 1, 0))
+    return tl.where(c >= 8, 12 - mag, 12 + mag)
+
+
+TWO_127 = tl.constexpr(2.0**127)
+
+
+@triton.jit
+def e2m1_float(c):
+    """E2M1 codes (int32 0..15) -> their doubled values (MXFP4_VALUES) as float32, in five integer ops
+    and a multiply (e2m1_biased takes fifteen ops): the code's three magnitude bits placed at a
+    float's lowest two exponent bits and top mantissa bit make 2^-127 times the doubled value, as
+    E2M1's own zero exponent is a subnormal one (codes 1 and 9 become float32 subnormals); the sign
+    bit goes to the float's; times 2^127, exactly. It needs subnormals kept: PTX's mul.f32 keeps
+    them (test_torch_quant checks that no .ftz op is emitted). Code 8 gives -0.0, which no sum or
+    product tells from 0.0."""
+    return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True) * TWO_127
 
 
 @triton.jit
@@ -52,6 +85,10 @@ def _block_dots(p0, p1, p2, b, xb, valid, QT: tl.constexpr):
         lo, hi = q & 15, q >> 4
     x_lo = tl.load(xb[:, None] + j[None, :], mask=valid[:, None], other=0.0)
     x_hi = tl.load(xb[:, None] + 16 + j[None, :], mask=valid[:, None], other=0.0)
+    if QT == 8:  # MXFP4: 2^(e - 128) * the doubled E2M1 values
+        # (new names: Triton still builds the statements after a constexpr branch's return)
+        w_lo, w_hi = e2m1_float(lo), e2m1_float(hi)
+        return e8m0_half(tl.load(p0 + b)) * tl.sum(w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :], axis=2)
     if QT == 0:  # d * (q - 8)
         return tl.load(p0 + b).to(tl.float32) * _pair_sum(lo, hi, x_lo, x_hi, 8)
     if QT == 2:  # d * (q - 16)
@@ -90,7 +127,8 @@ def gemv_legacy_kernel(x_ptr, out_ptr, p0, p1, p2, N, nb, stride_xm, blocks_per_
 @triton.jit
 def _block_values(p0, p1, p2, b, QT: tl.constexpr):
     """Blocks b (BN, BB) as (values 0-15, values 16-31), (BN, BB, 16) float32 each, as quant/ggml.py
-    forms them: d * (q - 8 or 16) and d * q are exact products, d * q + m rounds once (fused or not)."""
+    forms them: d * (q - 8 or 16), d * q and MXFP4's are exact products, d * q + m rounds once (fused
+    or not)."""
     b3 = b[:, :, None]
     j = tl.arange(0, 16)[None, None, :]
     if QT == 4:  # Q8_0: d * q
@@ -106,6 +144,9 @@ def _block_values(p0, p1, p2, b, QT: tl.constexpr):
     else:
         q = tl.load(p1 + b3 * 16 + j).to(tl.int32)
         lo, hi = q & 15, q >> 4
+    if QT == 8:  # MXFP4: exact products (a power of two times a small integer)
+        d = e8m0_half(tl.load(p0 + b3))
+        return d * e2m1_float(lo), d * e2m1_float(hi)
     if QT == 0 or QT == 2:
         d = tl.load(p0 + b3).to(tl.float32)
         if QT == 0:

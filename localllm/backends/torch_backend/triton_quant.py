@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.backends.torch_backend import triton_legacy as tl_legacy
 from localllm.backends.torch_backend.weights import TYPES, QuantWeight
 
 QTYPE_IDS = {name: i for i, name in enumerate(TYPES)}  # a kernel's QT constexpr
@@ -67,6 +68,7 @@ GEMV_CONFIGS: dict[str, KernelConfig] = {
     "Q5_0": KernelConfig(block_n=16, step=16),
     "Q5_1": KernelConfig(block_n=16, step=16),
     "Q8_0": KernelConfig(block_n=16, step=16),
+    "MXFP4": KernelConfig(block_n=16, step=16),  # as the other 32-value types (not timed on a GPU)
     "Q4_K": KernelConfig(block_n=16, step=4),
     "Q5_K": KernelConfig(block_n=16, step=4),
     "Q6_K": KernelConfig(block_n=32, step=2),
@@ -113,6 +115,9 @@ def _dequant(p0, p1, p2, p3, n, k, nb, QT: tl.constexpr, BS: tl.constexpr):
         w = tl.load(p0 + b).to(tl.float32) * tl.load(p1 + b * 32 + j).to(tl.float32)
     elif QT == 5 or QT == 6:  # Q4_K, Q5_K: (d * sc) * q - dmin * m, per 32 values
         w = _k4_value(p0, p1, p2, p3, b, j, QT == 6)
+    elif QT == 8:  # MXFP4: 2^(e - 128) * the doubled E2M1 value
+        code = tl_legacy.e2m1_biased(_nibble(p1, b, j, 16, 16)) - 12
+        w = tl_legacy.e8m0_half(tl.load(p0 + b)) * code.to(tl.float32)
     else:  # Q6_K: (d * sc) * (q - 32), per 16 values
         w = _q6_k_value(p0, p1, p2, p3, b, j)
     return w
@@ -231,7 +236,6 @@ def gemv(
     """x (M, K) float32, M small, times w transposed -> (M, N) float32. split_k 0: chosen by size;
     config: GEMV_CONFIGS' for w's type unless given."""
     from localllm.backends.torch_backend import triton_kquant as kq
-    from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
     c = config or GEMV_CONFIGS[w.qtype]
     n, k, nb, qt, bs = _meta(w)
@@ -266,7 +270,6 @@ def gemm(
     (step: super-blocks)."""
     from localllm.backends.torch_backend import triton_kquant as kq
     from localllm.backends.torch_backend import triton_kquant2d as kq2d
-    from localllm.backends.torch_backend import triton_legacy as tl_legacy
 
     c = config or (GENERIC_GEMM if generic else GEMM_CONFIGS[w.qtype])
     n, k, nb, qt, bs = _meta(w)

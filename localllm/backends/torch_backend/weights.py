@@ -7,8 +7,9 @@ The one reshuffle is Q4_K/Q5_K's twelve bytes of packed 6-bit scales and mins, s
 bytes (one per value: +3% of the block) so a kernel reads a sub-block's scale with one byte load.
 
 Plane order per type (TYPES): `d` fp16 scale (Q4_1/Q5_1/Q4_K/Q5_K: `dm`, scale and min/dmin side by
-side), `qh` high bits (int32 per block for Q5_0/Q5_1, bytes for Q5_K/Q6_K), `scm` (K-quants: eight
-scales then eight mins; Q6_K: sixteen signed scales), `qs` the low bits.
+side; MXFP4: `e`, its E8M0 exponent byte), `qh` high bits (int32 per block for Q5_0/Q5_1, bytes for
+Q5_K/Q6_K), `scm` (K-quants: eight scales then eight mins; Q6_K: sixteen signed scales), `qs` the low
+bits (MXFP4: 32 E2M1 codes, in Q4_0's nibble order).
 
 `dequantize_torch` turns planes back into float32 with torch integer and float ops in the NumPy
 dequantizers' order (quant/ggml.py), so the values are bit-identical on any device: it is the path
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from localllm.quant import type_name
-from localllm.quant.ggml import BLOCK_KERNELS, _k4_scales_mins
+from localllm.quant.ggml import BLOCK_KERNELS, MXFP4_VALUES, _k4_scales_mins
 
 # type -> (elements per block, plane names in the order kernels take them)
 TYPES: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -35,6 +36,7 @@ TYPES: dict[str, tuple[int, tuple[str, ...]]] = {
     "Q4_K": (256, ("dm", "scm", "qs")),
     "Q5_K": (256, ("dm", "scm", "qh", "qs")),
     "Q6_K": (256, ("d", "scm", "qh", "qs")),
+    "MXFP4": (32, ("e", "qs")),
 }
 
 
@@ -149,12 +151,28 @@ def _q6_k(w: QuantWeight) -> torch.Tensor:
     return (dl[..., None] * q).view(n, nb, 256)
 
 
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes -> float32 2^(e - 128) from the bits (e < 2: subnormal), as quant/ggml.py."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, torch.full_like(e, 0x00200000) << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def _mxfp4(w: QuantWeight) -> torch.Tensor:
+    """MXFP4 -> (N, blocks, 32): 2^(e - 128) times the doubled E2M1 value, an exact product."""
+    codes = _nibbles(w.plane("qs"))
+    table = torch.from_numpy(MXFP4_VALUES.astype(np.float32)).to(codes.device)
+    return e8m0_half(w.plane("e"))[..., None] * table[codes.long()]
+
+
 def dequantize_torch(w: QuantWeight) -> torch.Tensor:
     """The (N, K) float32 values of w, equal to quant.dequantize's of the same blocks."""
     if w.qtype in ("Q4_K", "Q5_K"):
         values = _k4(w)
     elif w.qtype == "Q6_K":
         values = _q6_k(w)
+    elif w.qtype == "MXFP4":
+        values = _mxfp4(w)
     else:
         values = _legacy(w)
     return values.reshape(w.shape)
