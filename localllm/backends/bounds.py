@@ -79,7 +79,7 @@ def check_step(args: Any, x: np.ndarray, batch: Any, k: np.ndarray, v: np.ndarra
     pool's rows, ModelArgs.kv_row_shape; a narrower layer's view of them holds as many bytes). A pool
     already found to fit skips its shape checks, and the batch arrays go through one compiled pass
     (kernels/batch_bounds.py); the checks below name whatever that pass refuses."""
-    kv_heads, head_dim = args.kv_row_shape()
+    kv_heads, head_dim = _row_shape(args)
     shape = (args.n_layers, k.shape[1], k.shape[2], kv_heads)
     _require(k.shape[:4] == v.shape[:4] == shape, "KV pool does not match the model")
     _require(x.ndim == 2 and x.shape[1] == args.dim, "hidden states do not match the model")
@@ -91,6 +91,17 @@ def check_step(args: Any, x: np.ndarray, batch: Any, k: np.ndarray, v: np.ndarra
     _require(_arrays_ok(batch, x.shape[0], k.shape), "batch arrays out of bounds")
 
 
+def _row_shape(args: Any) -> tuple[int, int]:
+    """args.kv_row_shape(), remembered per (frozen) ModelArgs: a pass over every layer's spec each step."""
+    hit = _ROW_SHAPES.get(id(args))
+    if hit is None or hit[0] is not args:
+        if len(_ROW_SHAPES) >= 64:  # models come and go in a server: keep a handful
+            _ROW_SHAPES.clear()
+        hit = _ROW_SHAPES[id(args)] = (args, args.kv_row_shape())
+    return hit[1]
+
+
+_ROW_SHAPES: dict[int, tuple[Any, tuple[int, int]]] = {}
 # (shapes, dtypes, heads, head size) of KV pools check_step found to fit its model (a handful a process)
 _FITTING_POOLS: set[tuple] = set()
 
