@@ -16,7 +16,7 @@ from localllm.engine.scheduler import ScheduledSeq
 from localllm.engine.sequence import Sequence
 from localllm.engine.spec_verify import verify_draft
 from localllm.models.base import ForwardBatch
-from localllm.sampler import apply_penalties, log_softmax, sample, token_generator, top_logprobs
+from localllm.sampler import apply_penalties, log_softmax, penalised, sample, token_generator, top_logprobs
 
 if TYPE_CHECKING:
     from localllm.models.transformer import Transformer
@@ -143,7 +143,9 @@ class ModelRunner:
         if seq.forced:  # the engine closes a spent reasoning budget with the model's own end marker
             token_id = seq.forced[0]
         else:
-            processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
+            processed = logits  # (the token lists are copies of the whole sequence: only when used)
+            if penalised(params):
+                processed = apply_penalties(logits, params, seq.prompt_token_ids, seq.output_token_ids)
             if seq.held_stops and seq.num_output_tokens < params.min_tokens:
                 processed = np.array(processed, dtype=np.float32, copy=True)
                 processed[seq.held_stops] = -np.inf
