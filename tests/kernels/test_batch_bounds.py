@@ -1,15 +1,18 @@
 """kernels/batch_bounds.batch_arrays_ok against its NumPy twin (backends/bounds.check_kv_write and
 check_attention's array checks) on valid batches and on each kind of bad one, and check_step's fast path
-still naming what it refuses."""
+still naming what it refuses; matmul.embedding's id range check, short and long."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import gguf
 import numpy as np
 import pytest
+from random_weights import random_weight
 
 from localllm.backends import bounds
+from localllm.kernels import matmul
 from localllm.kernels.batch_bounds import batch_arrays_ok
 
 BLOCKS, BS, KVH, HD, HEADS = 6, 4, 2, 8, 4
@@ -100,3 +103,19 @@ def test_check_step_names_a_bad_block_table_on_the_fast_path() -> None:
     b.block_tables[0, 0] = BLOCKS
     with pytest.raises(bounds.KernelBoundsError, match="block_tables"):
         bounds.check_step(args, x, b, k, k.copy())
+
+
+@pytest.mark.parametrize("n_ids", [1, 3, 65, 200])
+def test_embedding_refuses_ids_outside_the_vocabulary(n_ids: int) -> None:
+    """Few ids (a decode step's) are range-checked by Python's min/max, many by NumPy: both refuse."""
+    w = matmul.prepare_weight(
+        random_weight(np.random.default_rng(0), "Q8_0", 40, 64), gguf.GGMLQuantizationType.Q8_0
+    )
+    ids = np.arange(n_ids, dtype=np.int64) % 40
+    assert matmul.embedding(w, ids).shape == (n_ids, 64)
+    for bad in (40, -1):
+        spoiled = ids.copy()
+        spoiled[n_ids // 2] = bad
+        with pytest.raises(IndexError, match="token id out of range"):
+            matmul.embedding(w, spoiled)
+    assert matmul.embedding(w, np.zeros(0, np.int64)).shape == (0, 64)
