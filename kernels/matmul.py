@@ -782,10 +782,22 @@ def linear_group(x: np.ndarray, group: WeightGroup, nth: int) -> list[np.ndarray
     return [y[:, o : o + w.n] for w, o in zip(group.weights, group.offsets, strict=True)]
 
 
+def _id_range(ids: np.ndarray) -> tuple[int, int]:
+    """(min, max) of the ids, (0, 0) for none: a decode step's few by Python's min/max of a list, which
+    beat two NumPy reductions (~3 us)."""
+    if ids.size > 64:
+        return int(ids.min()), int(ids.max())
+    v = ids.ravel().tolist()
+    return (min(v), max(v)) if v else (0, 0)
+
+
 def embedding(w: PackedWeight, ids: np.ndarray) -> np.ndarray:
     """Rows ids of W, dequantized -> (len(ids), k) float32."""
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.n):
+    lo, hi = _id_range(ids)
+    if lo < 0 or hi >= w.n:
         raise IndexError(f"token id out of range 0..{w.n - 1}")
     out = np.empty((ids.shape[0], w.k), np.float32)
-    launch_embed(w.kernels[1], w.addr, w.nbytes, w.n, w.k, np.require(ids, np.int64, ["C", "W"]), out)
+    if not (ids.dtype == np.int64 and ids.flags.c_contiguous and ids.flags.writeable):
+        ids = np.require(ids, np.int64, ["C", "W"])  # (~3 us a call even where nothing changes)
+    launch_embed(w.kernels[1], w.addr, w.nbytes, w.n, w.k, ids, out)
     return out

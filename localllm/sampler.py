@@ -24,13 +24,18 @@ def token_generator(seed: int | None, shared: np.random.Generator, position: int
     return np.random.default_rng([seed, position])
 
 
+def penalised(params: SamplingParams) -> bool:
+    """Whether apply_penalties changes anything (callers skip building its token lists otherwise)."""
+    return bool(params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+                or params.logit_bias)  # fmt: skip
+
+
 def apply_penalties(
     logits: np.ndarray, params: SamplingParams, prompt_ids: SequenceLike[int], output_ids: SequenceLike[int]
 ) -> np.ndarray:
     """Logit bias, llama.cpp's repeat penalty (over the last n tokens of prompt + output), and OpenAI's
     presence/frequency penalties (over the generated tokens)."""
-    penalised = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
-    if not (penalised or params.logit_bias):
+    if not penalised(params):
         return logits
     logits = np.array(logits, dtype=np.float32, copy=True)
     for token_id, bias in params.logit_bias.items():

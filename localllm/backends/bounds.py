@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from localllm.backends.kv_types import Q8_0_VALUES, row_width
+from localllm.kernels.batch_bounds import batch_arrays_ok
 
 
 class KernelBoundsError(ValueError):
@@ -75,12 +76,49 @@ def check_attention(q_shape: tuple, caches: tuple, qsl: np.ndarray, ctx: np.ndar
 
 def check_step(args: Any, x: np.ndarray, batch: Any, k: np.ndarray, v: np.ndarray) -> None:
     """A fused step: x (T, dim), the batch's arrays and the whole KV pool against the model's dims (the
-    pool's rows, ModelArgs.kv_row_shape; a narrower layer's view of them holds as many bytes)."""
-    kv_heads, head_dim = args.kv_row_shape()
+    pool's rows, ModelArgs.kv_row_shape; a narrower layer's view of them holds as many bytes). A pool
+    already found to fit skips its shape checks, and the batch arrays go through one compiled pass
+    (kernels/batch_bounds.py); the checks below name whatever that pass refuses."""
+    kv_heads, head_dim = _row_shape(args)
     shape = (args.n_layers, k.shape[1], k.shape[2], kv_heads)
     _require(k.shape[:4] == v.shape[:4] == shape, "KV pool does not match the model")
     _require(x.ndim == 2 and x.shape[1] == args.dim, "hidden states do not match the model")
-    t = x.shape[0]
+    pool = (k.shape, v.shape, k.dtype, v.dtype, args.n_heads, head_dim)
+    if pool in _FITTING_POOLS and _arrays_ok(batch, x.shape[0], k.shape):
+        return
+    _check_step_arrays(args, x.shape[0], batch, k, v, kv_heads, head_dim)
+    _FITTING_POOLS.add(pool)
+    _require(_arrays_ok(batch, x.shape[0], k.shape), "batch arrays out of bounds")
+
+
+def _row_shape(args: Any) -> tuple[int, int]:
+    """args.kv_row_shape(), remembered per (frozen) ModelArgs: a pass over every layer's spec each step."""
+    hit = _ROW_SHAPES.get(id(args))
+    if hit is None or hit[0] is not args:
+        if len(_ROW_SHAPES) >= 64:  # models come and go in a server: keep a handful
+            _ROW_SHAPES.clear()
+        hit = _ROW_SHAPES[id(args)] = (args, args.kv_row_shape())
+    return hit[1]
+
+
+_ROW_SHAPES: dict[int, tuple[Any, tuple[int, int]]] = {}
+# (shapes, dtypes, heads, head size) of KV pools check_step found to fit its model (a handful a process)
+_FITTING_POOLS: set[tuple] = set()
+
+
+def _arrays_ok(batch: Any, t: int, pool_shape: tuple) -> bool:
+    """batch_arrays_ok for 1-D slots/positions/query starts/context lengths and 2-D block tables."""
+    slots, pos, qsl, ctx, tables = (batch.slot_mapping, batch.positions, batch.query_start_loc,
+                                    batch.context_lens, batch.block_tables)  # fmt: skip
+    if not (slots.ndim == pos.ndim == qsl.ndim == ctx.ndim == 1 and tables.ndim == 2):
+        return False
+    blocks, bs = pool_shape[1], pool_shape[2]
+    return batch_arrays_ok(slots, pos, qsl, ctx, tables, t, blocks * bs, bs, blocks)
+
+
+def _check_step_arrays(args: Any, t: int, batch: Any, k: np.ndarray, v: np.ndarray, kv_heads: int,
+                       head_dim: int) -> None:  # fmt: skip
+    """check_step's checks of the pool's layer-0 caches and the batch's arrays, each named."""
     kv_shape = (t, kv_heads, head_dim)
     check_kv_write((kv_shape, kv_shape), (k[0], v[0]), batch.slot_mapping, batch.positions)
     q_shape = (t, args.n_heads, head_dim)
