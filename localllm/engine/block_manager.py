@@ -149,9 +149,11 @@ class BlockManager:
         """Register every block of seq that is full of computed tokens under its chained hash."""
         if not self.enable_prefix_caching:
             return
-        parent = None
+        start = self._hashed_prefix(seq)
+        parent = self.blocks[seq.block_table[start - 1]].hash if start else None
         new: list[int] = []  # indices of the blocks registered here, for BlockStored events
-        for i in range(seq.num_computed_tokens // self.block_size):
+        full = seq.num_computed_tokens // self.block_size
+        for i in range(start, full):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -161,8 +163,15 @@ class BlockManager:
                 if self.tier is not None:
                     self.tier.store(block.hash, tokens, block.block_id)
             parent = block.hash
+        seq.num_hashed_blocks = max(start, full)
         if new and self.events is not None:
             self._log_stored(seq, new)
+
+    def _hashed_prefix(self, seq: Sequence) -> int:
+        """How many leading blocks of seq already carry their hash: a block keeps it while a table
+        holds it, so a step hashes only the blocks filled since the last (not the whole context)."""
+        n = min(seq.num_hashed_blocks, len(seq.block_table))
+        return n if n and self.blocks[seq.block_table[n - 1]].hash is not None else 0
 
     def _log_stored(self, seq: Sequence, new: list[int]) -> None:
         """One BlockStored per run of consecutive new blocks (indices into seq's block table), each
@@ -201,6 +210,7 @@ class BlockManager:
                 if block.hash is None:
                     self.free_block_ids.move_to_end(block_id, last=False)
         seq.block_table = []
+        seq.num_hashed_blocks = 0
         if self.state_slots is not None and seq.state_slot >= 0:
             self.state_slots.give(seq.state_slot)
         seq.state_slot = -1

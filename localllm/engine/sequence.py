@@ -32,6 +32,7 @@ class Sequence:
         self.rng = rng  # per-request generator, owned by the sampler side
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.num_hashed_blocks = 0  # leading blocks of block_table known to carry their hash
         self.state_slot = -1  # its slot in the recurrent state pool (state_cache.py), -1: none
         self.snapshot_key: bytes | None = None  # the block hash its last state snapshot is kept under
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache

@@ -242,3 +242,34 @@ def test_drafts_take_free_blocks_only_and_never_preempt():
     plan = sched.schedule()  # a's 8 drafts would need 3 blocks, 2 more than the 1 free: no slots
     assert [(i.seq.request_id, i.draft_slots) for i in plan.scheduled] == [("a", 0), ("b", 0)]
     assert not plan.preempted and bm.num_free_blocks == 1
+
+
+def test_each_step_hashes_only_the_blocks_filled_since_the_last(monkeypatch):
+    """cache_full_blocks runs every step: it hashes the newly full blocks, not the whole context again;
+    after a preemption (blocks freed) it starts over."""
+    from localllm.engine import block_manager
+
+    hashed = []
+    real = block_manager.block_hash
+    monkeypatch.setattr(block_manager, "block_hash", lambda *a: hashed.append(a[1]) or real(*a))
+    bm = BlockManager(64, 4, True)
+    seq = Sequence("a", list(range(10)), SamplingParams())
+    assert bm.allocate(seq, 10)
+    seq.num_computed_tokens = 10
+    bm.cache_full_blocks(seq)
+    assert hashed == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    for t in range(10, 40):  # decode: a token a step
+        seq.token_ids.append(t)
+        assert bm.allocate(seq, 1)
+        seq.num_computed_tokens += 1
+        bm.cache_full_blocks(seq)
+    assert hashed == [tuple(range(i, i + 4)) for i in range(0, 40, 4)]
+    table = list(seq.block_table)
+    bm.free(seq)  # preempted: the scheduler recomputes it from its cached prefix
+    seq.num_computed_tokens = 0
+    found = bm.find_cached_prefix(seq)
+    assert found == table[:9] and bm.allocate(seq, 4, found)  # the last block is left to compute
+    hashed.clear()  # (the lookup hashed the prompt's blocks)
+    seq.num_computed_tokens = 40
+    bm.cache_full_blocks(seq)
+    assert hashed == [(36, 37, 38, 39)] and seq.num_hashed_blocks == 10
