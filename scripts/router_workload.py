@@ -4,8 +4,8 @@ at once, each phase under one router policy on the same replicas, the policies a
 --rounds rounds.
 
     python scripts/router_workload.py MODEL [--replicas 3] [--threads 1] [--clients 24] [--turns 6]
-        [--policies sticky_least_loaded,round_robin] [--rounds 2] [--max-tokens 24] [--system-words 800]
-        [--user-words 24] [--router-args "..."] [--base-port 8300]
+        [--policies sticky_least_loaded,round_robin] [--rounds 2] [--max-tokens 48] [--system-words 800]
+        [--user-words 16] [--router-args "..."] [--base-port 8300]
 
 Per phase: the prefix-cache hit ratio across the replicas (the sum of vllm:prefix_cache_hits over the
 sum of vllm:prefix_cache_queries, scraped from each replica's /metrics before and after), the requests
@@ -143,9 +143,12 @@ def client(
     messages = [{"role": "system", "content": system}]
     previous = 0  # the conversation's previous prompt, in tokens
     for turn in range(args.turns):
-        messages.append({"role": "user", "content": words(rng, args.user_words)})
+        # lengths vary (a half to 1.5 times the flags'): with equal ones a replica's conversations run in
+        # lockstep, all 8 finishing on one step and sending their next turns at once
+        n_words, n_tokens = (rng.randint(n // 2, n * 3 // 2) for n in (args.user_words, args.max_tokens))
+        messages.append({"role": "user", "content": words(rng, n_words)})
         try:
-            got = one_turn(url, messages, f"s{seed}", args.max_tokens)
+            got = one_turn(url, messages, f"s{seed}", n_tokens)
         except httpx.HTTPError as e:
             errors.append(repr(e))
             return
@@ -201,6 +204,7 @@ def summary(policy: str, phases: list[dict]) -> dict:
         "policy": policy, "phases": len(phases), "requests": len(turns),
         "errors": sum(p["errors"] for p in phases), "hit_ratio": round(hits / max(queries, 1), 3),
         "ttft_p50_s": round(statistics.median(ttfts), 3), "ttft_p90_s": round(q[8], 3),
+        "ttft_p50_later_turns_s": round(statistics.median([t["ttft"] for t in turns if t["turn"]] or [0]), 3),
         "wall_s": round(sum(p["wall_s"] for p in phases), 1),
         "per_replica": [sum(col) for col in zip(*(p["per_replica"] for p in phases), strict=True)],
         "missed_tokens": misses(turns),
@@ -210,8 +214,8 @@ def summary(policy: str, phases: list[dict]) -> dict:
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model")
-    numbers = {"replicas": 3, "threads": 1, "clients": 24, "turns": 6, "max-tokens": 24, "system-words": 800}
-    numbers |= {"user-words": 24, "parallel": 8, "ctx-size": 4096, "rounds": 2, "base-port": 8300}
+    numbers = {"replicas": 3, "threads": 1, "clients": 24, "turns": 6, "max-tokens": 48, "system-words": 800}
+    numbers |= {"user-words": 16, "parallel": 8, "ctx-size": 4096, "rounds": 2, "base-port": 8300}
     for name, default in numbers.items():
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--policies", default="sticky_least_loaded,round_robin")
