@@ -109,6 +109,22 @@ def test_requests_are_spread_and_sessions_stay_put(replicas, router_factory) -> 
         assert sorted(grew) == [0.0, 0.0, 3.0], f"session {session} was split across replicas: {grew}"
 
 
+def test_sticky_least_loaded_spreads_sessions_and_keeps_each(replicas, router_factory) -> None:
+    """The policy docs/scaling.md measures as the prefix-aware one for HTTP replicas: a new session goes
+    to the replica with the fewest, and every later turn of it to the same one (its history cached)."""
+    router = router_factory("sticky_least_loaded")
+    homes = []
+    for session in ("erin", "frank", "grace"):
+        before = [served(r) for r in replicas]
+        for turn in range(3):
+            r = chat(router.url, f"{session} turn {turn}", headers={"X-Session-ID": session})
+            assert r.status_code == 200, (r.text, router.log.read_text())
+        grew = [after - b for after, b in zip((served(r) for r in replicas), before, strict=True)]
+        assert sorted(grew) == [0.0, 0.0, 3.0], f"session {session} was split across replicas: {grew}"
+        homes.append(grew.index(3.0))
+    assert sorted(homes) == [0, 1, 2], f"three sessions, not one per replica: {homes}"
+
+
 def open_streams(url: str, replicas: list, n: int) -> tuple[list[threading.Thread], list[dict[str, Any]]]:
     """n long streams through the router, one running on each of the first n replicas (round robin)."""
     results: list[dict[str, Any]] = []
