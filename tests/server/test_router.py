@@ -128,7 +128,8 @@ def test_sticky_least_loaded_spreads_sessions_and_keeps_each(replicas, router_fa
 def open_streams(url: str, replicas: list, n: int) -> tuple[list[threading.Thread], list[dict[str, Any]]]:
     """n long streams through the router, one running on each of the first n replicas (round robin)."""
     results: list[dict[str, Any]] = []
-    threads = [threading.Thread(target=stream, args=(url, 60, results)) for _ in range(n)]
+    # 150 tokens at 20 ms a step: 3 s at least, so all n are running at once even on a loaded machine
+    threads = [threading.Thread(target=stream, args=(url, 150, results)) for _ in range(n)]
     for t in threads:
         t.start()
     wait_for(
