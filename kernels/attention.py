@@ -22,6 +22,7 @@ from numba.extending import overload
 
 from . import attention_q8 as q8
 from .kv import kv_get, kv_row
+from .kv_rotation import fwht, key_rotation, value_rotation
 from .simd import f32, fast_exp
 
 ROWS_PER_ITEM = 16  # (query, head) rows per work item: queries per chunk = 16 // group size
@@ -128,6 +129,24 @@ def _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap,
     """sc = the rows' scores: _scores over f32/f16 keys, attention_q8's integer dots over q8_0 keys."""
 
 
+def _unrotate(values, out, i0, rows, group, kh):
+    """Over a q8_0 value cache, the rows' outputs rotated back (kv_rotation.py); otherwise nothing."""
+
+
+@overload(_unrotate, inline="always", jit_options={"cache": True})
+def _unrotate_impl(values, out, i0, rows, group, kh):
+    if not _is_q8(values):
+        return lambda values, out, i0, rows, group, kh: None
+
+    def rotate_back(values, out, i0, rows, group, kh):
+        rot = value_rotation(out.shape[2])
+        if rot > 0:
+            for row in range(rows):
+                fwht(out[i0 + row // group, kh * group + row % group], rot)
+
+    return rotate_back
+
+
 def _is_q8(cache) -> bool:
     return isinstance(cache, types.Array) and cache.dtype == types.int8
 
@@ -140,10 +159,16 @@ def _key_pass_impl(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, sof
         )
 
     def integer_dots(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
-        qq, qd = scratch[8], scratch[9]
+        qq, qd, rotated = scratch[8], scratch[9], scratch[7]
         group = q.shape[1] // kvh
+        rot = key_rotation(q.shape[2])
         for row in range(rows):  # once per query row and step, unscaled (as llama.cpp)
-            q8.quantize_query(q[i0 + row // group, kh * group + row % group], qq[row], qd[row])
+            x = q[i0 + row // group, kh * group + row % group]
+            if rot > 0:  # the keys were stored rotated (kv_rotation.py)
+                rotated[:] = x
+                fwht(rotated, rot)
+                x = rotated
+            q8.quantize_query(x, qq[row], qd[row])
         kd = scratch[10]
         q8.scores_q8(qq, qd, rows, keys, table, bs, kvh, kh, lo, hi, scale, softcap, sc, kd)
 
@@ -175,6 +200,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
         inv = f32(1.0) / total[row]
         for d in range(q.shape[2]):
             out[i0 + row // group, h, d] = acc[row, d] * inv
+    _unrotate(values, out, i0, rows, group, kh)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")

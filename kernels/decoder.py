@@ -242,15 +242,16 @@ def _layer_cache(il, w, step, kv):
     src, f = w.flags[il, F_KV_LAYER], w.flags[il, F_KV_FACTOR]
     kc, vc = kv[0][src], kv[1][src]
     kvh = w.flags[il, F_KV_HEADS]
-    width = kc.shape[2] * kc.shape[3] // (f * kvh)  # its head_dim, or a q8_0 row's bytes
-    shape = (kc.shape[0] * f, kc.shape[1], kvh, width)
+    # each its head_dim, or a q8_0 row's bytes (K and V may differ in type: -ctk q8_0 -ctv f16)
+    k_shape = (kc.shape[0] * f, kc.shape[1], kvh, kc.shape[2] * kc.shape[3] // (f * kvh))
+    v_shape = (vc.shape[0] * f, vc.shape[1], kvh, vc.shape[2] * vc.shape[3] // (f * kvh))
     if f == 1:
-        return kc.reshape(shape), vc.reshape(shape), step.slots, step.block_tables
+        return kc.reshape(k_shape), vc.reshape(v_shape), step.slots, step.block_tables
     bs, slots = kc.shape[1], step.slots.copy()
     for t in range(slots.shape[0]):
         if slots[t] >= 0:
             slots[t] += (slots[t] // bs) * (f - 1) * bs
-    return kc.reshape(shape), vc.reshape(shape), slots, step.block_tables * f
+    return kc.reshape(k_shape), vc.reshape(v_shape), slots, step.block_tables * f
 
 
 @njit(cache=True)

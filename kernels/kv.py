@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from .kv_rotation import fwht
 from .simd import f16_to_f32, f32, f32_to_f16, i32
 from .simd_i8 import scale_i8x32
 
@@ -32,8 +33,9 @@ def kv_row(cache, i, buf):
     row dequantized into buf (head_dim float32), which is returned."""
 
 
-def kv_set_row(cache, blk, off, row):
-    """cache[blk, off] = row (kv_heads, head_dim) float32, converted to the storage type."""
+def kv_set_row(cache, blk, off, row, rot):
+    """cache[blk, off] = row (kv_heads, head_dim) float32, converted to the storage type; a q8_0 row
+    each head rotated first by H of size rot when rot > 0 (kv_rotation.py; other types ignore rot)."""
 
 
 def _is_f16(cache) -> bool:
@@ -89,22 +91,28 @@ def _kv_row_impl(cache, i, buf):
 
 
 @overload(kv_set_row, jit_options={"cache": True})
-def _kv_set_row_impl(cache, blk, off, row):
+def _kv_set_row_impl(cache, blk, off, row, rot):
     if _is_q8(cache):
 
-        def quantize(cache, blk, off, row):
+        def quantize(cache, blk, off, row, rot):
+            rotated = np.empty(row.shape[1], np.float32)
             for h in range(row.shape[0]):
-                q8_quantize_row(row[h], cache[blk, off, h])
+                if rot > 0:
+                    rotated[:] = row[h]
+                    fwht(rotated, rot)
+                    q8_quantize_row(rotated, cache[blk, off, h])
+                else:
+                    q8_quantize_row(row[h], cache[blk, off, h])
 
         return quantize
     if not _is_f16(cache):
 
-        def copy(cache, blk, off, row):
+        def copy(cache, blk, off, row, rot):
             cache[blk, off] = row
 
         return copy
 
-    def convert(cache, blk, off, row):
+    def convert(cache, blk, off, row, rot):
         for h in range(row.shape[0]):
             for d in range(row.shape[1]):
                 cache[blk, off, h, d] = f32_to_f16(row[h, d])

@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit
 
 from .kv import kv_set_row
+from .kv_rotation import key_rotation, value_rotation
 from .simd import f32, fast_exp
 
 
@@ -109,12 +110,14 @@ def geglu_rows(gate, up, out) -> None:
 @njit(cache=True)
 def store_kv_rows(k_cache, v_cache, k, v, slot_mapping) -> None:
     """k, v (T, KVH, D) into the paged caches (num_blocks, block_size, KVH, D) at slot_mapping (T,).
-    Negative slots (padding) are skipped."""
+    Negative slots (padding) are skipped. A q8_0 cache's rows are rotated first, as llama.cpp's
+    (kv_rotation.py)."""
     bs = k_cache.shape[1]
+    rk, rv = key_rotation(k.shape[2]), value_rotation(v.shape[2])
     for t in range(k.shape[0]):
         s = slot_mapping[t]
         if s < 0:
             continue
         blk, off = s // bs, s % bs
-        kv_set_row(k_cache, blk, off, k[t])
-        kv_set_row(v_cache, blk, off, v[t])
+        kv_set_row(k_cache, blk, off, k[t], rk)
+        kv_set_row(v_cache, blk, off, v[t], rv)

@@ -11,6 +11,7 @@ import numpy as np
 from ..quant import dequantize
 from ..quant.ggml import BLOCK_Q8_0, dequant_q8_0
 from ..quant.quantize_legacy import quantize_q8_0
+from .kv_rotation import key_rotation, value_rotation
 
 
 def linear(x: np.ndarray, w_raw: np.ndarray, ggml_type: int) -> np.ndarray:
@@ -99,8 +100,27 @@ def store_kv(
 ) -> None:
     """Write k, v (T, KVH, D) into the paged cache at `slot_mapping` (T,), in the cache's type."""
     nb, bs = k_cache.shape[:2]
+    if k_cache.dtype == np.int8:  # llama.cpp's rotation of a quantized cache (kv_rotation.py)
+        k = hadamard(k, key_rotation(k.shape[-1]))
+    if v_cache.dtype == np.int8:
+        v = hadamard(v, value_rotation(v.shape[-1]))
     k_cache.reshape(nb * bs, *k_cache.shape[2:])[slot_mapping] = to_storage(k, k_cache.dtype)
     v_cache.reshape(nb * bs, *v_cache.shape[2:])[slot_mapping] = to_storage(v, v_cache.dtype)
+
+
+def hadamard(x: np.ndarray, n: int) -> np.ndarray:
+    """x (..., D) with each n-chunk of the last axis times H_n as kv_rotation.fwht computes it (the
+    same float32 operations in the same order); x itself when n is 0."""
+    if not n:
+        return x
+    lead = (*x.shape[:-1], x.shape[-1] // n)
+    y = np.asarray(x, np.float32).reshape(*lead, n) * (np.float32(1.0) / np.sqrt(np.float32(n)))
+    span = 1
+    while span < n:
+        y = y.reshape(*lead, n // (2 * span), 2, span)
+        y = np.stack([y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]], axis=-2)
+        span *= 2
+    return y.reshape(x.shape)
 
 
 def to_storage(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -181,8 +201,9 @@ def paged_attention(
             mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         for h in range(n_heads):
             kh = h // group
-            if k_cache.dtype == np.int8:  # llama.cpp's integer dots with a quantized query
-                scores = q8_key_scores(q[q0:q1, h, :], raw_keys[:, kh], scale)
+            if k_cache.dtype == np.int8:  # llama.cpp's integer dots with a (rotated) quantized query
+                rotated = hadamard(q[q0:q1, h, :], key_rotation(q.shape[2]))
+                scores = q8_key_scores(rotated, raw_keys[:, kh], scale)
             else:
                 scores = (q[q0:q1, h, :] @ keys[:, kh, :].T) * np.float32(scale)
             if softcap > 0:
@@ -197,4 +218,4 @@ def paged_attention(
                 total = total + np.exp(np.float32(sinks[h]) - top)
             p /= total
             out[q0:q1, h, :] = p @ values[:, kh, :]
-    return out
+    return hadamard(out, value_rotation(q.shape[2])) if v_cache.dtype == np.int8 else out

@@ -63,10 +63,13 @@ def compare(engine, ids: list[int], ref: dict) -> dict:
 
 
 def run_model(binary: Path, model: str, gen: int, prompts: list[str]) -> list[dict]:
+    from localllm.llm import default_numba_cache
+
+    home = Path("~/.cache/localllm").expanduser()
+    default_numba_cache(home)  # before any kernel import: keyed by all their sources, as in the CLI
     from localllm.config import EngineConfig
     from localllm.engine.engine import LLMEngine
 
-    home = Path("~/.cache/localllm").expanduser()
     rows = []
     for cache in ("f16", "q8_0"):
         kv = {"cache_type_k": cache, "cache_type_v": cache}

@@ -19,6 +19,22 @@ import numpy as np
 
 
 @dataclass
+class BenchPlan:
+    """What to run: prompt lengths (ppN), generation lengths (tgN), each tgN after each context depth
+    (llama-bench's -d), and the KV cache types (k, v) every test uses."""
+
+    prompts: list[int]
+    gens: list[int]
+    depths: list[int] = field(default_factory=lambda: [0])
+    kv: tuple[str, str] = ("f16", "f16")
+
+
+def bench_label(kind: str, n: int, depth: int = 0) -> str:
+    """pp512, tg128, or tg128@d2048 after 2,048 tokens of context."""
+    return f"{kind}{n}" + (f"@d{depth}" if depth else "")
+
+
+@dataclass
 class BenchRow:
     engine: str  # "localllm" or "llama.cpp"
     model: str
@@ -31,6 +47,12 @@ class BenchRow:
     samples: list[float] = field(default_factory=list)  # tokens/s per repetition
     bandwidth_gbs: float | None = None
     peak_rss_mb: float | None = None
+    type_k: str = "f16"  # KV cache types
+    type_v: str = "f16"
+
+    @property
+    def kv(self) -> str:
+        return self.type_k if self.type_k == self.type_v else f"{self.type_k}/{self.type_v}"
 
     @property
     def mean(self) -> float:
@@ -79,7 +101,9 @@ class OfflineBench:
 
     def _row(self, test: str) -> BenchRow:
         cfg = self.engine.config
-        return BenchRow("localllm", backend=cfg.backend, threads=cfg.num_threads, test=test, **self.facts)
+        row = BenchRow("localllm", backend=cfg.backend, threads=cfg.num_threads, test=test, **self.facts)
+        row.type_k, row.type_v = cfg.cache_type_k, cfg.cache_type_v
+        return row
 
     def _random_prompt(self, n: int) -> list[int]:
         # random ids, as llama-bench uses: no prefix cache hit, no early end of generation
@@ -106,18 +130,19 @@ class OfflineBench:
         row.samples = self._repeat(once)
         return row
 
-    def text_generation(self, n_gen: int, batch: int = 1) -> BenchRow:
-        """Decode n_gen tokens in each of `batch` sequences from a one-token prompt; aggregate tokens/s."""
+    def text_generation(self, n_gen: int, batch: int = 1, depth: int = 0) -> BenchRow:
+        """Decode n_gen tokens in each of `batch` sequences after a prompt of `depth` tokens (one when 0);
+        aggregate tokens/s of the decode alone (the prompt's time, up to the first token, is left out)."""
         from localllm.sampling_params import SamplingParams
 
         params = SamplingParams(temperature=0, max_tokens=n_gen + 1, ignore_eos=True)
 
         def once() -> float:
-            outs = self.engine.generate([self._random_prompt(1) for _ in range(batch)], params)
+            outs = self.engine.generate([self._random_prompt(max(depth, 1)) for _ in range(batch)], params)
             decode_time = max(o.elapsed for o in outs) - max(o.ttft for o in outs)
             return batch * n_gen / decode_time
 
-        row = self._row(f"tg{n_gen}" if batch == 1 else f"tg{n_gen}@b{batch}")
+        row = self._row(bench_label("tg", n_gen, depth) if batch == 1 else f"tg{n_gen}@b{batch}")
         row.samples = self._repeat(once)
         row.bandwidth_gbs = self.weight_bytes * row.mean / batch / 1e9
         from localllm.bench.system import peak_rss_mb
@@ -126,12 +151,25 @@ class OfflineBench:
         return row
 
 
-def run_llama_bench(
-    binary: str, model: Path, n_prompt: list[int], n_gen: list[int], threads: int, reps: int
-) -> list[BenchRow]:
-    """llama.cpp's own numbers for the same tests, parsed from `llama-bench -o json`."""
+def _joined(values: list[int]) -> str:
+    return ",".join(map(str, values)) or "0"
+
+
+def run_llama_bench(binary: str, model: Path, plan: BenchPlan, threads: int, reps: int) -> list[BenchRow]:
+    """llama.cpp's own numbers for the same tests, parsed from `llama-bench -o json`. Its -d applies to
+    its pp tests too, so those run in a second call without it (ours run pp on an empty cache)."""
+    rows = _llama_bench_rows(binary, model, BenchPlan(plan.prompts, [], [0], plan.kv), threads, reps)
+    return rows + _llama_bench_rows(
+        binary, model, BenchPlan([], plan.gens, plan.depths, plan.kv), threads, reps
+    )
+
+
+def _llama_bench_rows(binary: str, model: Path, plan: BenchPlan, threads: int, reps: int) -> list[BenchRow]:
+    if not plan.prompts and not plan.gens:
+        return []
     cmd = [binary, "-m", str(model), "-t", str(threads), "-r", str(reps), "-o", "json"]
-    cmd += ["-p", ",".join(map(str, n_prompt)) or "0", "-n", ",".join(map(str, n_gen)) or "0"]
+    cmd += ["-p", _joined(plan.prompts), "-n", _joined(plan.gens), "-d", _joined(plan.depths)]
+    cmd += ["-ctk", plan.kv[0], "-ctv", plan.kv[1]]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if result.returncode != 0:
         from localllm.errors import LocalLLMError
@@ -139,7 +177,8 @@ def run_llama_bench(
         raise LocalLLMError(f"llama-bench failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
     rows = []
     for r in json.loads(result.stdout):
-        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        depth = int(r.get("n_depth", 0))
+        test = f"pp{r['n_prompt']}" if r["n_prompt"] else bench_label("tg", r["n_gen"], depth)
         row = BenchRow(
             "llama.cpp",
             str(r.get("model_type", model.stem)),
@@ -151,6 +190,7 @@ def run_llama_bench(
             test,
         )
         row.samples = [float(x) for x in r.get("samples_ts", [r["avg_ts"]])]
+        row.type_k, row.type_v = r.get("type_k", plan.kv[0]), r.get("type_v", plan.kv[1])
         rows.append(row)
     return rows
 

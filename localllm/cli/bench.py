@@ -49,6 +49,12 @@ def offline(
         str, typer.Option("-p", "--n-prompt", help="Prompt lengths, comma-separated.")
     ] = "512",
     n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths, comma-separated.")] = "128",
+    n_depth: Annotated[
+        str,
+        typer.Option(
+            "-d", "--n-depth", help="Context already in the cache before each tgN test, comma-separated."
+        ),
+    ] = "0",
     threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated.")] = "",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions per test.")] = 3,
     batch: Annotated[str, typer.Option("-b", "--batch", help="Extra decode rows with N sequences.")] = "",
@@ -60,6 +66,8 @@ def offline(
     ] = None,
     backend: c.Backend = "numba",
     device: c.Device = "auto",
+    cache_type_k: c.CacheTypeK = "f16",
+    cache_type_v: c.CacheTypeV = "f16",
     busy: Annotated[
         int, typer.Option("--busy", help="Run the tests while N other processes each keep a core busy.")
     ] = 0,
@@ -75,23 +83,28 @@ def offline(
       localllm bench -b 16 --llama-bench ./llama-bench    # add batched decode, compare with llama.cpp
 
       localllm bench -n 128 -p 0 --busy 1 --llama-bench ./llama-bench   # both under a competing load
+
+      localllm bench -p 0 -n 64 -d 0,2048 -ctk q8_0 -ctv q8_0   # decode from a q8_0 KV cache
     """
     if ctx.invoked_subcommand is not None:
         return
+    from localllm.backends.kv_types import check_cache_type
     from localllm.bench.contention import busy_load, label
-    from localllm.bench.offline import ratios
+    from localllm.bench.offline import BenchPlan, ratios
 
-    path, _ = c.resolve(model)
+    kv = (cache_type_k, cache_type_v)
+    for t in kv:
+        check_cache_type(t)
+    path, _ = c.resolve(model, backend, _threads(threads)[0], kv)
     binary = llama_bench or shutil.which("llama-bench")
+    plan = BenchPlan(_lengths(n_prompt), _lengths(n_gen), _depths(n_depth), kv)
     with busy_load(busy):
-        prompts, gens = _lengths(n_prompt), _lengths(n_gen)
-        where = (backend, device)
-        rows = _run_localllm(path, prompts, gens, _threads(threads), reps, _int_list(batch), where)
+        rows = _run_localllm(path, plan, _threads(threads), reps, _int_list(batch), (backend, device))
         if binary:
             from localllm.bench.offline import run_llama_bench
 
             for t in _threads(threads):
-                rows += run_llama_bench(binary, path, prompts, gens, t, reps)
+                rows += run_llama_bench(binary, path, plan, t, reps)
     for row in rows:
         row.test = label(row.test, busy)
     from localllm.bench.report import print_offline
@@ -101,20 +114,29 @@ def offline(
     print_offline(rows, ratios(rows), info, output)
 
 
+def _depths(text: str) -> list[int]:
+    """Context depths for the tgN tests; 0 (the default) is an empty cache, as in llama-bench."""
+    depths = _int_list(text) or [0]
+    if any(d < 0 for d in depths):
+        raise typer.BadParameter("depths are 0 or more", param_hint="-d/--n-depth")
+    return depths
+
+
 def _threads(text: str) -> list[int]:
     from localllm.config import physical_cores
 
     return _int_list(text) or [physical_cores()]
 
 
-def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, where: tuple[str, str]) -> list:
-    """Rows for each thread count; `where` is (backend, device)."""
+def _run_localllm(path, plan, threads_list, reps, batches, where: tuple[str, str]) -> list:
+    """Rows for each thread count; `plan` is an offline.BenchPlan, `where` is (backend, device)."""
     from localllm.bench.offline import OfflineBench
     from localllm.config import EngineConfig
     from localllm.engine.engine import LLMEngine
 
     rows = []
-    ctx = max(n_prompt + n_gen + [1]) + max(n_gen + [1]) + 16
+    n_prompt, n_gen = plan.prompts, plan.gens
+    ctx = max(n_prompt + [n + d for n in n_gen for d in plan.depths] + [1]) + max(n_gen + [1]) + 16
     for threads in threads_list:
         config = EngineConfig(
             model=str(path),
@@ -126,10 +148,12 @@ def _run_localllm(path, n_prompt, n_gen, threads_list, reps, batches, where: tup
             max_num_batched_tokens=max(n_prompt + [512]),
             enable_prefix_caching=False,
             index_dir=c.model_home() / "index",
+            cache_type_k=plan.kv[0],
+            cache_type_v=plan.kv[1],
         )
         bench = OfflineBench(LLMEngine(config), reps)
         rows += [bench.prompt_processing(p) for p in n_prompt]
-        rows += [bench.text_generation(n) for n in n_gen]
+        rows += [bench.text_generation(n, depth=d) for n in n_gen for d in plan.depths]
         rows += [bench.text_generation(n, b) for n in n_gen for b in batches if b > 1]
         print(f"threads={threads}: done", file=sys.stderr)
     return rows

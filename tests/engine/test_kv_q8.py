@@ -89,3 +89,15 @@ def test_a_restart_restores_a_q8_0_prefix_bit_for_bit(hd32_path, tmp_path) -> No
     assert cached == 64 and tokens == cold[1]
     f16 = _engine(hd32_path, "f16", kv_disk_mb=16, kv_disk_dir=tmp_path)
     assert f16.generate([prompt], params)[0].cached_tokens == 0  # another fingerprint: never shared
+
+
+def test_keys_and_values_of_different_types_run_in_the_fused_stack(hd32_path) -> None:
+    """-ctk q8_0 -ctv f16 (and the reverse): the fused stack views K and V each in its own row width
+    (it gave V the keys' width, and failed); it agrees with the NumPy back end."""
+    for k, v in (("q8_0", "f16"), ("f16", "q8_0")):
+        kw = {"cache_type_k": k, "cache_type_v": v}
+        fused = LLMEngine(EngineConfig(model=str(hd32_path), threads=2, **kw))
+        assert fused.backend.fused(fused.model)
+        twin = LLMEngine(EngineConfig(model=str(hd32_path), backend="numpy", threads=1, **kw))
+        a, c = (np.asarray(score_tokens(e, IDS)) for e in (fused, twin))
+        assert np.abs(a - c).max() / np.abs(c).max() < 0.02, (k, v)

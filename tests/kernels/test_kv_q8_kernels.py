@@ -1,5 +1,6 @@
 """The q8_0 KV cache's kernels: the store writes ggml's Q8_0 bytes (as quant/'s NumPy quantizer, which
-matches llama.cpp's reference); attention scores a q8_0 key as llama.cpp does (the query quantized to
+matches llama.cpp's reference) of each head rotated as llama.cpp rotates a quantized cache (kv_rotation:
+heads of a size 64 divides); attention scores a q8_0 key as llama.cpp does (the query quantized to
 Q8_0, integer dots per block) and equals the NumPy twin (kernels/reference) within float rounding."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from numba import njit
 
 from localllm.backends import bounds
 from localllm.backends.kv_types import row_width
-from localllm.kernels import attention, attention_q8, layers, simd_i8
+from localllm.kernels import attention, attention_q8, kv_rotation, layers, simd_i8
 from localllm.kernels import reference as ref
 from localllm.quant.ggml import BLOCK_Q8_0
 from localllm.quant.quantize_legacy import quantize_q8_0
@@ -44,14 +45,49 @@ def test_the_store_writes_ggml_q8_0_blocks_as_the_numpy_quantizer_does() -> None
     ref.store_kv(*twin, k, v, _slots(tables, 40))
     np.testing.assert_array_equal(pool[0], twin[0])
     np.testing.assert_array_equal(pool[1], twin[1])
-    row = pool[0][2, 0, 1]  # token 0's second head: block 2 holds tokens 0..15
-    expected = quantize_q8_0(k[0, 1].reshape(-1, 32))
+    row = pool[0][2, 0, 1]  # token 0's second head: block 2 holds tokens 0..15, rotated (D = 64)
+    expected = quantize_q8_0(ref.hadamard(k[0, 1], 64).reshape(-1, 32))
     assert row.tobytes() == expected.tobytes() and expected.dtype.itemsize == 34
-    zero = pool[0][2, 3, 0, :34].view(BLOCK_Q8_0)[0]
-    assert zero["d"] == 0 and not zero["qs"].any()
+    rotated = ref.hadamard(k[:16], 64)
     back = ref.from_storage(pool[0], D)
-    err = np.abs(back[2, :, :, :] - k[:16]).max(axis=-1)
-    assert (err <= np.abs(k[:16]).max(axis=-1) / 127 * 0.51 + 1e-6).all()  # half a step of each block
+    err = np.abs(back[2, :, :, :] - rotated).max(axis=-1)
+    assert (err <= np.abs(rotated).max(axis=-1) / 127 * 0.6 + 1e-6).all()  # half a step (f16 scale)
+    unrotated = ref.hadamard(back[2], 64)  # H H = I
+    assert np.abs(unrotated - k[:16]).max() <= np.abs(k[:16]).max() / 127
+
+
+def test_a_head_size_64_does_not_divide_is_stored_unrotated() -> None:
+    """kv_rotation: llama.cpp rotates heads whose size 64 divides; others are stored as quantized."""
+    d = 96
+    k = np.random.default_rng(3).standard_normal((16, 1, d)).astype(np.float32)
+    k[3, 0, :32] = 0.0
+    pool = [np.zeros((1, BS, 1, row_width("q8_0", d)), np.int8) for _ in range(2)]
+    layers.store_kv_rows(*pool, k, k, np.arange(16, dtype=np.int64))
+    assert pool[0].tobytes() == quantize_q8_0(k.reshape(-1, 32)).tobytes() == pool[1].tobytes()
+    zero = pool[0][0, 3, 0, :34].view(BLOCK_Q8_0)[0]
+    assert zero["d"] == 0 and not zero["qs"].any()
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_the_rotation_is_ggml_fwht_an_orthonormal_hadamard_matrix(n: int) -> None:
+    """fwht (Numba) and reference.hadamard (NumPy) give the same bits; both are x times Sylvester's
+    H_n / sqrt(n) on each chunk; applied twice they give x back; sizes as llama.cpp picks them."""
+    x = (np.random.default_rng(n).standard_normal(2 * n) * 10).astype(np.float32)
+    x[3] = 300.0  # an outlier, spread over its chunk
+    got = x.copy()
+    kv_rotation.fwht(got, n)
+    assert np.array_equal(got, ref.hadamard(x, n))
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    want = (x.reshape(2, n).astype(np.float64) @ h.T / np.sqrt(n)).reshape(-1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert np.abs(got[:n]).max() < 300 / np.sqrt(n) + 4 * np.sqrt(n)  # the outlier spread out
+    np.testing.assert_allclose(ref.hadamard(got, n), x, rtol=1e-5, atol=1e-4)
+    sizes = [
+        (d, kv_rotation.key_rotation(d), kv_rotation.value_rotation(d)) for d in (32, 64, 96, 128, 192, 256)
+    ]
+    assert sizes == [(32, 0, 0), (64, 64, 64), (96, 0, 0), (128, 128, 64), (192, 64, 64), (256, 256, 64)]
 
 
 @pytest.mark.parametrize("window", [0, 7])
@@ -65,7 +101,7 @@ def test_attention_over_q8_0_matches_its_numpy_twin_and_nearly_f32_attention(win
     tables = np.array([[2, 0, 1]], np.int64)
     pool = _q8_pool()
     layers.store_kv_rows(*pool, k, v, _slots(tables, 40))
-    floats = [np.ascontiguousarray(ref.from_storage(c, D)) for c in pool]
+    floats = [np.ascontiguousarray(ref.hadamard(ref.from_storage(c, D), D)) for c in pool]  # unrotated
     qsl, ctx = np.array([0, 40], np.int64), np.array([40], np.int64)
     outs = [np.empty_like(q) for _ in range(3)]
     attention.paged_attention_serial(q, *pool, qsl, ctx, tables, 0.125, window, 0.0, outs[0])
