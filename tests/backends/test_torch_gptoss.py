@@ -95,6 +95,28 @@ def test_sinks_match_the_twin_on_the_static_stack(backend) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_by_hand_attention_in_query_chunks_is_the_whole(softcap: float) -> None:
+    """Scores by hand (sinks, soft-cap) in chunks of queries under a small budget: the same rows as in
+    one piece, down to rounding, and every chunk size's edge (one query, a ragged last chunk) covered."""
+    from localllm.backends.torch_backend import attention
+
+    rng = np.random.default_rng(3)
+    s, kvh, group, nq, n_keys, dim = 2, 2, 3, 11, 40, 16
+    q = _t(rng.standard_normal((s, kvh, group, nq, dim)).astype(np.float32))
+    keys, values = (_t(rng.standard_normal((s, kvh, 1, n_keys, dim)).astype(np.float32)) for _ in range(2))
+    q_pos = torch.arange(n_keys - nq, n_keys)[None, :].expand(s, nq)
+    g = attention.Group(torch.arange(s * nq), q_pos, torch.full((s,), n_keys), torch.zeros(s, 1), n_keys)
+    mask = attention.causal_mask(g, window=25)
+    sinks = _t(rng.standard_normal((1, kvh, group, 1, 1)).astype(np.float32))
+    whole = attention._explicit_attention(q, keys, values, mask, 0.25, softcap, sinks)
+    per_query = 4 * s * kvh * group * n_keys
+    for queries in (1, 4, nq - 1):
+        budget = queries * per_query
+        chunked = attention._explicit_attention(q, keys, values, mask, 0.25, softcap, sinks, budget)
+        torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("t", [1, 9])
 def test_biased_moe_matches_its_twin(backend, t: int) -> None:
     """Router and expert biases and the clamped SwiGLU in moe_ffn, float experts."""

@@ -35,3 +35,27 @@ def test_the_query_is_rounded_as_llama_cpp_rounds_it() -> None:
     quants, scales = quantize_query_q8(x)
     want = (quants.astype(np.float32) * scales[..., None]).reshape(x.shape)
     assert np.array_equal(rounded_query(torch.from_numpy(x)).numpy(), want)
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_the_hadamard_rotation_is_the_kernels_bit_for_bit(n: int) -> None:
+    """kv_q8.hadamard does kernels/kv_rotation.fwht's float32 operations in its order."""
+    from localllm.backends.torch_backend.kv_q8 import hadamard
+    from localllm.kernels.kv_rotation import fwht
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((3, 2 * n)) * 7).astype(np.float32)
+    want = x.copy()
+    for row in want:
+        fwht(row, n)
+    assert np.array_equal(hadamard(torch.from_numpy(x), n).numpy(), want)
+    assert np.array_equal(hadamard(torch.from_numpy(x), 0).numpy(), x)  # no rotation
+
+
+def test_rotation_sizes_are_the_kernels() -> None:
+    from localllm.backends.torch_backend import kv_q8
+    from localllm.kernels import kv_rotation
+
+    for head_dim in (32, 48, 64, 80, 96, 128, 192, 256, 512):
+        assert kv_q8.key_rotation(head_dim) == kv_rotation.key_rotation(head_dim)
+        assert kv_q8.value_rotation(head_dim) == kv_rotation.value_rotation(head_dim)

@@ -72,6 +72,24 @@ def test_torch_q8_0_cache_agrees_with_numpy(hd32_path) -> None:
     assert np.abs(a - c).max() / np.abs(c).max() < 1e-4
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_torch_rotates_a_q8_0_cache_as_numpy_does(tmp_path, head_dim: int) -> None:
+    """Heads of 64 and 128 are stored rotated (kernels/kv_rotation.py): the torch back end rotates keys,
+    values, queries and outputs the same way, so its scores and its cache's bytes are NumPy's."""
+    pytest.importorskip("torch")
+    shape = Shape(dim=4 * head_dim, heads=4, kv_heads=2, head_dim=head_dim)
+    path = write_arch_model(tmp_path / f"qwen2-hd{head_dim}.gguf", "qwen2", n_layers=2, shape=shape)
+    torch_q8, twin = _engine(path, backend="torch", device="cpu"), _engine(path, backend="numpy")
+    a, c = (np.asarray(score_tokens(e, IDS)) for e in (torch_q8, twin))
+    assert np.abs(a - c).max() / np.abs(c).max() < 1e-3  # unrotated: 6.4e-3; a few q8_0 rounding ties
+    f16 = np.asarray(score_tokens(_engine(path, "f16", backend="numpy"), IDS))
+    assert np.abs(c - f16).max() > 10 * np.abs(a - c).max()  # q8_0's own rounding, far above the gap
+    blocks = len(IDS) // torch_q8.kv_cache.block_size  # full blocks: the prompt's, cached
+    for pool_t, pool_n in ((torch_q8.kv_cache.k, twin.kv_cache.k), (torch_q8.kv_cache.v, twin.kv_cache.v)):
+        t_rows, n_rows = pool_t.numpy()[:, :blocks], np.asarray(pool_n)[:, :blocks]
+        assert (t_rows != n_rows).mean() < 0.01  # byte for byte up to float32 ties in the rounding
+
+
 def test_a_restart_restores_a_q8_0_prefix_bit_for_bit(hd32_path, tmp_path) -> None:
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=5)
     prompt = np.random.default_rng(2).integers(3, 250, 70).tolist()

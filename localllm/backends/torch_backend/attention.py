@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from localllm.backends.torch_backend import kv_q8
 
+SCORES_BUDGET = 64 * 2**20  # bytes of float32 scores one by-hand attention call holds at once
+
 
 @dataclass(slots=True)
 class Group:
@@ -102,8 +104,8 @@ def attend_group(
     s, nq = g.q_pos.shape
     # (S, KVH, G, Q, D): query head h reads kv head h // G, as the reference groups them
     rows = q[g.tokens].float()
-    if k_cache.dtype == torch.int8:  # a q8_0 K cache: the query rounded as llama.cpp rounds it
-        rows = kv_q8.rounded_query(rows)
+    if k_cache.dtype == torch.int8:  # a q8_0 K cache: the query rotated as the keys were, then rounded
+        rows = kv_q8.rounded_query(kv_q8.hadamard(rows, kv_q8.key_rotation(dim)))
     qg = rows.view(s, nq, kv_heads, n_heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
     keys, values = (_gather(c, g) for c in (k_cache, v_cache))  # (S, KVH, 1, L, D)
     if softcap > 0 or sinks is not None:
@@ -111,7 +113,8 @@ def attend_group(
         out = _explicit_attention(qg, keys, values, mask, scale, softcap, group_sinks)
     else:
         out = _sdpa(qg, keys, values, mask, scale)
-    return out.permute(0, 3, 1, 2, 4).reshape(s * nq, n_heads, dim)
+    out = out.permute(0, 3, 1, 2, 4).reshape(s * nq, n_heads, dim)
+    return kv_q8.hadamard(out, kv_q8.value_rotation(dim)) if v_cache.dtype == torch.int8 else out
 
 
 def _gather(cache: torch.Tensor, g: Group) -> torch.Tensor:
@@ -127,11 +130,29 @@ def _gather(cache: torch.Tensor, g: Group) -> torch.Tensor:
 
 def _explicit_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
-    softcap: float, sinks: torch.Tensor | None,
+    softcap: float, sinks: torch.Tensor | None, budget: int = SCORES_BUDGET,
 ) -> torch.Tensor:  # fmt: skip
     """Scores by hand, for what SDPA cannot do: cap * tanh(score / cap) before the softmax (gemma2),
     and sinks (1, KVH, G, 1, 1), a logit per query head that joins the softmax's denominator and adds
-    no value (gpt-oss), as kernels/reference.py: max over the scores and the sink, exp, divide."""
+    no value (gpt-oss), as kernels/reference.py: max over the scores and the sink, exp, divide. The
+    queries go in chunks whose float32 scores fit `budget` bytes (a row's result does not depend on its
+    chunk): a 512-token prefill chunk over 4,096 keys at 64 heads would otherwise hold 512 MiB of them."""
+    s, kvh, group, nq, _ = q.shape
+    per_query = 4 * s * kvh * group * keys.shape[-2]
+    step = max(1, budget // max(1, per_query))
+    if step >= nq:
+        return _scored_attention(q, keys, values, mask, scale, softcap, sinks)
+    parts = []
+    for i in range(0, nq, step):
+        chunk, visible = q[:, :, :, i : i + step], mask[..., i : i + step, :]
+        parts.append(_scored_attention(chunk, keys, values, visible, scale, softcap, sinks))
+    return torch.cat(parts, dim=3)
+
+
+def _scored_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+    softcap: float, sinks: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -318,8 +318,9 @@ class TorchBackend(Backend):
         cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]
         q, k = self._rope(q, cos, sin, rope), self._rope(k, cos, sin, rope)
         nb, bs = k_cache.shape[:2]
-        k_cache.view(nb * bs, *k_cache.shape[2:])[slot_mapping] = _stored(k, k_cache.dtype)
-        v_cache.view(nb * bs, *v_cache.shape[2:])[slot_mapping] = _stored(v, v_cache.dtype)
+        k_rows, v_rows = (c.view(nb * bs, *c.shape[2:]) for c in (k_cache, v_cache))
+        k_rows[slot_mapping] = _stored(k, k_cache.dtype, kv_q8.key_rotation)
+        v_rows[slot_mapping] = _stored(v, v_cache.dtype, kv_q8.value_rotation)
         return q, k
 
     def paged_attention(
@@ -353,6 +354,9 @@ class TorchBackend(Backend):
         return self._masks[key]
 
 
-def _stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """K or V rows in a pool's element type (int8: q8_0 blocks, kv_q8.py)."""
-    return kv_q8.quantize_rows(x) if dtype == torch.int8 else x.to(dtype)
+def _stored(x: torch.Tensor, dtype: torch.dtype, rotation: Callable[[int], int]) -> torch.Tensor:
+    """K or V rows in a pool's element type (int8: q8_0 blocks of the rows rotated by `rotation`'s
+    Hadamard size for the head width, kv_q8.py)."""
+    if dtype != torch.int8:
+        return x.to(dtype)
+    return kv_q8.quantize_rows(kv_q8.hadamard(x, rotation(x.shape[-1])))

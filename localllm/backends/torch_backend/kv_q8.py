@@ -1,6 +1,9 @@
 """A q8_0 KV cache in torch tensors: ggml's Q8_0 blocks (an f16 scale d = max|x| / 127, then 32 int8
 q = roundf(x / d); 34 bytes per 32 values) as an int8 pool row, byte for byte what the Numba and NumPy
-back ends store (kernels/reference.to_storage), so a cached block means the same on every back end."""
+back ends store (kernels/reference.to_storage), so a cached block means the same on every back end.
+Like them (kernels/kv_rotation.py, llama.cpp's attn_rot_k / attn_rot_v), a q8_0 cache holds each head's
+keys and values rotated by a Walsh-Hadamard matrix: the query is rotated as the keys were, and the
+output of attention over rotated values rotated back."""
 
 from __future__ import annotations
 
@@ -43,3 +46,39 @@ def rounded_query(q: torch.Tensor) -> torch.Tensor:
     quants = torch.round(blocks * inverse[..., None])  # (halves to even, as rint)
     scale = (amax / 127.0).half().float()
     return (quants * scale[..., None]).reshape(q.shape)
+
+
+ROTATION_UNIT = 64  # as kernels/kv_rotation.py: heads this divides are rotated
+
+
+def key_rotation(head_dim: int) -> int:
+    """The Hadamard size for a q8_0 K cache's heads: the largest power of two dividing head_dim, from
+    64 up; 0 (no rotation) when 64 does not divide it."""
+    if head_dim % ROTATION_UNIT:
+        return 0
+    n = ROTATION_UNIT
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def value_rotation(head_dim: int) -> int:
+    return ROTATION_UNIT if head_dim % ROTATION_UNIT == 0 else 0
+
+
+def hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x (..., D) float32 with each n-chunk of the last axis times the orthonormal H_n, in ggml's order
+    (scale by 1 / sqrt(n), then butterflies u + v, u - v of span 1, 2, ... n / 2): the same float32
+    operations as kernels/kv_rotation.fwht, so the stored bytes match the other back ends'. x when n is 0."""
+    if not n:
+        return x
+    lead = (*x.shape[:-1], x.shape[-1] // n)
+    scale = torch.tensor(1.0, dtype=torch.float32) / torch.sqrt(torch.tensor(float(n), dtype=torch.float32))
+    y = x.float().reshape(*lead, n) * scale.to(x.device)
+    span = 1
+    while span < n:
+        y = y.reshape(*lead, n // (2 * span), 2, span)
+        u, v = y[..., 0, :], y[..., 1, :]
+        y = torch.stack([u + v, u - v], dim=-2)
+        span *= 2
+    return y.reshape(x.shape)
