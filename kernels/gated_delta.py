@@ -23,10 +23,12 @@ from numba import njit, prange
 from .simd import f32, fast_exp
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=True, error_model="numpy", boundscheck=False)
 def conv_silu(x, wt, qsl, positions, slots, conv_state, out) -> None:
     """out = silu(causal depthwise conv of x) per sequence. x, out (T, C); wt (K, C), tap K-1 on the
-    current token; conv_state (slots, K-1, C): the K-1 inputs before the step, updated in place."""
+    current token; conv_state (slots, K-1, C): the K-1 inputs before the step, updated in place. Each
+    tap adds a whole row (from x, or from the state before the step's first tokens), so the channel
+    loops vectorise."""
     K, C = wt.shape[0], wt.shape[1]
     for s in range(qsl.shape[0] - 1):
         a, b = qsl[s], qsl[s + 1]
@@ -35,19 +37,31 @@ def conv_silu(x, wt, qsl, positions, slots, conv_state, out) -> None:
         st = conv_state[slots[s]]
         if positions[a] == 0:
             st[:] = 0.0
-        n = b - a
-        ext = np.empty((K - 1 + n, C), np.float32)
-        ext[: K - 1] = st
-        ext[K - 1 :] = x[a:b]
-        for t in range(n):
-            row = out[a + t]
-            row[:] = 0.0
+        for t in range(a, b):
+            row = out[t]
             for i in range(K):
-                for c in range(C):
-                    row[c] += ext[t + i, c] * wt[i, c]
+                j = t - (K - 1) + i  # the input row tap i reads
+                src = x[j] if j >= a else st[K - 1 + j - a]
+                w = wt[i]
+                if i == 0:
+                    for c in range(C):
+                        row[c] = src[c] * w[c]
+                else:
+                    for c in range(C):
+                        row[c] += src[c] * w[c]
             for c in range(C):
                 row[c] = row[c] / (f32(1.0) + fast_exp(-row[c]))
-        st[:] = ext[n : n + K - 1]
+        _roll(st, x, a, b)
+
+
+@njit(cache=True, boundscheck=False)
+def _roll(st, x, a, b) -> None:
+    """The window after rows a..b-1 of x: its last K-1 inputs."""
+    keep = st.shape[0] - (b - a)  # rows of the old window still in the new one
+    for r in range(max(keep, 0)):
+        st[r] = st[r + b - a]
+    for r in range(max(keep, 0), st.shape[0]):
+        st[r] = x[b - st.shape[0] + r]
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -75,26 +89,33 @@ def gates(beta_raw, alpha_raw, dt_bias, a, beta, g) -> None:
             g[t, h] = sp * a[h]
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=True, error_model="numpy", boundscheck=False)
 def _head(mixed, g, beta, a, b, slot_state, fresh, kh, h, n_k, dk, dv, scale, out) -> None:
-    """One (sequence, value head): tokens a..b-1 through the rule, state (Dv, Dk) updated in place."""
+    """One (sequence, value head): tokens a..b-1 through the rule, state (Dv, Dk) updated in place.
+    Per row j of S, one pass reads S k and S q (the decay factored out of both: (e^g S) k = e^g (S k))
+    and one writes e^g S + d k^T; the rule's o = (S' q) is then e^g (S q) + d (k . q). k and q are
+    copied out of `mixed` first: LLVM cannot tell they do not alias the state, and reloading them
+    for every row stopped it vectorising the rows (16x slower)."""
     if fresh:
         slot_state[:] = 0.0
     q0, k0, v0 = kh * dk, n_k * dk + kh * dk, 2 * n_k * dk + h * dv
+    kv, qv = np.empty(dk, np.float32), np.empty(dk, np.float32)
     for t in range(a, b):
         eg, bt = np.float32(np.exp(g[t, h])), beta[t, h]
+        kq = f32(0.0)
+        for i in range(dk):
+            kv[i], qv[i] = mixed[t, k0 + i], mixed[t, q0 + i]
+            kq += kv[i] * qv[i]
         for j in range(dv):
             row = slot_state[j]
-            sk = f32(0.0)
+            sk, sq = f32(0.0), f32(0.0)
             for i in range(dk):
-                row[i] *= eg
-                sk += row[i] * mixed[t, k0 + i]
-            d = (mixed[t, v0 + j] - sk) * bt
-            o = f32(0.0)
+                sk += row[i] * kv[i]
+                sq += row[i] * qv[i]
+            d = (mixed[t, v0 + j] - eg * sk) * bt
             for i in range(dk):
-                row[i] += d * mixed[t, k0 + i]
-                o += row[i] * mixed[t, q0 + i]
-            out[t, h * dv + j] = o * scale
+                row[i] = row[i] * eg + d * kv[i]
+            out[t, h * dv + j] = (eg * sq + d * kq) * scale
 
 
 @njit(cache=True, nogil=True)
