@@ -426,7 +426,8 @@ class NumbaBackend(Backend):
         Steps of up to 16 tokens start from that choice; without it a fresh process's first such step
         (a prompt restored from the prefix cache's disk tier) timed both counts, on a loaded machine
         paying ~2x for the 2-thread try (docs/benchmarks.md, restart TTFT)."""
-        governor, best, threads = self.thread_governor(model), {}, self.threads
+        governor, threads = self.thread_governor(model), self.threads
+        best: dict[int, float] = {}
         if len(governor.candidates) < 2:
             return
         try:
