@@ -12,9 +12,9 @@ At start, as many of the pool's blocks as the directory holds files of this mode
 so restoring them does not fault the pool's pages in one chunk at a time.
 
 Every file under the directory counts against one byte budget (temporary files included, reserved
-before they are written), least recently used first out; a hit renews a file's time. Each process keeps
-its own account of the directory and reads it again before it evicts (at most every few seconds), so
-files other processes wrote or deleted are counted then.
+before they are written), least recently used first out; a hit renews a file's time (one over a minute
+old: TOUCH_SECONDS). Each process keeps its own account of the directory and reads it again before it
+evicts (at most every few seconds), so files other processes wrote or deleted are counted then.
 """
 
 from __future__ import annotations
