@@ -64,8 +64,13 @@ def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
         matmul.launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, threads)
     matmul.embedding(wf, np.zeros(1, np.int64))
     q8 = [v for v in weights if v.kind == Q8_0]
-    if q8:  # the int16-activation path of linear_precise
-        matmul.linear_precise(np.zeros((1, q8[0].k), np.float32), q8[0], threads)
+    if q8:  # the int16-activation path of linear_precise: both launchers (which runs depends on the size
+        # and the step's thread count: a restarted server's first prefill loaded the serial one)
+        w = q8[0]
+        x, y = np.zeros((1, w.k), np.float32), np.empty((1, w.n), np.float32)
+        fn = matmul.range_kernel(Q8_0, "int16").address
+        matmul.launch_linear16_serial(fn, w.addr, w.nbytes, w.n, w.k, x, y)
+        matmul.launch_linear16(fn, w.addr, w.nbytes, w.n, w.k, x, y, threads)
     w2 = next((v for v in weights if v.lane and v.kind != Q8_0), None)
     if w2 is not None:  # the two-pass path of linear_precise (an output projection's)
         matmul.linear_precise(np.zeros((1, w2.k), np.float32), w2, threads)

@@ -27,14 +27,16 @@ def phase(model: str, tokens: int, threads: int, disk: str, warm: bool, prefault
     from localllm.engine.engine import LLMEngine
     from localllm.sampling_params import SamplingParams
 
+    if not prefault:  # restores fault the pool's pages in one by one (nor are they made resident at start)
+        import localllm.engine.kv_cache
+
+        localllm.engine.kv_cache.PREFAULT_BLOCKS = 0
     home = Path("~/.cache/localllm").expanduser()
     config = EngineConfig(
         model=model, backend="numba", threads=threads, index_dir=home / "index", ctx_size=tokens + 512,
         max_num_seqs=1, kv_disk_mb=4096, kv_disk_dir=Path(disk),
     )  # fmt: skip
     engine = LLMEngine(config)
-    if not prefault:
-        engine.kv_cache.prefault_blocks = 0  # restores fault the pool's pages in one by one
     text = "".join(p.read_text() for p in sorted(Path("localllm").rglob("*.py")))
     ids = engine.tokenize_prompt(text)[:tokens]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -41,6 +41,8 @@ _KV_STORAGE = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # q8_0: gg
 
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
+# Warm-up steps timed per thread count before the first request (NumbaBackend._calibrate_threads).
+CALIBRATION_ROUNDS = 2
 
 
 # Kernels are compiled for C-contiguous, writable arrays of one dtype; a read-only or strided
@@ -162,12 +164,17 @@ class NumbaBackend(Backend):
         plan = self._plan(model) if self.fuse_layers else None
         if plan is None:
             return None
-        bounds.check_step(model.args, x, batch, kv.k, kv.v)
         start = time.perf_counter()
-        per_layer = model.per_layer_inputs(batch.input_ids, x) if model.args.per_layer_dim else None
-        out = plan.run(self, _f32(x), batch, kv, per_layer)
+        out = self._run_plan(plan, model, x, batch, kv)
         self.thread_governor(model).record(x.shape[0], self.threads, time.perf_counter() - start)
         return out
+
+    def _run_plan(
+        self, plan: DecoderPlan, model: Transformer, x: np.ndarray, batch: ForwardBatch, kv: PagedKV
+    ) -> np.ndarray:
+        bounds.check_step(model.args, x, batch, kv.k, kv.v)
+        per_layer = model.per_layer_inputs(batch.input_ids, x) if model.args.per_layer_dim else None
+        return plan.run(self, _f32(x), batch, kv, per_layer)
 
     def _plan(self, model: Transformer) -> DecoderPlan | None:
         """The model's fused-stack plan, built once (None: the stack cannot run its specs)."""
@@ -408,7 +415,34 @@ class NumbaBackend(Backend):
             one, one, one - 1, np.array([0, 1]), one + 1, np.zeros((1, 1), np.int64), one, one
         )
         x = np.zeros((1, a.dim), np.float32)
-        self.run_layers(model, x, batch, SimpleNamespace(k=k, v=v, states=_one_state(a)))
+        plan, kv = self._plan(model), SimpleNamespace(k=k, v=v, states=_one_state(a))
+        assert plan is not None  # (fused)
+        self._run_plan(plan, model, x, batch, kv)  # loads or compiles: not a step's time
+        self._calibrate_threads(model, lambda: self._run_plan(plan, model, x, batch, kv))
+
+    def _calibrate_threads(self, model: Transformer, step: Callable[[], object]) -> None:
+        """Give the thread governor a measured choice for one-token steps before the first request:
+        the warm-up step timed with each candidate count (alternating, the best of CALIBRATION_ROUNDS).
+        Steps of up to 16 tokens start from that choice; without it a fresh process's first such step
+        (a prompt restored from the prefix cache's disk tier) timed both counts, on a loaded machine
+        paying ~2x for the 2-thread try (docs/benchmarks.md, restart TTFT)."""
+        governor, threads = self.thread_governor(model), self.threads
+        best: dict[int, float] = {}
+        if len(governor.candidates) < 2:
+            return
+        try:
+            for _ in range(CALIBRATION_ROUNDS):
+                for n in governor.candidates:
+                    self.threads = n  # (the kernels' partition count; Numba's for its parallel loops)
+                    numba.set_num_threads(n)
+                    start = time.perf_counter()
+                    step()
+                    best[n] = min(best.get(n, np.inf), time.perf_counter() - start)
+        finally:
+            self.threads = threads
+            numba.set_num_threads(threads)
+        for n, seconds in best.items():
+            governor.record(1, n, seconds)
 
 
 def _one_state(args: object) -> SimpleNamespace | None:

@@ -24,12 +24,10 @@ __all__ = ["Block", "BlockManager", "BlockTier", "block_hash"]
 
 
 class BlockTier(Protocol):
-    """A second level of the prefix cache by block key (kv_disk.KVDiskTier): the block manager finds
-    blocks there when memory misses, and hands it every block it registers."""
+    """A second level of the prefix cache by block key (kv_disk.KVDiskTier): the block manager restores
+    blocks from there when memory misses, and hands it every block it registers."""
 
     stats: Any  # its counts, for monitoring (kv_disk.DiskStats)
-
-    def contains(self, key: bytes) -> bool: ...
 
     def load(self, key: bytes, token_ids: tuple[int, ...], block_id: int) -> bool:
         """Fill the pool's block `block_id` with the block keyed `key`; False (untouched) if it can't."""
@@ -108,11 +106,9 @@ class BlockManager:
         """A free block (never one of `found`) filled from the disk tier's file of `key`, kept free and
         findable, as the most recently freed; None if the tier lacks it or no block is free."""
         assert self.tier is not None
-        if not self.tier.contains(key):
-            return None
         keep = set(found)
         block_id = next((b for b in self.free_block_ids if b not in keep), None)
-        if block_id is None or not self.tier.load(key, tokens, block_id):
+        if block_id is None or not self.tier.load(key, tokens, block_id):  # False: no file (or a bad one)
             return None
         block = self.blocks[self._forget(block_id)]
         block.hash, block.token_ids = key, tokens

@@ -11,18 +11,19 @@ matches. The checksum (two 64-bit reductions, a wrapping sum and an xor, over th
 digested with its length) runs at memory speed where a CRC of a 50 MB prefix took ~50 ms here. It is not
 cryptographic: any single flipped bit, truncation, or zeroed or foreign stretch changes it; two flips of
 one bit position in opposite directions in two words would not (the names, sizes, tokens and model are
-checked exactly, so only the K/V numbers themselves could be off that way). Reading maps the file
-(MAP_POPULATE: one fault-in) and copies straight from the mapping into the pool.
+checked exactly, so only the K/V numbers themselves could be off that way). Reading reads the whole
+file into a buffer the reader keeps (BlockReader), checks it there, and the pool copies from it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import mmap
+import math
+import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -44,12 +45,20 @@ class BlockShape:
     v_dtype: np.dtype
 
     @property
+    def k_count(self) -> int:
+        return math.prod(self.k_shape)
+
+    @property
+    def v_count(self) -> int:
+        return math.prod(self.v_shape)
+
+    @property
     def k_bytes(self) -> int:
-        return int(np.prod(self.k_shape)) * self.k_dtype.itemsize
+        return self.k_count * self.k_dtype.itemsize
 
     @property
     def v_bytes(self) -> int:
-        return int(np.prod(self.v_shape)) * self.v_dtype.itemsize
+        return self.v_count * self.v_dtype.itemsize
 
     def file_size(self, num_tokens: int) -> int:
         return HEADER.size + _padded(4 * num_tokens) + self.k_bytes + self.v_bytes
@@ -93,24 +102,44 @@ class BadBlockFile(Exception):
     """A block file that must not be used (and is deleted): the reason says why."""
 
 
-def read_block(
-    path: Path, fingerprint: bytes, key: bytes, token_ids: Sequence[int], shape: BlockShape
-) -> tuple[mmap.mmap, np.ndarray, np.ndarray]:
-    """The mapping of a checked block file and its keys and values viewed in it (release the views,
-    then close the mapping). FileNotFoundError when there is none; BadBlockFile when it fails a check."""
-    with open(path, "rb") as f:
-        size = _check_size(f.seek(0, 2), len(token_ids), shape)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
-    try:
-        _check_header(mapped, fingerprint, key, token_ids, shape)
+class BlockReader:
+    """Reads block files of one model and shape into one reusable buffer and checks them whole: one
+    read per file (a mapping per file cost twice as much: mmap, populate, unmap), then the checks, then
+    the keys and values are viewed in the buffer. One reader per thread."""
+
+    def __init__(self, fingerprint: bytes, shape: BlockShape):
+        self.fingerprint, self.shape = fingerprint, shape
+        self._buffer = memoryview(bytearray(0))
+
+    def read(self, path: str, key: bytes, token_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, float]:
+        """The checked file's keys and values (views valid until the next read) and its mtime.
+        FileNotFoundError when there is none; BadBlockFile when it fails a check."""
+        shape = self.shape
+        with open(path, "rb", buffering=0) as f:
+            st = os.fstat(f.fileno())
+            size = _check_size(st.st_size, len(token_ids), shape)
+            view = self._view(size)
+            _read_whole(f, view)
+        _check_header(view, self.fingerprint, key, token_ids, shape)
         start = HEADER.size + _padded(4 * len(token_ids))
-        k = np.frombuffer(mapped, shape.k_dtype, int(np.prod(shape.k_shape)), start).reshape(shape.k_shape)
-        v = np.frombuffer(mapped, shape.v_dtype, int(np.prod(shape.v_shape)), start + shape.k_bytes)
-        return mapped, k, v.reshape(shape.v_shape)
-    except BaseException:
-        mapped.close()
-        raise
+        k = np.frombuffer(view, shape.k_dtype, shape.k_count, start).reshape(shape.k_shape)
+        v = np.frombuffer(view, shape.v_dtype, shape.v_count, start + shape.k_bytes)
+        return k, v.reshape(shape.v_shape), st.st_mtime
+
+    def _view(self, size: int) -> memoryview:
+        if len(self._buffer) < size:
+            self._buffer = memoryview(bytearray(size))
+        return self._buffer[:size]
+
+
+def _read_whole(f: BinaryIO, view: memoryview) -> None:
+    """Fill `view` from f (a raw file may return less than asked per call)."""
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])  # type: ignore[attr-defined]
+        if not n:
+            raise BadBlockFile(f"truncated while read ({done} of {len(view)} bytes)")
+        done += n
 
 
 def _check_size(size: int, num_tokens: int, shape: BlockShape) -> int:
@@ -121,9 +150,9 @@ def _check_size(size: int, num_tokens: int, shape: BlockShape) -> int:
 
 
 def _check_header(
-    mapped: mmap.mmap, fingerprint: bytes, key: bytes, token_ids: Sequence[int], shape: BlockShape
+    data: memoryview, fingerprint: bytes, key: bytes, token_ids: Sequence[int], shape: BlockShape
 ) -> None:
-    magic, version, n, fp, file_key, kb, vb, total = HEADER.unpack_from(mapped, 0)
+    magic, version, n, fp, file_key, kb, vb, total = HEADER.unpack_from(data, 0)
     if magic != MAGIC or version != FORMAT_VERSION:
         raise BadBlockFile("not a block file of this format")
     if fp != fingerprint:
@@ -131,8 +160,7 @@ def _check_header(
     if file_key != key or n != len(token_ids) or (kb, vb) != (shape.k_bytes, shape.v_bytes):
         raise BadBlockFile("another block's file")
     tokens = token_bytes(token_ids)
-    if mapped[HEADER.size : HEADER.size + len(tokens)] != tokens:
+    if data[HEADER.size : HEADER.size + len(tokens)] != tokens:
         raise BadBlockFile("other token ids")
-    with memoryview(mapped) as view:
-        if checksum(view[HEADER.size :]) != total:
-            raise BadBlockFile("checksum mismatch")
+    if checksum(data[HEADER.size :]) != total:
+        raise BadBlockFile("checksum mismatch")

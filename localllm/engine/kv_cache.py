@@ -101,6 +101,11 @@ class KVCache:
         self.backend.kv_block_from_host(self.k, block_id, k)
         self.backend.kv_block_from_host(self.v, block_id, v)
 
+    def prefault_first(self, num_blocks: int) -> None:
+        """prefault() every chunk of the pool's first num_blocks blocks (the disk tier, at start)."""
+        for block_id in range(0, num_blocks, max(self.prefault_blocks, 1)):
+            self.prefault(block_id)
+
     def prefault(self, block_id: int) -> None:
         """Make the chunk of prefault_blocks blocks holding block_id resident in every layer, one madvise
         per layer and pool. The pool is mapped lazily (memory.lazy_zeros): a restore writing block by

@@ -6,13 +6,15 @@ queued; a writer thread checksums it and writes it to a temporary file that `os.
 `<dir>/<model fingerprint>/<key[:2]>/<key>.kvb` (kv_block_file.py has the format), so a reader, in this
 process or another, sees a whole file or none. The queue is bounded: when the disk falls behind, blocks
 are dropped (counted), never waited for. When the in-memory prefix cache misses, the block manager asks
-here for the next block's key: a file is mapped, checked (size, header, model, key, tokens, checksum)
+here for the next block's key: a file is read, checked (size, header, model, key, tokens, checksum)
 and copied into a free block of the pool; a file failing any check is deleted, and the block computed.
+At start, as many of the pool's blocks as the directory holds files of this model are made resident,
+so restoring them does not fault the pool's pages in one chunk at a time.
 
 Every file under the directory counts against one byte budget (temporary files included, reserved
-before they are written), least recently used first out; a hit renews a file's time. Each process keeps
-its own account of the directory and reads it again before it evicts (at most every few seconds), so
-files other processes wrote or deleted are counted then.
+before they are written), least recently used first out; a hit renews a file's time (one over a minute
+old: TOUCH_SECONDS). Each process keeps its own account of the directory and reads it again before it
+evicts (at most every few seconds), so files other processes wrote or deleted are counted then.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localllm.engine.kv_block_file import BadBlockFile, BlockShape, encode, read_block
+from localllm.engine.kv_block_file import BadBlockFile, BlockReader, BlockShape, encode
 from localllm.engine.kv_cache import KVCache
 
 log = logging.getLogger("localllm")
@@ -39,6 +41,7 @@ log = logging.getLogger("localllm")
 DEFAULT_SERVE_MB = 4096  # serve's budget when --kv-disk-mb is not given (at most a quarter of free space)
 WRITE_QUEUE_BYTES = 64 * 2**20  # blocks waiting for the writer, at most (then dropped)
 RESCAN_SECONDS = 5.0  # an eviction re-reads the directory when its last reading is older than this
+TOUCH_SECONDS = 60.0  # a hit renews a file's time only when it is older than this
 STALE_TEMP_SECONDS = 600  # a temporary file this old was left by a process that died mid-write
 SUFFIX, TEMP_SUFFIX = ".kvb", ".tmp"
 
@@ -76,7 +79,7 @@ class DiskBudget:
 
     def __init__(self, root: Path, limit: int, stats: DiskStats):
         self.root, self.limit, self.stats = root, limit, stats
-        self.files: OrderedDict[Path, int] = OrderedDict()
+        self.files: OrderedDict[str, int] = OrderedDict()  # path -> bytes, least recently used first
         self.used = 0
         self.lock = threading.Lock()
         self._read_at = 0.0
@@ -87,14 +90,14 @@ class DiskBudget:
     def _rescan(self) -> None:
         """Read the directory again (other processes write and delete in it too)."""
         found, now = [], time.time()
-        for path in self.root.rglob("*"):
+        for path in _walk(str(self.root)):
             try:
-                st = path.stat()
+                st = os.stat(path)
             except OSError:
                 continue  # deleted meanwhile
-            if path.name.endswith(TEMP_SUFFIX) and now - st.st_mtime > STALE_TEMP_SECONDS:
-                path.unlink(missing_ok=True)
-            elif path.name.endswith((SUFFIX, TEMP_SUFFIX)):
+            if path.endswith(TEMP_SUFFIX) and now - st.st_mtime > STALE_TEMP_SECONDS:
+                _unlink(path)
+            elif path.endswith((SUFFIX, TEMP_SUFFIX)):
                 found.append((st.st_mtime_ns, path, st.st_size))
         found.sort(key=lambda item: item[0])
         self.files = OrderedDict((path, size) for _, path, size in found)
@@ -111,7 +114,7 @@ class DiskBudget:
                 self._rescan()
             while self.used + size > self.limit and self.files:
                 path, old = self.files.popitem(last=False)
-                path.unlink(missing_ok=True)
+                _unlink(path)
                 self.used -= old
                 self.stats.evicted += 1
                 self.on_evict(path)
@@ -124,23 +127,25 @@ class DiskBudget:
         with self.lock:
             self.used -= size
 
-    def added(self, path: Path, size: int) -> None:
+    def added(self, path: str, size: int) -> None:
         """A file of `size` bytes (reserved before) now at `path`; one it replaced is no longer counted."""
         with self.lock:
             self.used -= self.files.pop(path, 0)
             self.files[path] = size
 
-    def touch(self, path: Path) -> None:
-        """A hit: the file becomes the most recently used, here and (by its time) for other processes."""
+    def touch(self, path: str, mtime: float) -> None:
+        """A hit: the file becomes the most recently used, here and (by its time, `mtime` until now) for
+        other processes; a time under TOUCH_SECONDS old is left as it is (a syscall per block saved)."""
         with self.lock:
             if path in self.files:
                 self.files.move_to_end(path)
-        try:
-            os.utime(path)
-        except OSError:
-            pass
+        if time.time() - mtime > TOUCH_SECONDS:
+            try:
+                os.utime(path)
+            except OSError:
+                pass
 
-    def forget(self, path: Path) -> None:
+    def forget(self, path: str) -> None:
         with self.lock:
             self.used -= self.files.pop(path, 0)
 
@@ -158,6 +163,8 @@ class KVDiskTier:
         self.budget = DiskBudget(self.root, budget_bytes, self.stats)
         self.budget.on_evict = self._evicted
         self.shape = _block_shape(kv_cache)
+        self.reader = BlockReader(fingerprint, self.shape)  # the step thread's (load's)
+        self._dir = str(self.dir)
         self._known: set[bytes] = set()  # keys this process wrote or read: no need to write them again
         per_block = self.shape.k_bytes + self.shape.v_bytes
         self._queue: queue.Queue = queue.Queue(maxsize=max(4, WRITE_QUEUE_BYTES // per_block))
@@ -165,31 +172,35 @@ class KVDiskTier:
         self._thread = threading.Thread(target=self._write_loop, name="localllm-kv-disk", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+        self._prefault_restorable()
 
-    def path(self, key: bytes) -> Path:
+    def _prefault_restorable(self) -> None:
+        """Make as many of the pool's first blocks resident as this model has files, before the first
+        request: a fresh process's restores fill the pool's first free blocks, and faulting their pages
+        in then (one madvise per layer and chunk) was about a third of restoring a 4,096-token prompt
+        here. Never more than the pool; the memory is what those restores would take anyway."""
+        prefix = self._dir + os.sep
+        with self.budget.lock:
+            n = sum(1 for path in self.budget.files if path.startswith(prefix) and path.endswith(SUFFIX))
+        self.kv.prefault_first(min(n, self.kv.num_blocks))
+
+    def path(self, key: bytes) -> str:
         name = key.hex()
-        return self.dir / name[:2] / f"{name}{SUFFIX}"
-
-    def contains(self, key: bytes) -> bool:
-        return key in self._known or self.path(key).is_file()
+        return os.path.join(self._dir, name[:2], name + SUFFIX)
 
     def load(self, key: bytes, token_ids: Sequence[int], block_id: int) -> bool:
         """Copy the block's file into the pool's block `block_id`; False (the block untouched) when
         there is no file or it fails a check (then it is deleted)."""
         path = self.path(key)
         try:
-            mapped, k, v = read_block(path, self.fingerprint, key, token_ids, self.shape)
+            k, v, mtime = self.reader.read(path, key, token_ids)
         except FileNotFoundError:
             return False
         except (BadBlockFile, OSError, ValueError) as e:
             self._discard(path, e)
             return False
-        try:
-            self.kv.write_block(block_id, k, v)
-        finally:
-            del k, v  # the views go before their mapping
-            mapped.close()
-        self.budget.touch(path)
+        self.kv.write_block(block_id, k, v)
+        self.budget.touch(path, mtime)
         self._known.add(key)
         self.stats.hits += 1
         return True
@@ -244,40 +255,54 @@ class KVDiskTier:
             self._known.discard(key)
             self.stats.dropped += 1
             return
-        temp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_native_id()}{TEMP_SUFFIX}")
+        folder, name = os.path.split(path)
+        temp = os.path.join(folder, f".{name}.{os.getpid()}-{threading.get_native_id()}{TEMP_SUFFIX}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
             with open(temp, "wb") as f:
                 for part in parts:
                     f.write(part)
             os.replace(temp, path)  # atomic: readers see the whole file or none
         except BaseException:
-            temp.unlink(missing_ok=True)
+            _unlink(temp)
             self.budget.release(size)
             raise
         self.budget.added(path, size)
         self.stats.writes += 1
 
-    def _evicted(self, path: Path) -> None:
-        if path.suffix == SUFFIX:
+    def _evicted(self, path: str) -> None:
+        name = os.path.basename(path)
+        if name.endswith(SUFFIX):
             try:
-                self._known.discard(bytes.fromhex(path.stem))
+                self._known.discard(bytes.fromhex(name[: -len(SUFFIX)]))
             except ValueError:
                 pass
 
-    def _discard(self, path: Path, reason: BaseException) -> None:
+    def _discard(self, path: str, reason: BaseException) -> None:
         """A file that failed a check: deleted (it is recomputed, and written again)."""
-        path.unlink(missing_ok=True)
+        _unlink(path)
         self.budget.forget(path)
         self._evicted(path)
         self.stats.bad += 1
-        self._warn(f"{path.name}: {reason}; deleted, the block is recomputed")
+        self._warn(f"{os.path.basename(path)}: {reason}; deleted, the block is recomputed")
 
     def _warn(self, message: str) -> None:
         """The first few problems as warnings, the rest at debug level (a damaged directory may hold
         thousands of bad files)."""
         self._warned += 1
         log.log(logging.WARNING if self._warned <= 5 else logging.DEBUG, "KV disk cache: %s", message)
+
+
+def _walk(root: str) -> list[str]:
+    """Every file's path under root."""
+    return [os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _block_shape(kv: KVCache) -> BlockShape:

@@ -81,6 +81,9 @@ def _lifespan(pool: ModelPool) -> Callable:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load after the socket is open: /health says 503 meanwhile instead of refusing connections.
         pool.start()
+        # While it loads: the thread pool's first use imports anyio's asyncio back end (~75 ms here),
+        # which the first request (a restarted server's) would otherwise pay before it is tokenized.
+        await run_in_threadpool(lambda: None)
         yield
         await run_in_threadpool(pool.shutdown)
 

@@ -145,3 +145,44 @@ def test_a_step_from_a_new_thread_runs_the_chosen_thread_count(tiny_model_path) 
     worker.start()
     worker.join()
     assert seen and set(seen) == {1}
+
+
+def test_warmup_settles_the_one_token_choice_before_the_first_request(tiny_model_path) -> None:
+    """A loaded model's governor already has a measured choice for one-token steps, and Numba is left
+    at the backend's count."""
+    import numba
+
+    from localllm.config import EngineConfig
+    from localllm.engine.engine import LLMEngine
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        import pytest
+
+        pytest.skip("needs a machine where Numba starts more than one thread")
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_path), threads=2, ctx_size=64))
+    assert engine.backend.thread_governor(engine.model).current_choice(1) in (1, 2)
+    assert engine.backend.threads == 2 and numba.get_num_threads() == 2
+
+
+def test_calibration_picks_the_faster_count_for_a_first_short_step() -> None:
+    """Where one thread is faster (a loaded machine), a fresh process's first 16-token step (a prompt
+    restored from the disk tier) runs with one thread at once, not a try of two first."""
+    import time
+
+    from localllm.backends.numba_cpu import CALIBRATION_ROUNDS, NumbaBackend
+
+    backend, model, seen = NumbaBackend(2), object(), []
+    if backend.threads < 2:
+        import pytest
+
+        pytest.skip("needs a machine where Numba starts more than one thread")
+
+    def step() -> None:
+        seen.append(backend.threads)
+        time.sleep(0.02 if backend.threads == 2 else 0.002)
+
+    backend._calibrate_threads(model, step)  # type: ignore[arg-type]
+    governor = backend.thread_governor(model)  # type: ignore[arg-type]
+    assert seen == [2, 1] * CALIBRATION_ROUNDS and backend.threads == 2
+    assert governor.current_choice(1) == 1 and governor.choose(16) == 1
+    assert ThreadGovernor(2).choose(16) == 2  # (what a fresh governor tries first)

@@ -4,12 +4,14 @@ directory safely. LOCALLLM_KV_DAMAGED=1000 runs the damaged-file test on 1,000 f
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine
@@ -203,3 +205,48 @@ def test_closing_the_engine_writes_out_the_queue_and_stops_the_writer(tiny_model
     assert not tier._thread.is_alive() and tier._queue.unfinished_tasks == 0
     assert tier.stats.writes == 40 // 16 == len(list(tmp_path.rglob(f"*{SUFFIX}")))
     engine.close()  # twice is harmless
+
+
+def test_a_hit_renews_only_an_old_files_time(tiny_model_path, index_dir, tmp_path):
+    """Other processes evict by file time: a hit renews a file older than TOUCH_SECONDS and leaves a
+    younger one's time as it is (a syscall per restored block saved)."""
+    from localllm.engine.kv_disk import TOUCH_SECONDS
+
+    prompt = np.random.default_rng(6).integers(3, 250, 40).tolist()
+    first = make(tiny_model_path, index_dir, tmp_path)
+    first.generate([prompt], ONE)
+    assert tier_of(first).flush()
+    old, young = sorted(tmp_path.rglob(f"*{SUFFIX}"))
+    now = time.time()
+    os.utime(old, (now - 3 * TOUCH_SECONDS, now - 3 * TOUCH_SECONDS))
+    os.utime(young, (now - TOUCH_SECONDS / 2, now - TOUCH_SECONDS / 2))
+    second = make(tiny_model_path, index_dir, tmp_path)
+    assert second.generate([prompt], ONE)[0].cached_tokens == 32 and tier_of(second).stats.hits == 2
+    assert old.stat().st_mtime >= now - 5 and young.stat().st_mtime == now - TOUCH_SECONDS / 2
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_the_pool_blocks_a_restart_restores_into_are_resident_before_the_first_request(
+    tiny_model_path, index_dir, tmp_path
+):
+    """As many of the pool's first blocks as the directory holds files of the model are made resident
+    at start (a fresh process's restores fill them), in every layer; without files, none are."""
+    from resident import resident_kib
+
+    from localllm.engine.kv_cache import PREFAULT_BLOCKS
+
+    prompt = np.random.default_rng(7).integers(3, 250, 150).tolist()
+    first = make(tiny_model_path, index_dir, tmp_path, kv_cache_mb=64)
+    first.generate([prompt], ONE)
+    assert tier_of(first).flush() and tier_of(first).stats.writes == 9
+    del first  # (its pool's mapping could merge with the next one's: smaps would count both)
+    gc.collect()
+    empty = make(tiny_model_path, index_dir, tmp_path / "empty", kv_cache_mb=64)
+    k = empty.kv_cache.k
+    chunk = k[:, :PREFAULT_BLOCKS].nbytes // 1024
+    assert chunk < k.nbytes // 1024 // 4 and resident_kib(k) < chunk // 4
+    del empty, k
+    gc.collect()
+    restarted = make(tiny_model_path, index_dir, tmp_path, kv_cache_mb=64)
+    assert chunk <= resident_kib(restarted.kv_cache.k) <= chunk + 1024
+    assert restarted.generate([prompt], ONE)[0].cached_tokens == 144
