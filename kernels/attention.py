@@ -21,7 +21,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import attention_q8 as q8
-from .kv import kv_get, kv_row
+from .attention_tiles import TILE, key_tile, tile_scores, tile_values, value_tile
 from .kv_rotation import fwht, key_rotation, value_rotation
 from .simd import f32, fast_exp
 
@@ -67,22 +67,17 @@ def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, buf) -> None:
+def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, tiles) -> None:
     """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees (soft-capped when
-    softcap > 0: softcap * tanh(score / softcap), as gemma2 does). buf: a q8_0 key's row, dequantized
-    once for every row of the group."""
+    softcap > 0: softcap * tanh(score / softcap), as gemma2 does), a tile of TILE keys at a time."""
+    kt, st, buf = tiles[0], tiles[1], tiles[3]
     first, end = lo[0], hi[rows - 1]
-    for b in range(first // bs, (end - 1) // bs + 1):
-        j0, j1 = max(first, b * bs), min(end, b * bs + bs)
-        kr0 = (table[b] * bs - b * bs) * kvh + kh  # cache row of key j: kr0 + j * kvh
-        for j in range(j0, j1):
-            key = kv_row(keys, kr0 + j * kvh, buf)
-            for row in range(rows):
-                if j < lo[row] or j >= hi[row]:
-                    continue
-                s = f32(0.0)
-                for d in range(qc.shape[1]):
-                    s += qc[row, d] * kv_get(key, d)
+    for t0 in range(first // TILE * TILE, end, TILE):
+        key_tile(keys, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), kt, buf)
+        tile_scores(qc, rows, kt, st)
+        for row in range(rows):
+            for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
+                s = st[row, j - t0]
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
                 sc[row, j - lo[row]] = s
@@ -108,21 +103,18 @@ def _softmax_rows(sc, rows, lo, hi, total, sink) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf) -> None:
-    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j] * value j."""
+def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, tiles) -> None:
+    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j - lo[row]] * value j."""
+    vt, p, buf = tiles[2], tiles[1], tiles[3]
     acc[:rows] = 0.0
     first, end = lo[0], hi[rows - 1]
-    for b in range(first // bs, (end - 1) // bs + 1):
-        j0, j1 = max(first, b * bs), min(end, b * bs + bs)
-        vr0 = (table[b] * bs - b * bs) * kvh + kh
-        for j in range(j0, j1):
-            value = kv_row(values, vr0 + j * kvh, buf)
-            for row in range(rows):
-                if j < lo[row] or j >= hi[row]:
-                    continue
-                w = sc[row, j - lo[row]]
-                for d in range(acc.shape[1]):
-                    acc[row, d] += w * kv_get(value, d)
+    for t0 in range(first // TILE * TILE, end, TILE):
+        value_tile(values, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), vt, buf)
+        for row in range(rows):  # the row's weights in the tile, 0 where it does not see the key
+            p[row] = 0.0
+            for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
+                p[row, j - t0] = sc[row, j - lo[row]]
+        tile_values(p, rows, vt, acc)
 
 
 def _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
@@ -155,7 +147,7 @@ def _is_q8(cache) -> bool:
 def _key_pass_impl(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
     if not _is_q8(keys):
         return lambda q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch: _scores(
-            qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, scratch[7]
+            qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, scratch[11]
         )
 
     def integer_dots(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
@@ -182,7 +174,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
     are the cache as (blocks * block_size * kv_heads, width) rows (plain 2-D indexing vectorises
     reliably; 4-D indexing did not): width D, or a q8_0 row's bytes.  sinks: (n_heads,) sink logits,
     or empty."""
-    qc, sc, acc, total, lo, hi, sink, buf = scratch[:8]
+    qc, sc, acc, total, lo, hi, sink = scratch[:7]
     group = q.shape[1] // kvh
     rows = nq * group
     _row_bounds(rows, group, pos0, window, lo, hi)
@@ -194,7 +186,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
             sink[row] = sinks[h]
     _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch)
     _softmax_rows(sc, rows, lo, hi, total, sink[:rows] if sinks.size else sink[:0])
-    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf)
+    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, scratch[11])
     for row in range(rows):
         h = kh * group + row % group
         inv = f32(1.0) / total[row]
@@ -213,6 +205,7 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
     width = max(1, ctx.max() if ctx.size else 1)
     if window > 0:
         width = min(width, window)
+    buf = np.empty(D, np.float32)
     scratch = (
         np.empty((rows, D), np.float32),
         np.empty((rows, width), np.float32),
@@ -221,10 +214,16 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
         np.empty(rows, np.int64),
         np.empty(rows, np.int64),
         np.empty(rows, np.float32),
-        np.empty(D, np.float32),
+        buf,
         np.empty((rows, D), np.int8),  # a q8_0 key cache's quantized queries and their scales
         np.empty((rows, max(1, D // 32)), np.float32),
         np.empty(max(1, D // 32), np.float32),  # a q8_0 key's block scales
+        (  # attention_tiles: a key tile transposed, the rows' scores or weights in it, a value tile
+            np.empty((D, TILE), np.float32),
+            np.empty((rows, TILE), np.float32),
+            np.empty((TILE, D), np.float32),
+            buf,
+        ),
     )
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
