@@ -70,10 +70,10 @@ def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
 def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, tiles) -> None:
     """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees (soft-capped when
     softcap > 0: softcap * tanh(score / softcap), as gemma2 does), a tile of TILE keys at a time."""
-    kt, st, buf = tiles[0], tiles[1], tiles[3]
+    kt, st, panel, rk = tiles[0], tiles[1], tiles[4], tiles[5]
     first, end = lo[0], hi[rows - 1]
     for t0 in range(first // TILE * TILE, end, TILE):
-        key_tile(keys, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), kt, buf)
+        key_tile(keys, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), kt, panel, rk)
         tile_scores(qc, rows, kt, st)
         for row in range(rows):
             for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
@@ -223,6 +223,8 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
             np.empty((rows, TILE), np.float32),
             np.empty((TILE, D), np.float32),
             buf,
+            np.empty(D * 8, np.float32),
+            np.empty(TILE, np.int64),
         ),
     )
     for it in range(first, items.shape[0], step):

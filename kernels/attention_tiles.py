@@ -16,26 +16,87 @@ than the 64 multiply-adds in between.
 
 from __future__ import annotations
 
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .kv import kv_get, kv_row
-from .simd import ptr_f32
+from .simd import f16_to_f32, ptr_f32, ptr_u16
 
 TILE = 64  # keys per tile: a multiple of 8; kt is 16 KiB at head size 64
 
 
+def cache_ptr(cache):
+    """A raw pointer to an f32 or f16 cache's first element (typed float32 or uint16)."""
+
+
+@overload(cache_ptr, inline="always", jit_options={"cache": True})
+def _cache_ptr_impl(cache):
+    if cache.dtype == types.uint16:
+        return lambda cache: ptr_u16(cache.ctypes.data)
+    return lambda cache: ptr_f32(cache.ctypes.data)
+
+
+def as_f32(x):
+    """An f32 or f16 (uint16 bits) cache element as float32."""
+
+
+@overload(as_f32, inline="always", jit_options={"cache": True})
+def _as_f32_impl(x):
+    if x == types.uint16:
+        return lambda x: f16_to_f32(x)
+    return lambda x: x
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
-def key_tile(keys, table, bs, kvh, kh, t0, j0, j1, kt, buf) -> None:
-    """kt[d, jj] = element d of key t0 + jj as float32 for j0 <= t0 + jj < j1, 0 for the rest of
-    the tile.  keys: the cache as rows (attention.attend_item); buf: a q8_0 row's scratch."""
-    kt[:, : j0 - t0] = 0.0
-    kt[:, j1 - t0 :] = 0.0
+def key_tile(keys, table, bs, kvh, kh, t0, j0, j1, kt, panel, rk) -> None:
+    """kt[d, jj] = element d of key t0 + jj (f32 or f16 keys) as float32, for j0 <= t0 + jj < j1
+    (other columns: a copy of key j0, whose scores no row reads).  keys: the cache as rows
+    (attention.attend_item); panel (D * 8,), rk (TILE,): scratch."""
+    w = keys.shape[1]
     for b in range(j0 // bs, (j1 - 1) // bs + 1):
         kr0 = (table[b] * bs - b * bs) * kvh + kh  # cache row of key j: kr0 + j * kvh
         for j in range(max(j0, b * bs), min(j1, b * bs + bs)):
-            key = kv_row(keys, kr0 + j * kvh, buf)
-            for d in range(kt.shape[0]):
-                kt[d, j - t0] = kv_get(key, d)
+            rk[j - t0] = (kr0 + j * kvh) * w
+    rk[: j0 - t0] = rk[j0 - t0]
+    rk[j1 - t0 :] = rk[j0 - t0]
+    for g in range(0, TILE, 8):
+        _transpose8(keys, rk, g, kt, panel)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _transpose8(keys, rk, g, kt, panel) -> None:
+    """Keys g .. g+7 of the tile (their first elements at rk[g ..] in keys' flat storage) into
+    columns g .. g+7 of kt: first as a (D, 8) panel, whose eight interleaved stores a step LLVM
+    vectorises as one transpose, then eight floats a row; writing kt's columns directly was 7x slower."""
+    src, p, k = cache_ptr(keys), ptr_f32(panel.ctypes.data), ptr_f32(kt.ctypes.data)
+    r0, r1, r2, r3, r4, r5, r6, r7 = (
+        rk[g],
+        rk[g + 1],
+        rk[g + 2],
+        rk[g + 3],
+        rk[g + 4],
+        rk[g + 5],
+        rk[g + 6],
+        rk[g + 7],
+    )
+    for d in range(kt.shape[0]):
+        e = d * 8
+        p[e], p[e + 1], p[e + 2], p[e + 3] = (
+            as_f32(src[r0 + d]),
+            as_f32(src[r1 + d]),
+            as_f32(src[r2 + d]),
+            as_f32(src[r3 + d]),
+        )
+        p[e + 4], p[e + 5], p[e + 6], p[e + 7] = (
+            as_f32(src[r4 + d]),
+            as_f32(src[r5 + d]),
+            as_f32(src[r6 + d]),
+            as_f32(src[r7 + d]),
+        )
+    for d in range(kt.shape[0]):
+        c, e = d * TILE + g, d * 8
+        k[c], k[c + 1], k[c + 2], k[c + 3] = p[e], p[e + 1], p[e + 2], p[e + 3]
+        k[c + 4], k[c + 5], k[c + 6], k[c + 7] = p[e + 4], p[e + 5], p[e + 6], p[e + 7]
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
