@@ -25,7 +25,7 @@ from .attention_tiles import TILE, key_tile, tile_scores, tile_values, value_til
 from .kv_rotation import fwht, key_rotation, value_rotation
 from .simd import f32, fast_exp
 
-ROWS_PER_ITEM = 16  # (query, head) rows per work item: queries per chunk = 16 // group size
+ROWS_PER_ITEM = 32  # (query, head) rows per work item: queries per chunk = 16 // group size
 
 
 @njit(cache=True)

@@ -6,8 +6,9 @@ The old kernels/attention.py is read with `git show REF:kernels/attention.py`, w
 beside this machine's temp dir and imported as a sibling of localllm.kernels.attention (its relative
 imports resolve to today's kv.py, simd.py, ...). Each case is one sequence whose last Q queries see
 its N cached keys (a prefill chunk at depth N, or a decode for Q = 1), every query head; a round
-times the old then the new kernel (best of as many calls as fill ~0.3 s each), and prints GMAC/s
-(a multiply-add of the scores or the weighted sum of values is one MAC) and old/new time ratios.
+calls the old and the new kernel in turn for --budget seconds and keeps each one's best time (one
+thread: its CPU time); the table has GMAC/s from the best of all rounds (a multiply-add of the scores
+or of the weighted sum of values is one MAC), their old/new ratio, and the range of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -63,34 +64,37 @@ def make_case(heads: int, kvh: int, d: int, nq: int, n: int, cache: str, rng: np
     return (q, kc, vc, qsl, ctx, table[None], 0.125, 0, 0.0), 2 * heads * d * visible
 
 
-def best_time(module, args: tuple, out: np.ndarray, threads: int, budget: float = 0.3) -> float:
-    call = (
-        (lambda: module.paged_attention_serial(*args, out))
-        if threads == 1
-        else (lambda: module.paged_attention_par(*args, out, threads))
-    )
-    clock = time.thread_time if threads == 1 else time.perf_counter  # one thread: its CPU time
-    call()
-    best, spent = float("inf"), 0.0
-    while spent < budget:
-        t, w = clock(), time.perf_counter()
-        call()
-        best, spent = min(best, clock() - t), spent + time.perf_counter() - w
+def _caller(module, args: tuple, out: np.ndarray, threads: int):
+    if threads == 1:
+        return lambda: module.paged_attention_serial(*args, out)
+    return lambda: module.paged_attention_par(*args, out, threads)
+
+
+def one_round(calls: list, threads: int, budget: float) -> list[float]:
+    """Each call's best time over alternating calls (old, new, old, ...) for about `budget` seconds;
+    one thread: the thread's CPU time, which a busy machine's other processes do not inflate."""
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    best, start = [float("inf")] * len(calls), time.perf_counter()
+    while time.perf_counter() - start < budget:
+        for i, call in enumerate(calls):
+            t = clock()
+            call()
+            best[i] = min(best[i], clock() - t)
     return best
 
 
-def run_case(ref, shape, nq: int, n: int, cache: str, threads: int, rounds: int) -> str:
+def run_case(ref, shape, nq: int, n: int, cache: str, threads: int, rounds: int, budget: float) -> str:
     args, macs = make_case(*shape, nq, n, cache, np.random.default_rng(n + nq))
     outs = [np.empty_like(args[0]) for _ in range(2)]
-    old, new = [], []
-    for _ in range(rounds):
-        old.append(best_time(ref, args, outs[0], threads))
-        new.append(best_time(attention, args, outs[1], threads))
+    calls = [_caller(m, args, o, threads) for m, o in zip((ref, attention), outs, strict=True)]
+    for call in calls:
+        call()
+    times = [one_round(calls, threads, budget) for _ in range(rounds)]
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5)
-    ratios = sorted(o / w for o, w in zip(old, new, strict=True))
-    cells = [f"{nq} x {n:,}", cache, str(threads)]
-    cells += [f"{macs / min(old) / 1e9:.1f}", f"{macs / min(new) / 1e9:.1f}"]
-    cells += [f"**{min(old) / min(new):.2f}x**", f"{ratios[0]:.2f}-{ratios[-1]:.2f}"]
+    old, new = min(t[0] for t in times), min(t[1] for t in times)
+    ratios = sorted(t[0] / t[1] for t in times)
+    cells = [f"{nq} x {n:,}", cache, str(threads), f"{macs / old / 1e9:.1f}", f"{macs / new / 1e9:.1f}"]
+    cells += [f"**{old / new:.2f}x**", f"{ratios[0]:.2f}-{ratios[-1]:.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -98,6 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default="main", help="git revision of the old kernel")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds of alternating calls a round")
     ap.add_argument("-t", default="1,2", help="thread counts")
     ap.add_argument("--cache", default="f16,f32", help="KV cache types")
     ap.add_argument("--shape", choices=list(SHAPES), action="append", help="default: all")
@@ -112,7 +117,10 @@ def main() -> None:
         for nq, n in CASES:
             for cache in args.cache.split(","):
                 for t in args.t.split(","):
-                    print(run_case(ref, SHAPES[name], nq, n, cache, int(t), args.rounds), flush=True)
+                    print(
+                        run_case(ref, SHAPES[name], nq, n, cache, int(t), args.rounds, args.budget),
+                        flush=True,
+                    )
     print(f"\nload average {os.getloadavg()[0]:.1f}")
 
 
