@@ -66,21 +66,37 @@ def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
         hi[row] = pos + 1
 
 
+@njit(cache=True, error_model="numpy")
+def _inside(rows, lo, hi, t0, off) -> bool:
+    """Whether every row sees all keys t0 .. t0 + TILE - 1 (lo and hi ascend with the row); if so,
+    off[row] = where key t0 lies in the row's scores."""
+    if lo[rows - 1] > t0 or hi[0] < t0 + TILE:
+        return False
+    for row in range(rows):
+        off[row] = t0 - lo[row]
+    return True
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, tiles) -> None:
     """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees (soft-capped when
-    softcap > 0: softcap * tanh(score / softcap), as gemma2 does), a tile of TILE keys at a time."""
-    kt, st, panel, rk = tiles[0], tiles[1], tiles[4], tiles[5]
+    softcap > 0: softcap * tanh(score / softcap), as gemma2 does), a tile of TILE keys at a time:
+    straight into sc where all rows see the whole tile, else through st."""
+    kt, st, panel, rk, off, zero = tiles[0], tiles[1], tiles[4], tiles[5], tiles[6], tiles[7]
     first, end = lo[0], hi[rows - 1]
     for t0 in range(first // TILE * TILE, end, TILE):
         key_tile(keys, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), kt, panel, rk)
-        tile_scores(qc, rows, kt, st)
+        if _inside(rows, lo, hi, t0, off):
+            tile_scores(qc, rows, kt, sc, off)
+            continue
+        tile_scores(qc, rows, kt, st, zero)
         for row in range(rows):
             for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
-                s = st[row, j - t0]
-                if softcap > 0:
-                    s = softcap * np.tanh(s / softcap)
-                sc[row, j - lo[row]] = s
+                sc[row, j - lo[row]] = st[row, j - t0]
+    if softcap > 0:
+        for row in range(rows):
+            for j in range(hi[row] - lo[row]):
+                sc[row, j] = softcap * np.tanh(sc[row, j] / softcap)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -104,17 +120,21 @@ def _softmax_rows(sc, rows, lo, hi, total, sink) -> None:
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, tiles) -> None:
-    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j - lo[row]] * value j."""
-    vt, p, buf = tiles[2], tiles[1], tiles[3]
+    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j - lo[row]] * value j:
+    the weights read from sc where all rows see the whole tile, else from p (0 where unseen)."""
+    vt, p, buf, off, zero = tiles[2], tiles[1], tiles[3], tiles[6], tiles[7]
     acc[:rows] = 0.0
     first, end = lo[0], hi[rows - 1]
     for t0 in range(first // TILE * TILE, end, TILE):
         value_tile(values, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), vt, buf)
-        for row in range(rows):  # the row's weights in the tile, 0 where it does not see the key
+        if _inside(rows, lo, hi, t0, off):
+            tile_values(sc, off, rows, vt, acc)
+            continue
+        for row in range(rows):
             p[row] = 0.0
             for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
                 p[row, j - t0] = sc[row, j - lo[row]]
-        tile_values(p, rows, vt, acc)
+        tile_values(p, zero, rows, vt, acc)
 
 
 def _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
@@ -225,6 +245,8 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
             buf,
             np.empty(D * 8, np.float32),
             np.empty(TILE, np.int64),
+            np.empty(rows, np.int64),  # where a tile's first key lies in each row's scores
+            np.zeros(rows, np.int64),
         ),
     )
     for it in range(first, items.shape[0], step):

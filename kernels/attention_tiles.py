@@ -19,7 +19,7 @@ from __future__ import annotations
 from numba import njit, types
 from numba.extending import overload
 
-from .kv import kv_get, kv_row
+from .kv import kv_row
 from .simd import f16_to_f32, ptr_f32, ptr_u16
 
 TILE = 64  # keys per tile: a multiple of 8; kt is 16 KiB at head size 64
@@ -99,26 +99,49 @@ def _transpose8(keys, rk, g, kt, panel) -> None:
         k[c + 4], k[c + 5], k[c + 6], k[c + 7] = p[e + 4], p[e + 5], p[e + 6], p[e + 7]
 
 
+def row_f32(cache, i, out, o, buf):
+    """out[o : o + D] = row i of the cache rows as float32 (out: a float32 pointer; buf (D,): a q8_0
+    row's scratch).  Through raw pointers: a row view costs two atomic reference counts."""
+
+
+@overload(row_f32, inline="always", jit_options={"cache": True})
+def _row_f32_impl(cache, i, out, o, buf):
+    if cache.dtype == types.int8:
+
+        def dequantized(cache, i, out, o, buf):
+            row = kv_row(cache, i, buf)
+            for d in range(buf.shape[0]):
+                out[o + d] = row[d]
+
+        return dequantized
+
+    def converted(cache, i, out, o, buf):
+        src, base = cache_ptr(cache), i * cache.shape[1]
+        for d in range(buf.shape[0]):
+            out[o + d] = as_f32(src[base + d])
+
+    return converted
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def value_tile(values, table, bs, kvh, kh, t0, j0, j1, vt, buf) -> None:
     """vt[jj] = value t0 + jj as float32 for j0 <= t0 + jj < j1, 0 for the rest of the tile."""
     vt[: j0 - t0] = 0.0
     vt[j1 - t0 :] = 0.0
+    v, D = ptr_f32(vt.ctypes.data), vt.shape[1]
     for b in range(j0 // bs, (j1 - 1) // bs + 1):
         vr0 = (table[b] * bs - b * bs) * kvh + kh
         for j in range(max(j0, b * bs), min(j1, b * bs + bs)):
-            value = kv_row(values, vr0 + j * kvh, buf)
-            for d in range(vt.shape[1]):
-                vt[j - t0, d] = kv_get(value, d)
+            row_f32(values, vr0 + j * kvh, v, (j - t0) * D, buf)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_scores(qc, rows, kt, st) -> None:
-    """st[row, jj] = qc[row] . kt[:, jj] for all TILE keys (kt, st C-contiguous float32)."""
+def tile_scores(qc, rows, kt, st, off) -> None:
+    """st[row, off[row] + jj] = qc[row] . kt[:, jj] for all TILE keys jj (kt, st C-contiguous)."""
     D, T = qc.shape[1], TILE
     k, s = ptr_f32(kt.ctypes.data), ptr_f32(st.ctypes.data)
     for row in range(rows):
-        o = row * T
+        o = row * st.shape[1] + off[row]
         for jj in range(T):
             s[o + jj] = 0.0
         for d in range(0, D - D % 8, 8):
@@ -138,15 +161,16 @@ def tile_scores(qc, rows, kt, st) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def tile_values(p, rows, vt, acc) -> None:
-    """acc[row] += sum over the tile's keys jj of p[row, jj] * vt[jj], eight keys at a time."""
+def tile_values(p, off, rows, vt, acc) -> None:
+    """acc[row] += sum over the tile's keys jj of p[row, off[row] + jj] * vt[jj], eight keys at a time."""
     D, T = vt.shape[1], TILE
     v, a = ptr_f32(vt.ctypes.data), ptr_f32(acc.ctypes.data)
     for row in range(rows):
         o = row * D
         for j in range(0, T, 8):
-            w0, w1, w2, w3 = p[row, j], p[row, j + 1], p[row, j + 2], p[row, j + 3]
-            w4, w5, w6, w7 = p[row, j + 4], p[row, j + 5], p[row, j + 6], p[row, j + 7]
+            i = off[row] + j
+            w0, w1, w2, w3 = p[row, i], p[row, i + 1], p[row, i + 2], p[row, i + 3]
+            w4, w5, w6, w7 = p[row, i + 4], p[row, i + 5], p[row, i + 6], p[row, i + 7]
             c = j * D
             for d in range(D):
                 a[o + d] += (

@@ -2,13 +2,14 @@
 
     python scripts/attention_bench.py [--ref main] [--rounds 3] [-t 1,2] [--cache f16,f32]
 
-The old kernels/attention.py is read with `git show REF:kernels/attention.py`, written to a folder
-beside this machine's temp dir and imported as a sibling of localllm.kernels.attention (its relative
-imports resolve to today's kv.py, simd.py, ...). Each case is one sequence whose last Q queries see
-its N cached keys (a prefill chunk at depth N, or a decode for Q = 1), every query head; a round
-calls the old and the new kernel in turn for --budget seconds and keeps each one's best time (one
-thread: its CPU time); the table has GMAC/s from the best of all rounds (a multiply-add of the scores
-or of the weighted sum of values is one MAC), their old/new ratio, and the range of the rounds' ratios.
+The old kernels/attention.py (and attention_tiles.py, where REF has it) is read with `git show`,
+written to a folder in this machine's temp dir and imported as a sibling of localllm.kernels.attention
+(its other relative imports resolve to today's kv.py, simd.py, ...). Each case is one sequence
+whose last Q queries see its N cached keys (a prefill chunk at depth N, or a decode for Q = 1),
+every query head. A round calls the old and the new kernel in turn for --budget seconds and keeps
+each one's best time (one thread: its CPU time). The table has GMAC/s from the best of all rounds
+(a multiply-add of the scores or of the weighted sum of values is one MAC), their old/new ratio,
+and the range of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -32,21 +33,36 @@ CASES = [(16, 256), (16, 1024), (16, 4096), (1, 4096)]  # (queries, keys)
 BLOCK = 16
 
 
-def load_ref(ref: str):
-    """kernels/attention.py as of git ref `ref`, as module localllm.kernels._attention_ref."""
-    root = Path(__file__).resolve().parent.parent
-    sha = subprocess.check_output(["git", "rev-parse", "--short", ref], cwd=root, text=True).strip()
-    src = subprocess.check_output(["git", "show", f"{sha}:kernels/attention.py"], cwd=root, text=True)
-    folder = Path(tempfile.gettempdir()) / f"attention_bench_{sha}"  # kept: Numba caches beside it
-    folder.mkdir(exist_ok=True)
-    path = folder / "_attention_ref.py"
+def _import_source(name: str, src: str, folder: Path):
+    """Module localllm.kernels.<name> from source text src, written to folder (Numba caches beside it)."""
+    path = folder / f"{name}.py"
     if not path.exists() or path.read_text() != src:
         path.write_text(src)
-    spec = importlib.util.spec_from_file_location("localllm.kernels._attention_ref", path)
+    spec = importlib.util.spec_from_file_location(f"localllm.kernels.{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module, sha
+    return module
+
+
+def load_ref(ref: str):
+    """kernels/attention.py as of git ref `ref`, as module localllm.kernels._attention_ref (with that
+    revision's attention_tiles.py where it has one; the other kernels are today's)."""
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.check_output(["git", "rev-parse", "--short", ref], cwd=root, text=True).strip()
+
+    def show(path: str) -> str | None:
+        done = subprocess.run(["git", "show", f"{sha}:{path}"], cwd=root, capture_output=True, text=True)
+        return done.stdout if done.returncode == 0 else None
+
+    folder = Path(tempfile.gettempdir()) / f"attention_bench_{sha}"
+    folder.mkdir(exist_ok=True)
+    src = show("kernels/attention.py")
+    tiles = show("kernels/attention_tiles.py")
+    if tiles is not None:
+        _import_source("_attention_tiles_ref", tiles, folder)
+        src = src.replace("from .attention_tiles import", "from ._attention_tiles_ref import")
+    return _import_source("_attention_ref", src, folder), sha
 
 
 def make_case(heads: int, kvh: int, d: int, nq: int, n: int, cache: str, rng: np.random.Generator):
