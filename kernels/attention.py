@@ -221,7 +221,7 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
     """Items first, first + step, ... of `items` (see work_items)."""
     D, bs, kvh = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     keys, values = k_cache.reshape(-1, k_cache.shape[3]), v_cache.reshape(-1, v_cache.shape[3])
-    rows = queries_per_item(q.shape[1], kvh) * (q.shape[1] // kvh)
+    rows = max(1, items[:, 3].max() if items.shape[0] else 1) * (q.shape[1] // kvh)  # decodes: one group
     width = max(1, ctx.max() if ctx.size else 1)
     if window > 0:
         width = min(width, window)
