@@ -1,16 +1,19 @@
 """Paged, causal, grouped-query attention for a mixed batch of prefill chunks and decodes.
 
 Same semantics as reference.paged_attention.  A work item is (sequence, KV head, chunk of
-consecutive queries): its rows are every (query, query head) sharing that KV head, so each key
-and value row read from the cache serves the whole group (3-7 heads in the models we run).  Per
-item, in three passes over the keys the chunk can see (through the block table):
-  1. scores of every row against its visible keys, into a scratch of (rows, visible keys);
+consecutive queries): its rows are every (query, query head) sharing that KV head, up to
+ROWS_PER_ITEM, so each key and value read from the cache serves them all.  Per item, in three passes
+over the keys the chunk can see (through the block table), TILE keys at a time (attention_tiles.py):
+  1. scores of every row against its visible keys, into a scratch of (rows, visible keys): each key
+     tile converted to float32 once, transposed, and every row's scores one loop along the keys;
   2. per row: max, exp, sum (a numerically stable softmax, vectorised along the keys);
-  3. per row: the probability-weighted sum of the value rows.
-Memory is O(rows x context), linear in the context.  A row's arithmetic depends only on its
-query and its visible keys, in key order (its scratch row starts at its own first visible key),
-never on which chunk or batch it came in: lone and batched decodes give the same bits.
-Items are dealt to threads round-robin, which balances causal prefill (later chunks see more keys).
+  3. per row: the probability-weighted sum of the value rows, each value tile converted once.
+A q8_0 key cache is scored by attention_q8 instead (llama.cpp's integer dots).  Memory is
+O(rows x context), linear in the context.  A row's arithmetic depends only on its query and its
+visible keys, in key order: tiles start at multiples of TILE and are computed whole, a row's scratch
+starts at its own first visible key, and keys it does not see weigh exactly 0, never on which chunk
+or batch it came in: lone and batched decodes give the same bits.  Items are dealt to threads
+round-robin, which balances causal prefill (later chunks see more keys).
 fastmath is safe: dot products are reordered, and exp is simd.fast_exp (~2 ulp).
 """
 
@@ -25,22 +28,32 @@ from .attention_tiles import TILE, key_tile, tile_scores, tile_values, value_til
 from .kv_rotation import fwht, key_rotation, value_rotation
 from .simd import f32, fast_exp
 
-ROWS_PER_ITEM = 32  # (query, head) rows per work item: queries per chunk = 16 // group size
+ROWS_PER_ITEM = 64  # (query, query head) rows per work item: each key and value converted serves them all
 
 
 @njit(cache=True)
-def queries_per_item(n_heads, n_kv_heads):
-    return max(1, ROWS_PER_ITEM // (n_heads // n_kv_heads))
+def _item_count(query_start_loc, n_kv_heads, qpi):
+    count = 0
+    for s in range(query_start_loc.shape[0] - 1):
+        count += (query_start_loc[s + 1] - query_start_loc[s] + qpi - 1) // qpi * n_kv_heads
+    return count
+
+
+@njit(cache=True)
+def queries_per_item(query_start_loc, n_heads, n_kv_heads, nth):
+    """ROWS_PER_ITEM rows' worth of queries, halved while the batch would give nth threads fewer than
+    two items each (a prefix hit's last 16 queries on 2 threads).  A row's arithmetic does not depend
+    on its item, so this changes no result."""
+    qpi = max(1, ROWS_PER_ITEM // (n_heads // n_kv_heads))
+    while nth > 1 and qpi > 1 and _item_count(query_start_loc, n_kv_heads, qpi) < 2 * nth:
+        qpi = (qpi + 1) // 2
+    return qpi
 
 
 @njit(cache=True)
 def work_items(query_start_loc, context_lens, n_kv_heads, qpi):
     """(sequence, kv head, first query, query count) for every chunk of qpi queries."""
-    count = 0
-    for s in range(context_lens.shape[0]):
-        nq = query_start_loc[s + 1] - query_start_loc[s]
-        count += (nq + qpi - 1) // qpi * n_kv_heads
-    items = np.empty((count, 4), np.int64)
+    items = np.empty((_item_count(query_start_loc, n_kv_heads, qpi), 4), np.int64)
     i = 0
     for s in range(context_lens.shape[0]):
         for c0 in range(query_start_loc[s], query_start_loc[s + 1], qpi):
@@ -261,7 +274,8 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
 def paged_attention_sinks_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, out,
                               nth) -> None:  # fmt: skip
     """paged_attention_par with attention sinks: sinks (n_heads,) float32 logits (empty: none)."""
-    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
+    qpi = queries_per_item(qsl, q.shape[1], k_cache.shape[2], nth)
+    items = work_items(qsl, ctx, k_cache.shape[2], qpi)
     for c in prange(nth):
         attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, c, nth)
 
@@ -269,7 +283,7 @@ def paged_attention_sinks_par(q, k_cache, v_cache, qsl, ctx, tables, scale, wind
 @njit(cache=True, nogil=True)
 def paged_attention_sinks_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks,
                                  out) -> None:  # fmt: skip
-    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
+    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(qsl, q.shape[1], k_cache.shape[2], 1))
     attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, 0, 1)
 
 
