@@ -1,19 +1,16 @@
 """Paged, causal, grouped-query attention for a mixed batch of prefill chunks and decodes.
 
 Same semantics as reference.paged_attention.  A work item is (sequence, KV head, chunk of
-consecutive queries): its rows are every (query, query head) sharing that KV head, up to
-ROWS_PER_ITEM, so each key and value read from the cache serves them all.  Per item, in three passes
-over the keys the chunk can see (through the block table), TILE keys at a time (attention_tiles.py):
-  1. scores of every row against its visible keys, into a scratch of (rows, visible keys): each key
-     tile converted to float32 once, transposed, and every row's scores one loop along the keys;
+consecutive queries): its rows are every (query, query head) sharing that KV head, so each key
+and value row read from the cache serves the whole group (3-7 heads in the models we run).  Per
+item, in three passes over the keys the chunk can see (through the block table):
+  1. scores of every row against its visible keys, into a scratch of (rows, visible keys);
   2. per row: max, exp, sum (a numerically stable softmax, vectorised along the keys);
-  3. per row: the probability-weighted sum of the value rows, each value tile converted once.
-A q8_0 key cache is scored by attention_q8 instead (llama.cpp's integer dots).  Memory is
-O(rows x context), linear in the context.  A row's arithmetic depends only on its query and its
-visible keys, in key order: tiles start at multiples of TILE and are computed whole, a row's scratch
-starts at its own first visible key, and keys it does not see weigh exactly 0, never on which chunk
-or batch it came in: lone and batched decodes give the same bits.  Items are dealt to threads
-round-robin, which balances causal prefill (later chunks see more keys).
+  3. per row: the probability-weighted sum of the value rows.
+Memory is O(rows x context), linear in the context.  A row's arithmetic depends only on its
+query and its visible keys, in key order (its scratch row starts at its own first visible key),
+never on which chunk or batch it came in: lone and batched decodes give the same bits.
+Items are dealt to threads round-robin, which balances causal prefill (later chunks see more keys).
 fastmath is safe: dot products are reordered, and exp is simd.fast_exp (~2 ulp).
 """
 
@@ -24,36 +21,26 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import attention_q8 as q8
-from .attention_tiles import TILE, key_tile, tile_scores, tile_values, value_tile
+from .kv import kv_get, kv_row
 from .kv_rotation import fwht, key_rotation, value_rotation
 from .simd import f32, fast_exp
 
-ROWS_PER_ITEM = 64  # (query, query head) rows per work item: each key and value converted serves them all
+ROWS_PER_ITEM = 16  # (query, head) rows per work item: queries per chunk = 16 // group size
 
 
 @njit(cache=True)
-def _item_count(query_start_loc, n_kv_heads, qpi):
-    count = 0
-    for s in range(query_start_loc.shape[0] - 1):
-        count += (query_start_loc[s + 1] - query_start_loc[s] + qpi - 1) // qpi * n_kv_heads
-    return count
-
-
-@njit(cache=True)
-def queries_per_item(query_start_loc, n_heads, n_kv_heads, nth):
-    """ROWS_PER_ITEM rows' worth of queries, halved while the batch would give nth threads fewer than
-    two items each (a prefix hit's last 16 queries on 2 threads).  A row's arithmetic does not depend
-    on its item, so this changes no result."""
-    qpi = max(1, ROWS_PER_ITEM // (n_heads // n_kv_heads))
-    while nth > 1 and qpi > 1 and _item_count(query_start_loc, n_kv_heads, qpi) < 2 * nth:
-        qpi = (qpi + 1) // 2
-    return qpi
+def queries_per_item(n_heads, n_kv_heads):
+    return max(1, ROWS_PER_ITEM // (n_heads // n_kv_heads))
 
 
 @njit(cache=True)
 def work_items(query_start_loc, context_lens, n_kv_heads, qpi):
     """(sequence, kv head, first query, query count) for every chunk of qpi queries."""
-    items = np.empty((_item_count(query_start_loc, n_kv_heads, qpi), 4), np.int64)
+    count = 0
+    for s in range(context_lens.shape[0]):
+        nq = query_start_loc[s + 1] - query_start_loc[s]
+        count += (nq + qpi - 1) // qpi * n_kv_heads
+    items = np.empty((count, 4), np.int64)
     i = 0
     for s in range(context_lens.shape[0]):
         for c0 in range(query_start_loc[s], query_start_loc[s + 1], qpi):
@@ -79,37 +66,26 @@ def _row_bounds(rows, group, pos0, window, lo, hi) -> None:
         hi[row] = pos + 1
 
 
-@njit(cache=True, error_model="numpy")
-def _inside(rows, lo, hi, t0, off) -> bool:
-    """Whether every row sees all keys t0 .. t0 + TILE - 1 (lo and hi ascend with the row); if so,
-    off[row] = where key t0 lies in the row's scores."""
-    if lo[rows - 1] > t0 or hi[0] < t0 + TILE:
-        return False
-    for row in range(rows):
-        off[row] = t0 - lo[row]
-    return True
-
-
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, tiles) -> None:
+def _scores(qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, buf) -> None:
     """sc[row, j - lo[row]] = qc[row] . key j for every key j the row sees (soft-capped when
-    softcap > 0: softcap * tanh(score / softcap), as gemma2 does), a tile of TILE keys at a time:
-    straight into sc where all rows see the whole tile, else through st."""
-    kt, st, panel, rk, off, zero = tiles[0], tiles[1], tiles[4], tiles[5], tiles[6], tiles[7]
+    softcap > 0: softcap * tanh(score / softcap), as gemma2 does). buf: a q8_0 key's row, dequantized
+    once for every row of the group."""
     first, end = lo[0], hi[rows - 1]
-    for t0 in range(first // TILE * TILE, end, TILE):
-        key_tile(keys, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), kt, panel, rk)
-        if _inside(rows, lo, hi, t0, off):
-            tile_scores(qc, rows, kt, sc, off)
-            continue
-        tile_scores(qc, rows, kt, st, zero)
-        for row in range(rows):
-            for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
-                sc[row, j - lo[row]] = st[row, j - t0]
-    if softcap > 0:
-        for row in range(rows):
-            for j in range(hi[row] - lo[row]):
-                sc[row, j] = softcap * np.tanh(sc[row, j] / softcap)
+    for b in range(first // bs, (end - 1) // bs + 1):
+        j0, j1 = max(first, b * bs), min(end, b * bs + bs)
+        kr0 = (table[b] * bs - b * bs) * kvh + kh  # cache row of key j: kr0 + j * kvh
+        for j in range(j0, j1):
+            key = kv_row(keys, kr0 + j * kvh, buf)
+            for row in range(rows):
+                if j < lo[row] or j >= hi[row]:
+                    continue
+                s = f32(0.0)
+                for d in range(qc.shape[1]):
+                    s += qc[row, d] * kv_get(key, d)
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                sc[row, j - lo[row]] = s
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -132,22 +108,21 @@ def _softmax_rows(sc, rows, lo, hi, total, sink) -> None:
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, tiles) -> None:
-    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j - lo[row]] * value j:
-    the weights read from sc where all rows see the whole tile, else from p (0 where unseen)."""
-    vt, p, buf, off, zero = tiles[2], tiles[1], tiles[3], tiles[6], tiles[7]
+def _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf) -> None:
+    """acc[row] = sum over the row's visible keys j (ascending) of sc[row, j] * value j."""
     acc[:rows] = 0.0
     first, end = lo[0], hi[rows - 1]
-    for t0 in range(first // TILE * TILE, end, TILE):
-        value_tile(values, table, bs, kvh, kh, t0, max(first, t0), min(end, t0 + TILE), vt, buf)
-        if _inside(rows, lo, hi, t0, off):
-            tile_values(sc, off, rows, vt, acc)
-            continue
-        for row in range(rows):
-            p[row] = 0.0
-            for j in range(max(lo[row], t0), min(hi[row], t0 + TILE)):
-                p[row, j - t0] = sc[row, j - lo[row]]
-        tile_values(p, zero, rows, vt, acc)
+    for b in range(first // bs, (end - 1) // bs + 1):
+        j0, j1 = max(first, b * bs), min(end, b * bs + bs)
+        vr0 = (table[b] * bs - b * bs) * kvh + kh
+        for j in range(j0, j1):
+            value = kv_row(values, vr0 + j * kvh, buf)
+            for row in range(rows):
+                if j < lo[row] or j >= hi[row]:
+                    continue
+                w = sc[row, j - lo[row]]
+                for d in range(acc.shape[1]):
+                    acc[row, d] += w * kv_get(value, d)
 
 
 def _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
@@ -180,7 +155,7 @@ def _is_q8(cache) -> bool:
 def _key_pass_impl(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
     if not _is_q8(keys):
         return lambda q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch: _scores(
-            qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, scratch[11]
+            qc, rows, keys, table, bs, kvh, kh, lo, hi, softcap, sc, scratch[7]
         )
 
     def integer_dots(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch):
@@ -207,7 +182,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
     are the cache as (blocks * block_size * kv_heads, width) rows (plain 2-D indexing vectorises
     reliably; 4-D indexing did not): width D, or a q8_0 row's bytes.  sinks: (n_heads,) sink logits,
     or empty."""
-    qc, sc, acc, total, lo, hi, sink = scratch[:7]
+    qc, sc, acc, total, lo, hi, sink, buf = scratch[:8]
     group = q.shape[1] // kvh
     rows = nq * group
     _row_bounds(rows, group, pos0, window, lo, hi)
@@ -219,7 +194,7 @@ def attend_item(q, keys, values, bs, kvh, table, kh, i0, nq, pos0, scale, window
             sink[row] = sinks[h]
     _key_pass(q, i0, kh, scale, qc, rows, keys, table, bs, kvh, lo, hi, softcap, sc, scratch)
     _softmax_rows(sc, rows, lo, hi, total, sink[:rows] if sinks.size else sink[:0])
-    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, scratch[11])
+    _weighted_values(sc, rows, values, table, bs, kvh, kh, lo, hi, acc, buf)
     for row in range(rows):
         h = kh * group + row % group
         inv = f32(1.0) / total[row]
@@ -234,11 +209,10 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
     """Items first, first + step, ... of `items` (see work_items)."""
     D, bs, kvh = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     keys, values = k_cache.reshape(-1, k_cache.shape[3]), v_cache.reshape(-1, v_cache.shape[3])
-    rows = max(1, items[:, 3].max() if items.shape[0] else 1) * (q.shape[1] // kvh)  # decodes: one group
+    rows = queries_per_item(q.shape[1], kvh) * (q.shape[1] // kvh)
     width = max(1, ctx.max() if ctx.size else 1)
     if window > 0:
         width = min(width, window)
-    buf = np.empty(D, np.float32)
     scratch = (
         np.empty((rows, D), np.float32),
         np.empty((rows, width), np.float32),
@@ -247,20 +221,10 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
         np.empty(rows, np.int64),
         np.empty(rows, np.int64),
         np.empty(rows, np.float32),
-        buf,
+        np.empty(D, np.float32),
         np.empty((rows, D), np.int8),  # a q8_0 key cache's quantized queries and their scales
         np.empty((rows, max(1, D // 32)), np.float32),
         np.empty(max(1, D // 32), np.float32),  # a q8_0 key's block scales
-        (  # attention_tiles: a key tile transposed, the rows' scores or weights in it, a value tile
-            np.empty((D, TILE), np.float32),
-            np.empty((rows, TILE), np.float32),
-            np.empty((TILE, D), np.float32),
-            buf,
-            np.empty(D * 8, np.float32),
-            np.empty(TILE, np.int64),
-            np.empty(rows, np.int64),  # where a tile's first key lies in each row's scores
-            np.zeros(rows, np.int64),
-        ),
     )
     for it in range(first, items.shape[0], step):
         s, kh, i0, nq = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
@@ -274,8 +238,7 @@ def attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, 
 def paged_attention_sinks_par(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, out,
                               nth) -> None:  # fmt: skip
     """paged_attention_par with attention sinks: sinks (n_heads,) float32 logits (empty: none)."""
-    qpi = queries_per_item(qsl, q.shape[1], k_cache.shape[2], nth)
-    items = work_items(qsl, ctx, k_cache.shape[2], qpi)
+    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     for c in prange(nth):
         attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, c, nth)
 
@@ -283,7 +246,7 @@ def paged_attention_sinks_par(q, k_cache, v_cache, qsl, ctx, tables, scale, wind
 @njit(cache=True, nogil=True)
 def paged_attention_sinks_serial(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks,
                                  out) -> None:  # fmt: skip
-    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(qsl, q.shape[1], k_cache.shape[2], 1))
+    items = work_items(qsl, ctx, k_cache.shape[2], queries_per_item(q.shape[1], k_cache.shape[2]))
     attend_items(q, k_cache, v_cache, qsl, ctx, tables, scale, window, softcap, sinks, items, out, 0, 1)
 
 
