@@ -22,21 +22,49 @@ from numba import njit, prange
 
 from .simd import f32, fast_exp
 
+# A step's conv splits its channels over the threads from this many (tokens x channels) values: one
+# decode token's few thousand are done before a launch would have woken the other thread.
+CONV_PARALLEL_MIN = 1 << 16
 
-@njit(cache=True, fastmath=True, error_model="numpy", boundscheck=False)
+
+@njit(cache=True, nogil=True)
 def conv_silu(x, wt, qsl, positions, slots, conv_state, out) -> None:
     """out = silu(causal depthwise conv of x) per sequence. x, out (T, C); wt (K, C), tap K-1 on the
-    current token; conv_state (slots, K-1, C): the K-1 inputs before the step, updated in place. Each
-    tap adds a whole row (from x, or from the state before the step's first tokens), so the channel
-    loops vectorise."""
-    K, C = wt.shape[0], wt.shape[1]
+    current token; conv_state (slots, K-1, C): the K-1 inputs before the step, updated in place."""
+    _conv_part(x, wt, qsl, positions, slots, conv_state, out, 0, 1)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def conv_silu_par(x, wt, qsl, positions, slots, conv_state, out, nth) -> None:
+    """conv_silu with the channels split over nth threads (each channel is its own convolution), at
+    multiples of 64: a channel then falls in the same place of the vector loops as in one pass, so its
+    bits are conv_silu's."""
+    for c in prange(nth):
+        _conv_part(x, wt, qsl, positions, slots, conv_state, out, c, nth)
+
+
+@njit(cache=True, nogil=True)
+def _conv_part(x, wt, qsl, positions, slots, conv_state, out, c, nth) -> None:
+    """Part c of nth of the channels (both conv_silu forms call the kernel through here, so it is
+    compiled once, for run-time bounds)."""
+    C = wt.shape[1]
+    c0, c1 = (c * C // nth) // 64 * 64, ((c + 1) * C // nth) // 64 * 64 if c < nth - 1 else C
+    _conv_channels(x, wt, qsl, positions, slots, conv_state, out, c0, c1)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", boundscheck=False)
+def _conv_channels(x, wt, qsl, positions, slots, conv_state, out, c0, c1) -> None:
+    """conv_silu's channels c0..c1-1. Each tap adds a whole row (from x, or from the window before the
+    step's first tokens), so the channel loops vectorise (over unsigned indices: a signed one of unknown
+    sign is checked for wrapping around at every access)."""
+    K, c0, c1 = wt.shape[0], np.uint64(c0), np.uint64(c1)
     for s in range(qsl.shape[0] - 1):
         a, b = qsl[s], qsl[s + 1]
         if a == b:
             continue
         st = conv_state[slots[s]]
         if positions[a] == 0:
-            st[:] = 0.0
+            st[:, c0:c1] = 0.0
         for t in range(a, b):
             row = out[t]
             for i in range(K):
@@ -44,24 +72,17 @@ def conv_silu(x, wt, qsl, positions, slots, conv_state, out) -> None:
                 src = x[j] if j >= a else st[K - 1 + j - a]
                 w = wt[i]
                 if i == 0:
-                    for c in range(C):
+                    for c in range(c0, c1):
                         row[c] = src[c] * w[c]
                 else:
-                    for c in range(C):
+                    for c in range(c0, c1):
                         row[c] += src[c] * w[c]
-            for c in range(C):
+            for c in range(c0, c1):
                 row[c] = row[c] / (f32(1.0) + fast_exp(-row[c]))
-        _roll(st, x, a, b)
-
-
-@njit(cache=True, boundscheck=False)
-def _roll(st, x, a, b) -> None:
-    """The window after rows a..b-1 of x: its last K-1 inputs."""
-    keep = st.shape[0] - (b - a)  # rows of the old window still in the new one
-    for r in range(max(keep, 0)):
-        st[r] = st[r + b - a]
-    for r in range(max(keep, 0), st.shape[0]):
-        st[r] = x[b - st.shape[0] + r]
+        for r in range(st.shape[0]):  # ascending: row r + (b - a) is read before it is overwritten
+            src = st[r + b - a] if r + b - a < st.shape[0] else x[b - st.shape[0] + r]
+            for c in range(c0, c1):
+                st[r, c] = src[c]
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -165,8 +186,12 @@ def gated_rms_norm(o, z, weight, eps) -> None:
 def mixer_core(qkv, z, beta_raw, alpha_raw, conv_wt, dt_bias, a, norm_w, qsl, positions, slots, conv_state,
                ssm_state, n_k, dk, interleaved, eps, mixed, out, nth) -> None:  # fmt: skip
     """A Gated DeltaNet layer between its input projections (qkv, z, beta_raw, alpha_raw) and its
-    output projection: conv + silu into `mixed`, L2 norms, gates, the rule, the gated norm into out."""
-    conv_silu(qkv, conv_wt, qsl, positions, slots, conv_state, mixed)
+    output projection: conv + silu into `mixed`, L2 norms, gates, the rule, the gated norm into out.
+    The conv splits its channels over the threads, the rule its (sequence, head) items."""
+    if nth > 1 and qkv.shape[0] * qkv.shape[1] >= CONV_PARALLEL_MIN:
+        conv_silu_par(qkv, conv_wt, qsl, positions, slots, conv_state, mixed, nth)
+    else:
+        conv_silu(qkv, conv_wt, qsl, positions, slots, conv_state, mixed)
     l2_norm_heads(mixed, 2 * n_k, dk, eps)
     beta = np.empty_like(beta_raw)
     g = np.empty_like(beta_raw)

@@ -16,7 +16,7 @@ from numba import njit, prange
 from . import matmul
 from .layers import geglu_rows, swiglu_oai_rows, swiglu_rows
 from .packing import TILE_ROWS as R
-from .simd import call_range_kernel, f32
+from .simd import call_range_kernel, f32, fetch_add
 
 # llama.cpp clamps the sum it renormalises the top-k weights by (the smallest normal float16)
 RENORM_MIN = f32(6.103515625e-5)
@@ -76,12 +76,10 @@ def group_by_expert(ids, n_experts):
     return starts, order, slot
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def launch_segments(table, rows, cols, gemm, quantize, x, y, nth):
-    """Weight i of table (W, 5) multiplies rows rows[i, 0]:rows[i, 1] of x (quantized once for all) and
-    writes those rows of y from column cols[i]; every weight's tiles split over nth threads in one
-    launch. Each range kernel sees only its own weight's bytes."""
-    xq = matmul._quantized(x, quantize)
+@njit(cache=True)
+def _segment_argvs(table, rows, cols, gemm, x, y, xq):
+    """launch_segments' argv per weight (its rows of x and y, from column cols[i] of y) and each
+    weight's first tile (tiles[-1] = total)."""
     W, ldy = table.shape[0], y.shape[1]
     argvs = np.zeros((W, matmul.ARGV_LEN), np.int64)
     tiles = np.zeros(W + 1, np.int64)
@@ -93,15 +91,33 @@ def launch_segments(table, rows, cols, gemm, quantize, x, y, nth):
         argvs[i, matmul.A_Y] = y.ctypes.data + 4 * (a * ldy + cols[i])
         argvs[i, matmul.A_LDY] = ldy
         tiles[i + 1] = tiles[i] + (table[i, 3] + R - 1) // R
-    total = tiles[-1]
+    return argvs, tiles
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def launch_segments(table, rows, cols, gemm, quantize, x, y, nth):
+    """Weight i of table (W, 5) multiplies rows rows[i, 0]:rows[i, 1] of x (quantized once for all) and
+    writes those rows of y from column cols[i]; every weight's tiles in one launch, taken by the
+    threads a piece at a time as matmul.launch_many does (the experts' row counts differ, so equal
+    shares of tiles were unequal work, and a thread another process held up kept its share). Each
+    range kernel sees only its own weight's bytes."""
+    xq = matmul._quantized(x, quantize)
+    argvs, tiles = _segment_argvs(table, rows, cols, gemm, x, y, xq)
+    W, total = table.shape[0], tiles[-1]
     nth = max(1, min(nth, total))
-    for c in prange(nth):
-        lo, hi = c * total // nth, (c + 1) * total // nth
-        for i in range(W):
-            a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
-            if a < b:
-                call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
-    return matmul._alive(argvs, xq)
+    mean_rows = max(1, (rows[:, 1] - rows[:, 0]).sum() // max(1, W))
+    piece, next_tile = matmul._pieces(total, nth, x.shape[1] // 32 * mean_rows)
+    for _c in prange(nth):
+        while True:
+            lo = fetch_add(next_tile.ctypes.data, piece)
+            if lo >= total:
+                break
+            hi = min(total, lo + piece)
+            for i in range(W):
+                a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
+                if a < b:
+                    call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
+    return matmul._alive(argvs, xq) + next_tile[0]
 
 
 @njit(cache=True)

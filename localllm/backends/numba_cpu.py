@@ -42,7 +42,7 @@ _KV_STORAGE = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # q8_0: gg
 # Attention below this many multiply-adds runs on one thread (a parallel launch costs ~5 us).
 _ATTN_PARALLEL_MIN = 1 << 15
 # Warm-up steps timed per thread count before the first request (NumbaBackend._calibrate_threads).
-CALIBRATION_ROUNDS = 2
+CALIBRATION_ROUNDS, CALIBRATION_SECONDS = 2, 1.0  # (no further round once this long was spent)
 
 
 # Kernels are compiled for C-contiguous, writable arrays of one dtype; a read-only or strided
@@ -430,6 +430,7 @@ class NumbaBackend(Backend):
         best: dict[int, float] = {}
         if len(governor.candidates) < 2:
             return
+        began = time.perf_counter()
         try:
             for _ in range(CALIBRATION_ROUNDS):
                 for n in governor.candidates:
@@ -438,6 +439,8 @@ class NumbaBackend(Backend):
                     start = time.perf_counter()
                     step()
                     best[n] = min(best.get(n, np.inf), time.perf_counter() - start)
+                if time.perf_counter() - began > CALIBRATION_SECONDS:  # a large model: one round will do
+                    break
         finally:
             self.threads = threads
             numba.set_num_threads(threads)

@@ -186,3 +186,18 @@ def test_calibration_picks_the_faster_count_for_a_first_short_step() -> None:
     assert seen == [2, 1] * CALIBRATION_ROUNDS and backend.threads == 2
     assert governor.current_choice(1) == 1 and governor.choose(16) == 1
     assert ThreadGovernor(2).choose(16) == 2  # (what a fresh governor tries first)
+
+
+def test_calibration_stops_after_a_round_that_took_long(monkeypatch) -> None:
+    """A large model's warm-up step is slow: one round of each count, not CALIBRATION_ROUNDS."""
+    from localllm.backends import numba_cpu
+
+    backend, model, seen = numba_cpu.NumbaBackend(2), object(), []
+    if backend.threads < 2:
+        import pytest
+
+        pytest.skip("needs a machine where Numba starts more than one thread")
+    monkeypatch.setattr(numba_cpu, "CALIBRATION_SECONDS", 0.0)
+    backend._calibrate_threads(model, lambda: seen.append(backend.threads))  # type: ignore[arg-type]
+    assert numba_cpu.CALIBRATION_ROUNDS > 1 and seen == [2, 1]
+    assert backend.thread_governor(model).current_choice(1) in (1, 2)  # type: ignore[arg-type]

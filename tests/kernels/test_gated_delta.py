@@ -103,3 +103,21 @@ def test_conv_window_rolls_over_steps() -> None:
     gd.conv_silu(x, np.ascontiguousarray(w.T), np.array([0, 7]), np.arange(7), np.array([0]), cs, out)
     np.testing.assert_allclose(out, whole, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(cs[0], state)
+
+
+def test_conv_split_over_threads_equals_one_pass() -> None:
+    """conv_silu_par (a prefill's conv, channels split over threads; a width no multiple of 16) gives
+    conv_silu's outputs and windows bit for bit, over sequences that start, continue, or add fewer
+    tokens than the window holds."""
+    rng = np.random.default_rng(5)
+    width = 330
+    x = rng.standard_normal((9, width)).astype(np.float32)
+    wt = rng.standard_normal((TAPS, width)).astype(np.float32)
+    qsl, pos, slots = np.array([0, 5, 5, 7, 9]), np.array([0, 1, 2, 3, 4, 8, 9, 3, 4]), np.array([2, 0, 1, 3])
+    state = rng.standard_normal((4, TAPS - 1, width)).astype(np.float32)
+    (s1, o1), (s2, o2) = ((state.copy(), np.empty_like(x)) for _ in range(2))
+    gd.conv_silu(x, wt, qsl, pos, slots, s1, o1)
+    gd.conv_silu_par(x, wt, qsl, pos, slots, s2, o2, 3)
+    np.testing.assert_array_equal(o2, o1)
+    np.testing.assert_array_equal(s2, s1)
+    assert not np.array_equal(s1[1], state[1])  # the 2-token sequence rolled its window on
