@@ -1,4 +1,5 @@
 """Where a decode step's fused layer stack spends its time: a copy of kernels/decoder.py's dense-layer path
+(a parallel launch per projection; kernels/team_stack.py's team is not profiled here)
 with cycle-counter stamps between its sections, and inside every parallel launch (serial set-up, each
 thread's start and end, the join).
 
@@ -22,7 +23,8 @@ from numba.extending import intrinsic
 
 from localllm.kernels import decoder as dk
 from localllm.kernels import layers, matmul
-from localllm.kernels.simd import call_range_kernel, fetch_add
+from localllm.kernels.pieces import plan_pieces
+from localllm.kernels.simd import fetch_add
 
 SECTIONS = ("attn_norm", "qkv", "qkv_finish", "rope_store", "attend", "o", "residual", "ffn_norm",
             "gate_up", "swiglu", "down", "residual2")  # fmt: skip
@@ -34,7 +36,9 @@ COLS = 8
 @intrinsic
 def rdtsc(typingctx):
     def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), []))
+        fn = builder.module.declare_intrinsic(
+            "llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), [])
+        )
         return builder.call(fn, [])
 
     return types.int64(), codegen
@@ -44,23 +48,19 @@ def rdtsc(typingctx):
 def launch_many_p(table, gemm, quantize, x, outs, nth, rec):
     xq = matmul._quantized(x, quantize)
     argvs, tiles = matmul._group_argvs(table, gemm, x, outs, xq)
-    total = tiles[-1]
-    nth = max(1, min(nth, total))
-    piece, next_tile = matmul._pieces(total, nth, x.shape[1] // 32 * x.shape[0])
+    nth = max(1, min(nth, tiles[-1]))
+    bounds = plan_pieces(table, nth, x.shape[1] // 32 * x.shape[0])[1]
+    next_piece = np.zeros(1, np.int64)
     rec[2] = rdtsc()
     for c in prange(nth):
         rec[3 + 2 * c] = rdtsc()
         while True:
-            lo = fetch_add(next_tile.ctypes.data, piece)
-            if lo >= total:
+            p = fetch_add(next_piece.ctypes.data, 1)
+            if p >= bounds.shape[0] - 1:
                 break
-            hi = min(total, lo + piece)
-            for i in range(table.shape[0]):
-                a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
-                if a < b:
-                    call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
+            matmul.run_piece(table, argvs, tiles, bounds[p], bounds[p + 1])
         rec[4 + 2 * c] = rdtsc()
-    return matmul._alive(argvs, xq) + next_tile[0]
+    return matmul._alive(argvs, xq) + next_piece[0]
 
 
 @njit
@@ -85,7 +85,9 @@ def layer_p(il, x, w, dims, step, kv, buf, nth, rec):
     k_cache, v_cache, slots, tables = dk._layer_cache(il, w, step, kv)
     r = w.flags[il, dk.F_ROPE]
     dim, neox = step.rope_dims[r, 0], step.rope_dims[r, 1] != 0
-    layers.rope_store_kv(q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, slots, buf.q, buf.k)
+    layers.rope_store_kv(
+        q, k, buf.v, buf.cos[r], buf.sin[r], dim, neox, k_cache, v_cache, slots, buf.q, buf.k
+    )
     if w.attn_temp[il, 0] != 0.0:
         dk._temperature(buf.q, step.positions, w.attn_temp[il, 0], w.attn_temp[il, 1])
     t2 = rdtsc()
@@ -143,6 +145,7 @@ def _tsc() -> int:
 
 
 def tsc_per_us() -> float:
+    _tsc()  # compiled before the clock starts
     t0, c0 = time.perf_counter(), _tsc()
     time.sleep(0.2)
     return (_tsc() - c0) / (time.perf_counter() - t0) / 1e6
@@ -177,6 +180,8 @@ def _launch_detail(r: np.ndarray, nth: int, per_us: float) -> str:
     if nth > 1:
         parts.append(f"imbalance {low(ends.max(0) - ends.min(0)):6.1f}")
     parts.append(f"join {low(r[..., 1] - ends.max(0)):5.1f}")
+    if nth > 1:  # a thread that found no piece left spends well under a microsecond
+        parts.append(f"both worked {((ends - starts) / per_us > 2.0).all(0).mean():.2f}")
     return "   " + " | ".join(parts)
 
 
@@ -195,6 +200,7 @@ def main() -> None:
 
     counts = [int(t) for t in a.t.split(",")]
     engine = LLMEngine(EngineConfig(model=a.model, threads=max(counts)))
+    engine.backend.team_stack = False  # this copy is of decoder_stack's path, a launch per projection
     rec = Recorder()
     import localllm.backends.numba_stack as ns
 
