@@ -53,6 +53,7 @@ from .packing import (
     pack_weight,
 )
 from .packing import TILE_ROWS as R
+from .pieces import plan_pieces
 from .quantize_act import quantize_rows, quantize_rows16, with_residual
 from .simd import (
     RANGE_KERNEL_SIG,
@@ -83,14 +84,6 @@ PARALLEL_MIN_WORK = 96 * 1024
 # hardware prefetcher follows from there): prefetching the whole of them cost time in cache, with no
 # gain from memory.
 SCALE_PREFETCH_BYTES = 1024
-
-# Each launch's tiles are cut into this many pieces per thread, taken from a shared counter: a
-# thread that another process holds off the CPU leaves its pieces to the others (a static split
-# made every launch wait for it).
-PIECES_PER_THREAD = 4
-# ...but a piece holds at least this many 32-blocks x rows: each range-kernel call sets up its scratch,
-# which ate most of a second thread's gain on small launches cut into many pieces.
-MIN_PIECE_WORK = 256
 
 # The float path dequantizes this many rows at a time: (32, K) float32 stays in L2 next to x.
 FLOAT_ROWS = 32
@@ -531,24 +524,23 @@ def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
     file) would compile a second copy of every launcher."""
     xq = _quantized(x, quantize)
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
-    nt = (n + R - 1) // R
-    nth = max(1, min(nth, nt))
-    piece, next_tile = _pieces(nt, nth, k // 32 * x.shape[0])
+    bounds, nth = _one_weight_pieces(nbytes, n, k, x.shape[0], nth)
+    next_piece = np.zeros(1, np.int64)
     for _c in prange(nth):
         while True:
-            lo = fetch_add(next_tile.ctypes.data, piece)
-            if lo >= nt:
+            p = fetch_add(next_piece.ctypes.data, 1)
+            if p >= bounds.shape[0] - 1:
                 break
-            call_range_kernel(fn, argv.ctypes.data, lo, min(nt, lo + piece))
-    return _alive(argv, xq) + next_tile[0]
+            call_range_kernel(fn, argv.ctypes.data, bounds[p], bounds[p + 1])
+    return _alive(argv, xq) + next_piece[0]
 
 
 @njit(cache=True)
-def _pieces(total, nth, tile_work):
-    """(tiles per piece, the shared counter of the next tile to take) for a launch over total tiles of
-    tile_work blocks x rows each: PIECES_PER_THREAD pieces a thread, none under MIN_PIECE_WORK."""
-    piece = max(-(-total // (nth * PIECES_PER_THREAD)), -(-MIN_PIECE_WORK // max(1, tile_work)))
-    return max(1, piece), np.zeros(1, np.int64)
+def _one_weight_pieces(nbytes, n, k, T, nth):
+    """(piece bounds, threads) of a one-weight launch (kernels/pieces.py)."""
+    table = np.array([[0, 0, nbytes, n, k]], np.int64)
+    nth = max(1, min(nth, (n + R - 1) // R))
+    return plan_pieces(table, nth, k // 32 * T)[1], nth
 
 
 @njit(cache=True, nogil=True)
@@ -576,26 +568,31 @@ def _group_argvs(table, gemm, x, outs, xq):
 @njit(cache=True, parallel=True, nogil=True)
 def launch_many(table, gemm, quantize, x, outs, nth):
     """Several weights sharing the input x in one parallel launch (e.g. q/k/v, or gate/up): their
-    tiles form one range, taken by the threads a piece at a time (see PIECES_PER_THREAD), and x is
+    tiles form one range, taken by the threads a piece at a time (kernels/pieces.py), and x is
     quantized once.  Weight i runs its own range kernel table[i, 0] and writes its (T, n_i) result
     at address outs[i, 0], rows outs[i, 1] floats apart: its own C-contiguous array, or a column
     range of a shared one."""
     xq = _quantized(x, quantize)
     argvs, tiles = _group_argvs(table, gemm, x, outs, xq)
-    total = tiles[-1]
-    nth = max(1, min(nth, total))
-    piece, next_tile = _pieces(total, nth, x.shape[1] // 32 * x.shape[0])
+    nth = max(1, min(nth, tiles[-1]))
+    bounds = plan_pieces(table, nth, x.shape[1] // 32 * x.shape[0])[1]
+    next_piece = np.zeros(1, np.int64)
     for _c in prange(nth):
         while True:
-            lo = fetch_add(next_tile.ctypes.data, piece)
-            if lo >= total:
+            p = fetch_add(next_piece.ctypes.data, 1)
+            if p >= bounds.shape[0] - 1:
                 break
-            hi = min(total, lo + piece)
-            for i in range(table.shape[0]):
-                a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
-                if a < b:
-                    call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
-    return _alive(argvs, xq) + next_tile[0]
+            run_piece(table, argvs, tiles, bounds[p], bounds[p + 1])
+    return _alive(argvs, xq) + next_piece[0]
+
+
+@njit(cache=True)
+def run_piece(table, argvs, tiles, lo, hi) -> None:
+    """Global tiles lo..hi of a launch over several weights (each weight's part by its own kernel)."""
+    for i in range(table.shape[0]):
+        a, b = max(lo, tiles[i]), min(hi, tiles[i + 1])
+        if a < b:
+            call_range_kernel(table[i, 0], argvs[i].ctypes.data, a - tiles[i], b - tiles[i])
 
 
 @njit(cache=True, nogil=True)
@@ -612,16 +609,15 @@ def launch_linear16(fn, buf_addr, nbytes, n, k, x, y, nth):
     whole projection (Gemma 3's output: ~178 MB) wait for it."""
     x16, dx = quantize_rows16(x)
     argv = _argv16(buf_addr, nbytes, n, k, x, y, x16, dx)
-    nt = (n + R - 1) // R
-    nth = max(1, min(nth, nt))
-    piece, next_tile = _pieces(nt, nth, k // 32 * x.shape[0])
+    bounds, nth = _one_weight_pieces(nbytes, n, k, x.shape[0], nth)
+    next_piece = np.zeros(1, np.int64)
     for _c in prange(nth):
         while True:
-            lo = fetch_add(next_tile.ctypes.data, piece)
-            if lo >= nt:
+            p = fetch_add(next_piece.ctypes.data, 1)
+            if p >= bounds.shape[0] - 1:
                 break
-            call_range_kernel(fn, argv.ctypes.data, lo, min(nt, lo + piece))
-    return argv[0] + x16.size + dx.size + next_tile[0]
+            call_range_kernel(fn, argv.ctypes.data, bounds[p], bounds[p + 1])
+    return argv[0] + x16.size + dx.size + next_piece[0]
 
 
 @njit(cache=True, nogil=True)

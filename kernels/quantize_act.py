@@ -79,9 +79,17 @@ def quantize_rows(x):
     dx = np.empty((t, k // 32), np.float32)
     sx = np.empty((t, k // 32), np.float32)
     hs = np.empty((t, k // 16), np.int32)
-    for i in range(t):
+    out = (x8, dx, sx, hs, x8p)
+    quantize_rows_into(x, out)
+    return out
+
+
+@njit(cache=True)
+def quantize_rows_into(x, out) -> None:
+    """quantize_rows into out = (x8, dx, sx, hs, x8p), arrays of its shapes (a step's reused buffers)."""
+    x8, dx, sx, hs, x8p = out
+    for i in range(x.shape[0]):
         quantize_row(x[i], x8[i], dx[i], sx[i], hs[i], x8p[i])
-    return x8, dx, sx, hs, x8p
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -102,9 +110,14 @@ def quantize_rows16(x):
     t, k = x.shape
     x16 = np.empty((t, k), np.int16)
     dx = np.empty((t, k // 32), np.float32)
-    for i in range(t):
-        quantize_row16(x[i], x16[i], dx[i])
+    quantize_rows16_into(x, x16, dx)
     return x16, dx
+
+
+@njit(cache=True)
+def quantize_rows16_into(x, x16, dx) -> None:
+    for i in range(x.shape[0]):
+        quantize_row16(x[i], x16[i], dx[i])
 
 
 @njit(cache=True)

@@ -85,6 +85,7 @@ class NumbaBackend(Backend):
             int, tuple[object, DecoderPlan | None]
         ] = {}  # id(model) -> (model, DecoderPlan or None)
         self.fuse_layers = True  # tests turn it off to compare with the op-by-op path
+        self.team_stack = True  # dense layers' stack on one team of threads (off: a launch per projection)
         self.moe_stats = np.zeros(2, np.int64)  # op path's expert bytes launched, rows (kernels/moe.py)
         self._conv_taps: dict[int, tuple[np.ndarray, object]] = {}  # id(conv weights) -> (taps, C), owner
 

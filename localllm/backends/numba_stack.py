@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from localllm.kernels import decoder as dk
-from localllm.kernels import matmul
+from localllm.kernels import matmul, team_stack
 from localllm.models.spec import LayerSpec, ModelArgs, RopeSpec, spec_fields
 
 if TYPE_CHECKING:
@@ -231,14 +231,21 @@ class DecoderPlan:
             i64(batch.context_lens), i64(batch.block_tables), self.rope_dims, self.rope_freqs,
             self.rope_mscale, inputs,
         )  # fmt: skip
-        dk.decoder_stack(x, self._path(use_int), self.dims, step, (kv.k, kv.v), backend.threads)
+        run = team_stack.team_stack if self.team and backend.team_stack else dk.decoder_stack
+        run(x, self._path(use_int), self.dims, step, (kv.k, kv.v), backend.threads)
         return x
+
+    @functools.cached_property
+    def team(self) -> bool:
+        """Whether kernels/team_stack.py runs these layers (dense ones), else decoder_stack."""
+        return team_stack.supports(self.weights.flags)
 
 
 class StackBackend(Protocol):
     """What the stack uses of the Numba backend (typed here: importing it would be an import cycle)."""
 
     threads: int
+    team_stack: bool  # run dense layers with kernels/team_stack.py (tests turn it off to compare)
 
     def as_i64(self, a: np.ndarray) -> np.ndarray: ...
 
