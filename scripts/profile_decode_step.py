@@ -30,7 +30,7 @@ def _timed(times: dict[str, list[float]], name: str, fn: Any) -> Any:
 
 def load(model: str, threads: int) -> Any:
     from localllm.backends.threads import ModelGovernors
-    from localllm.engine.engine import LLMEngine, EngineConfig
+    from localllm.engine.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(EngineConfig(model=model, threads=threads))
     engine.backend._governors = ModelGovernors(threads, adaptive=False)
@@ -88,7 +88,7 @@ def _cells(tt: dict[str, list[float]]) -> list[str]:
     low = {k: min(v) * 1e3 for k, v in tt.items()}
     med["rest"] = med["step"] - med["stack"] - med["output"]
     low["rest"] = (
-        statistics.median([a - b - c for a, b, c in zip(tt["step"], tt["stack"], tt["output"])]) * 1e3
+        statistics.median([a - b - c for a, b, c in zip(tt["step"], tt["stack"], tt["output"], strict=True)]) * 1e3
     )
     names = ["step", "stack", "output", "rest", "step_cpu", "stack_cpu", "output_cpu"]
     return [f"{med[k]:.3f} ({low[k]:.3f})" if k != "rest" else f"{med[k]:.3f}" for k in names]

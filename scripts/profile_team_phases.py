@@ -73,8 +73,8 @@ def _parallel(sync, ph, rec, c, which, il, w, dims, step, kv, lb, tp, g):
             break
         a = rdtsc()
         if g < 0:
-            attention.attend_items(lb.q, k_cache, v_cache, step.qsl, step.ctx, tables, dims.attn_scale, window,
-                                   cap, sinks, items, lb.att, p, pieces)  # fmt: skip
+            attention.attend_items(lb.q, k_cache, v_cache, step.qsl, step.ctx, tables, dims.attn_scale,
+                                   window, cap, sinks, items, lb.att, p, pieces)  # fmt: skip
         else:
             matmul.run_piece(table, argv, tiles, bounds[p], bounds[p + 1])
         work += rdtsc() - a
@@ -149,7 +149,7 @@ def report(rows: list[tuple[np.ndarray, np.ndarray]], nth: int, per_us: float) -
     span = (leave.max(-1) - enter.min(-1)) / per_us  # (steps, layers, phases)
     print(f"\n{nth} thread(s), {len(rows)} steps; lowest per layer and phase, summed over layers (us):")
     for p, name in enumerate(NAMES):
-        low = lambda a: a[:, :, p].min(axis=0).sum()  # noqa: E731
+        low = lambda a, p=p: a[:, :, p].min(axis=0).sum()  # noqa: E731
         waits = " ".join(f"{low((leave - enter)[..., c] / per_us - busy[..., c]):6.1f}" for c in range(nth))
         share = np.median(busy[:, :, p].max(-1) / np.maximum(busy[:, :, p].sum(-1), 1e-9))
         print(

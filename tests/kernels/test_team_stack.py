@@ -19,7 +19,8 @@ DECODE_PROMPTS = [list(range(7, 30)), [9, 10, 11], list(range(40, 57))]
 FILES = {
     "llama-Q8_0": lambda p: write_arch_model(p, "llama", "Q8_0"),  # window, linear RoPE scaling
     "qwen2-Q5_0": lambda p: write_arch_model(p, "qwen2", "Q5_0"),  # q/k/v biases, NEOX RoPE
-    "gemma3-Q8_0": lambda p: write_arch_model(p, "gemma3", "Q8_0"),  # q/k norms, post-norms, GeGLU, int16 down
+    # q/k norms, post-norms, GeGLU, int16 down
+    "gemma3-Q8_0": lambda p: write_arch_model(p, "gemma3", "Q8_0"),
     "gemma3-Q5_0": lambda p: write_arch_model(p, "gemma3", "Q5_0"),  # two-pass down projection
     "gemma3-F32": lambda p: write_arch_model(p, "gemma3", "F32"),  # the float path (GEMM)
     "gemma2": lambda p: write_variant(p, "gemma2"),  # attention soft-cap
