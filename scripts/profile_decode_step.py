@@ -87,9 +87,8 @@ def _cells(tt: dict[str, list[float]]) -> list[str]:
     med = {k: statistics.median(v) * 1e3 for k, v in tt.items()}
     low = {k: min(v) * 1e3 for k, v in tt.items()}
     med["rest"] = med["step"] - med["stack"] - med["output"]
-    low["rest"] = (
-        statistics.median([a - b - c for a, b, c in zip(tt["step"], tt["stack"], tt["output"], strict=True)]) * 1e3
-    )
+    parts = zip(tt["step"], tt["stack"], tt["output"], strict=True)
+    low["rest"] = statistics.median([a - b - c for a, b, c in parts]) * 1e3
     names = ["step", "stack", "output", "rest", "step_cpu", "stack_cpu", "output_cpu"]
     return [f"{med[k]:.3f} ({low[k]:.3f})" if k != "rest" else f"{med[k]:.3f}" for k in names]
 
