@@ -16,6 +16,7 @@ from numba import njit, prange
 from . import matmul
 from .layers import geglu_rows, swiglu_oai_rows, swiglu_rows
 from .packing import TILE_ROWS as R
+from .pieces import counter_pieces
 from .simd import call_range_kernel, f32, fetch_add
 
 # llama.cpp clamps the sum it renormalises the top-k weights by (the smallest normal float16)
@@ -106,7 +107,7 @@ def launch_segments(table, rows, cols, gemm, quantize, x, y, nth):
     W, total = table.shape[0], tiles[-1]
     nth = max(1, min(nth, total))
     mean_rows = max(1, (rows[:, 1] - rows[:, 0]).sum() // max(1, W))
-    piece, next_tile = matmul._pieces(total, nth, x.shape[1] // 32 * mean_rows)
+    piece, next_tile = counter_pieces(total, nth, x.shape[1] // 32 * mean_rows)
     for _c in prange(nth):
         while True:
             lo = fetch_add(next_tile.ctypes.data, piece)

@@ -68,3 +68,12 @@ def plan_pieces(table, nth, tile_work):
     bounds = np.empty(pieces + 1, np.int64)
     piece_bounds(table, tiles, pieces, bounds)
     return tiles, bounds
+
+
+@njit(cache=True)
+def counter_pieces(total, nth, tile_work):
+    """(tiles per piece, the shared counter of the next tile to take) for a launch over total tiles of
+    tile_work blocks x rows each whose threads take equal-tile pieces from a counter (moe's launches,
+    where a tile's cost is its expert's rows): PIECES_PER_THREAD a thread, none under MIN_PIECE_WORK."""
+    piece = max(-(-total // (nth * PIECES_PER_THREAD)), -(-MIN_PIECE_WORK // max(1, tile_work)))
+    return max(1, piece), np.zeros(1, np.int64)
