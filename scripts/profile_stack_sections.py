@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -185,8 +186,11 @@ def _launch_detail(r: np.ndarray, nth: int, per_us: float) -> str:
     return "   " + " | ".join(parts)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def profile_decode(description: str, patch: Callable[[Recorder], None], rec: Recorder, team: bool,
+                   report_rows: Callable[[Any, int, float], None]) -> None:  # fmt: skip
+    """Decode MODEL's tokens at each thread count, rounds alternating, with `patch(rec)` having put a
+    recording copy of the stack in numba_stack's place; then report each count's rows."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("model")
     ap.add_argument("-t", default="1,2")
     ap.add_argument("-n", type=int, default=48)
@@ -200,11 +204,8 @@ def main() -> None:
 
     counts = [int(t) for t in a.t.split(",")]
     engine = LLMEngine(EngineConfig(model=a.model, threads=max(counts)))
-    engine.backend.team_stack = False  # this copy is of decoder_stack's path, a launch per projection
-    rec = Recorder()
-    import localllm.backends.numba_stack as ns
-
-    ns.dk = _Shim(rec)
+    engine.backend.team_stack = team
+    patch(rec)
     params = SamplingParams(temperature=0, max_tokens=a.n + 1, ignore_eos=True)
     for r in range(a.rounds + 1):
         for t in counts:
@@ -216,17 +217,28 @@ def main() -> None:
             rec.rows.clear()  # the first round compiles and warms up
     per_us = tsc_per_us()
     for t in counts:
-        report(rec.rows[t], t, per_us)
+        report_rows(rec.rows[t], t, per_us)
 
 
-class _Shim:
-    """kernels.decoder as numba_stack sees it, with decoder_stack recorded."""
+class Shim:
+    """A kernels module as numba_stack sees it, with one of its functions replaced by a recorder."""
 
-    def __init__(self, rec: Recorder) -> None:
-        self._rec = rec
+    def __init__(self, module: Any, name: str, rec: Recorder) -> None:
+        self._module, self._name, self._rec = module, name, rec
 
     def __getattr__(self, name: str) -> Any:
-        return self._rec if name == "decoder_stack" else getattr(dk, name)
+        return self._rec if name == self._name else getattr(self._module, name)
+
+
+def _patch(rec: Recorder) -> None:
+    import localllm.backends.numba_stack as ns
+
+    ns.dk = Shim(dk, "decoder_stack", rec)
+
+
+def main() -> None:
+    # (team off: this copy is of decoder_stack's path, a launch per projection)
+    profile_decode(__doc__.splitlines()[0], _patch, Recorder(), False, report)
 
 
 if __name__ == "__main__":

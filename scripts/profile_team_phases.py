@@ -10,12 +10,11 @@ arrival to last exit), the work done in it (summed over threads) and each thread
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
 from numba import njit, prange
-from profile_stack_sections import rdtsc, tsc_per_us
+from profile_stack_sections import Shim, profile_decode, rdtsc
 
 from localllm.kernels import attention, layers, matmul
 from localllm.kernels import decoder as dk
@@ -174,46 +173,14 @@ def _lags(enter: np.ndarray, busy: np.ndarray, per_us: float) -> None:
     print(f"  projections that both threads worked on: {both:.2f}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("-t", default="1,2")
-    ap.add_argument("-n", type=int, default=48)
-    ap.add_argument("--rounds", type=int, default=4)
-    a = ap.parse_args()
-    import numba
-
+def _patch(rec: Recorder) -> None:
     import localllm.backends.numba_stack as ns
-    from localllm.backends.threads import ModelGovernors
-    from localllm.engine.engine import EngineConfig, LLMEngine
-    from localllm.sampling_params import SamplingParams
 
-    counts = [int(t) for t in a.t.split(",")]
-    engine = LLMEngine(EngineConfig(model=a.model, threads=max(counts)))
-    rec = Recorder()
-    ns.team_stack = _Shim(rec)
-    params = SamplingParams(temperature=0, max_tokens=a.n + 1, ignore_eos=True)
-    for r in range(a.rounds + 1):
-        for t in counts:
-            engine.backend._governors = ModelGovernors(t, adaptive=False)
-            engine.backend.threads = t
-            numba.set_num_threads(t)
-            engine.generate([[1, 2, 3, 4, 5]], params)
-        if r == 0:
-            rec.rows.clear()  # the first round compiles and warms up
-    per_us = tsc_per_us()
-    for t in counts:
-        report(rec.rows[t], t, per_us)
+    ns.team_stack = Shim(ts, "team_stack", rec)
 
 
-class _Shim:
-    """kernels.team_stack as numba_stack sees it, with team_stack recorded."""
-
-    def __init__(self, rec: Recorder) -> None:
-        self._rec = rec
-
-    def __getattr__(self, name: str) -> Any:
-        return self._rec if name == "team_stack" else getattr(ts, name)
+def main() -> None:
+    profile_decode(__doc__.splitlines()[0], _patch, Recorder(), True, report)
 
 
 if __name__ == "__main__":
