@@ -23,13 +23,28 @@ _BASE = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvi
 _IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 
 
-@functools.lru_cache(maxsize=1)
-def sources_digest() -> str:
-    """A hash of every kernel source file, names included (read once per process: ~0.3 MB)."""
+def current_digest() -> str:
+    """A hash of every kernel source file as it is on disk now, names included (~0.3 MB read)."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:20]
+
+
+@functools.lru_cache(maxsize=1)
+def sources_digest() -> str:
+    """current_digest() as this process first read it: the cache folder's name."""
+    return current_digest()
+
+
+class SourceStamp(str):
+    """The entries' freshness stamp: equal to sources_digest(), but written into an index (at each save)
+    as the digest the files have then. A kernel file edited while a process imported the kernels left
+    that process with old and new code, compiled together; its entries, saved in the old digest's
+    folder, then carry the new digest, which no process reading that folder expects: never loaded."""
+
+    def __reduce__(self):
+        return (str, (current_digest(),))
 
 
 class ContentKeyedLocator(_BASE):
@@ -40,7 +55,7 @@ class ContentKeyedLocator(_BASE):
         self._cache_path = os.path.join(config.CACHE_DIR, f"localllm-kernels-{sources_digest()}")
 
     def get_source_stamp(self) -> str:
-        return sources_digest()
+        return SourceStamp(sources_digest())
 
     @classmethod
     def from_function(cls, py_func, py_file):

@@ -36,3 +36,26 @@ def test_cached_kernels_equal_fresh_ones(tmp_path: Path) -> None:
     assert fresh.keys() == cached.keys()
     differ = [k for k in fresh if not np.array_equal(fresh[k], cached[k])]
     assert not differ, f"cached kernels differ from fresh ones: {differ}"
+
+
+def _index(folder: Path, stamp: str):
+    from numba.core.caching import IndexDataCacheFile
+
+    return IndexDataCacheFile(cache_path=str(folder), filename_base="f-1.py", source_stamp=stamp)
+
+
+def test_entries_saved_after_a_kernel_file_changed_are_never_loaded(tmp_path: Path, monkeypatch) -> None:
+    """A process that imported the kernels while a file changed holds old and new code: what it saves
+    must not pass for the digest its folder is named by (the next process reading it segfaulted)."""
+    from localllm.kernels import cache
+
+    stamp = cache.ContentKeyedLocator.get_source_stamp(None)
+    assert stamp == cache.sources_digest() == cache.current_digest()
+    _index(tmp_path, stamp).save("sig", b"code")
+    assert _index(tmp_path, cache.SourceStamp(cache.sources_digest())).load("sig") == b"code"
+
+    monkeypatch.setattr(cache, "current_digest", lambda: "edited-meanwhile")
+    _index(tmp_path, stamp).save("sig2", b"mixed code")
+    monkeypatch.undo()
+    fresh = _index(tmp_path, cache.SourceStamp(cache.sources_digest()))
+    assert fresh.load("sig") is None and fresh.load("sig2") is None
