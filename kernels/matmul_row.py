@@ -24,6 +24,7 @@ from .simd_x86 import (
     crumb_sums_avx2,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
+    q5_high_sums_avx2,
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
 )
@@ -61,7 +62,7 @@ Q6_QUAD_ROWS = 2 if HAVE_VNNI else 1
 FIVE_BIT = (Q5_0, Q5_1, Q5_K)
 # The 4/5-bit kinds with a kernel here on this CPU, and up to how many rows each takes it.
 NIBBLE_ROWS = dict.fromkeys((Q4_0, Q4_1, Q4_K) if HAVE_AVX2 else (), FUSED_MAX_ROWS)
-NIBBLE_ROWS.update(dict.fromkeys(FIVE_BIT if HAVE_AVX512 else (), FUSED_MAX_ROWS_Q5))
+NIBBLE_ROWS.update(dict.fromkeys(FIVE_BIT if HAVE_AVX2 else (), FUSED_MAX_ROWS_Q5))
 FUSED_Q6_Q8 = HAVE_AVX2
 _NIBBLE_BLOCK = q4_block_sums_avx512 if HAVE_AVX512 else q4_block_sums_avx2
 _SPLIT_BLOCK = q4_block_sums_split_avx512 if HAVE_AVX512 else q4_block_sums_split_avx2
@@ -121,8 +122,10 @@ def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4):
         for b in range(q3.shape[0]):
             for ti in range(xr.shape[0]):
                 _NIBBLE_BLOCK(q + b * 16 * R, x + ti * k + b * 32, s, s + 2 * R)
-                if five:
+                if five and HAVE_AVX512:
                     q5_high_sums_avx512(h + b * 4 * R, tb + ti * tables + b * BIT_TABLES * 64, s + 4 * R, 0)
+                elif five:
+                    q5_high_sums_avx2(h + b * 4 * R, x + ti * k + b * 32, s + 4 * R, 0)
                 dxb, sxb, a = dx[ti, b], sx[ti, b], acc[ti]
                 for r in range(R):  # matmul_int._combine_nibbles + _scale_sums
                     dsc, msc = scales(f0, sm, b, r)

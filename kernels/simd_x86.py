@@ -399,3 +399,39 @@ def crumb_sums_avx2(typingctx, q_addr, x_addr, s0_addr, s1_addr):
         return context.get_dummy_value()
 
     return _SIG, codegen
+
+
+@intrinsic
+def q5_high_sums_avx2(typingctx, qh_addr, x_addr, s_addr, unused):
+    """One 32-block of a 64-row tile: s[r] = the sum of x over the elements whose fifth bit is set
+    (int16, |s| <= 4064), as matmul_int.high_bit_sums. qh: 2 x 64 uint16 (bit j of word w is element
+    16w + j); x: the block's 32 int8 pair-interleaved (element j at 2j, 16 + j at 2j + 1, as x8p).
+    AVX2 has no 16-bit permute for AVX-512's table lookup: each bit becomes a lane mask (shift it to
+    the sign, shift it back arithmetically) that selects the broadcast x, sixteen rows a register."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+        sp = builder.inttoptr(args[2], _i16.as_pointer())
+        words = {}
+        for w in range(2):
+            for q in range(TILE_ROWS // 16):
+                ptr = builder.bitcast(
+                    builder.gep(qp, [_const(_i32, (w * TILE_ROWS + 16 * q) * 2)]), _V16I16.as_pointer()
+                )
+                words[w, q] = builder.load(ptr, align=2)
+        acc: list[Any] = [None] * (TILE_ROWS // 16)
+        for w in range(2):
+            for j in range(16):
+                xj = builder.sext(builder.load(builder.gep(xp, [_const(_i32, 2 * j + w)])), _i16)
+                xb = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), xj, _const(_i32, 0))
+                xb = builder.shuffle_vector(xb, xb, _const(ir.VectorType(_i32, 16), [0] * 16))
+                for q in range(TILE_ROWS // 16):
+                    m = builder.shl(words[w, q], _const(_V16I16, [15 - j] * 16))
+                    part = builder.and_(builder.ashr(m, _const(_V16I16, [15] * 16)), xb)
+                    acc[q] = part if acc[q] is None else builder.add(acc[q], part)
+        for q in range(TILE_ROWS // 16):
+            ptr = builder.bitcast(builder.gep(sp, [_const(_i32, 16 * q)]), _V16I16.as_pointer())
+            builder.store(acc[q], ptr, align=2)
+        return context.get_dummy_value()
+
+    return _SIG, codegen

@@ -33,7 +33,7 @@ from localllm.kernels import matmul_int as mi
 from localllm.kernels import reference as ref
 from localllm.kernels.packing import TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
-from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES
+from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES, q5_high_sums_avx2
 from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI, QUADS_BYTES
 from localllm.models.spec import RopeSpec
 
@@ -383,6 +383,30 @@ def test_fifth_bit_table_sums_equal_portable_ones() -> None:
         xw = x8[t].reshape(nb, 2, 16).astype(np.int32)
         exact = np.einsum("bwjr,bwj->br", set_bits.astype(np.int32), xw)
         np.testing.assert_array_equal(s_port, exact)
+
+
+@pytest.mark.skipif(not HAVE_AVX2, reason="needs an AVX2 CPU")
+def test_fifth_bit_sums_avx2_equal_portable_ones() -> None:
+    """The decode-row kernel's AVX2 fifth-bit sums (lane masks, pair-interleaved x) equal the portable
+    loop's, bit for bit: random bits, all bits set, extreme activations."""
+    rng = np.random.default_rng(17)
+    nb = 5
+    qh3 = rng.integers(0, 1 << 16, (nb, 2, TILE_ROWS), dtype=np.uint16)
+    qh3[0] = 0xFFFF
+    x8 = rng.integers(-127, 128, (2, nb * 32), dtype=np.int8)
+    x8[1, :64] = -127
+    for t in range(2):
+        s_port, s_avx2 = np.zeros((nb, TILE_ROWS), np.int16), np.ones((nb, TILE_ROWS), np.int16)
+        mi.high_bit_sums(qh3, x8[t], s_port)
+        run_high_bits_avx2(qh3, interleaved(x8[t]), s_avx2)
+        np.testing.assert_array_equal(s_avx2, s_port)
+
+
+@njit
+def run_high_bits_avx2(qh3, xp, sh):
+    q, x, s = qh3.ctypes.data, xp.ctypes.data, sh.ctypes.data
+    for b in range(qh3.shape[0]):
+        q5_high_sums_avx2(q + b * 4 * TILE_ROWS, x + b * 32, s + b * 2 * TILE_ROWS, 0)
 
 
 @njit
