@@ -363,15 +363,22 @@ def test_q6_kernels_equal_portable_ones(variant: str) -> None:
 
 
 @pytest.mark.skipif(not HAVE_AVX512, reason="needs an AVX-512 CPU")
+def fifth_bit_case(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Five blocks of random fifth bits (the first all set) and two activation rows (the second's first
+    two blocks at -127): the inputs both fifth-bit kernels are checked on."""
+    rng = np.random.default_rng(seed)
+    qh3 = rng.integers(0, 1 << 16, (5, 2, TILE_ROWS), dtype=np.uint16)
+    qh3[0] = 0xFFFF
+    x8 = rng.integers(-127, 128, (2, 5 * 32), dtype=np.int8)
+    x8[1, :64] = -127
+    return qh3, x8
+
+
 def test_fifth_bit_table_sums_equal_portable_ones() -> None:
     """Q5's fifth-bit sums by table lookups (AVX-512) equal the portable loop's, bit for bit, for
     random bits, all bits set and extreme activations."""
-    rng = np.random.default_rng(16)
-    nb = 5
-    qh3 = rng.integers(0, 1 << 16, (nb, 2, TILE_ROWS), dtype=np.uint16)
-    qh3[0] = 0xFFFF
-    x8 = rng.integers(-127, 128, (2, nb * 32), dtype=np.int8)
-    x8[1, :64] = -127
+    qh3, x8 = fifth_bit_case(16)
+    nb = qh3.shape[0]
     bits = np.zeros((2, nb * mi.BIT_TABLE_LEN), np.int16)
     run_bit_tables(x8, bits)
     for t in range(2):
@@ -389,12 +396,8 @@ def test_fifth_bit_table_sums_equal_portable_ones() -> None:
 def test_fifth_bit_sums_avx2_equal_portable_ones() -> None:
     """The decode-row kernel's AVX2 fifth-bit sums (lane masks, pair-interleaved x) equal the portable
     loop's, bit for bit: random bits, all bits set, extreme activations."""
-    rng = np.random.default_rng(17)
-    nb = 5
-    qh3 = rng.integers(0, 1 << 16, (nb, 2, TILE_ROWS), dtype=np.uint16)
-    qh3[0] = 0xFFFF
-    x8 = rng.integers(-127, 128, (2, nb * 32), dtype=np.int8)
-    x8[1, :64] = -127
+    qh3, x8 = fifth_bit_case(17)
+    nb = qh3.shape[0]
     for t in range(2):
         s_port, s_avx2 = np.zeros((nb, TILE_ROWS), np.int16), np.ones((nb, TILE_ROWS), np.int16)
         mi.high_bit_sums(qh3, x8[t], s_port)
