@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import sys
 from typing import Annotated, Any
@@ -151,9 +152,15 @@ def _run_localllm(path, plan, threads_list, reps, batches, where: tuple[str, str
             cache_type_k=plan.kv[0],
             cache_type_v=plan.kv[1],
         )
-        bench = OfflineBench(LLMEngine(config), reps)
+        engine = LLMEngine(config)
+        bench = OfflineBench(engine, reps)
         rows += [bench.prompt_processing(p) for p in n_prompt]
         rows += [bench.text_generation(n, depth=d) for n in n_gen for d in plan.depths]
         rows += [bench.text_generation(n, b) for n in n_gen for b in batches if b > 1]
         print(f"threads={threads}: done", file=sys.stderr)
+        # One engine at a time: the next thread count's load would otherwise map the weights a second
+        # time beside this one's, and peak RSS (the RSS column, /usr/bin/time) would count both.
+        engine.close()
+        del bench, engine
+        gc.collect()
     return rows

@@ -97,3 +97,38 @@ def test_llama_bench_gets_the_same_cache_types_and_depths(
         ("tg4@d24", "q8_0", "f16"),
     ]
     assert {r["test"] for r in data["ratios"]} == {"pp8", "tg4", "tg4@d24"}
+
+
+def test_one_engine_at_a_time_across_thread_counts(
+    bench: Any, hd32_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-t 1,2` closes and frees the first thread count's engine before loading the next: two engines
+    alive would map the weights twice and double the peak RSS bench reports."""
+    import gc
+    import weakref
+
+    from localllm.engine import engine as engine_module
+
+    real, alive_at_load = engine_module.LLMEngine, []
+    engines: list[weakref.ref] = []
+
+    def tracked(config: Any) -> Any:
+        gc.collect()
+        alive_at_load.append(sum(ref() is not None for ref in engines))
+        made = real(config)
+        engines.append(weakref.ref(made))
+        return made
+
+    monkeypatch.setattr(engine_module, "LLMEngine", tracked)
+    rows = _json(
+        bench(
+            str(hd32_path), "--backend", "numpy", "-t", "1,2", "-r", "1", "-p", "8", "-n", "4", "-o", "json"
+        )
+    )
+    assert [(r["test"], r["threads"]) for r in rows["results"]] == [
+        ("pp8", 1),
+        ("tg4", 1),
+        ("pp8", 2),
+        ("tg4", 2),
+    ]
+    assert alive_at_load == [0, 0]
