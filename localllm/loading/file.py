@@ -102,6 +102,19 @@ class GGUFFile:
             if advice is not None and raw is not None:
                 raw.madvise(advice)
 
+    def release(self, array: np.ndarray) -> None:
+        """release_pages for the pages under one view from this file (a tensor just packed): a first
+        run packs every matrix, and the file's pages would otherwise add up to the file's size in RSS
+        beside the packed copies until the load ends."""
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        for mm in self._mms:
+            raw = getattr(mm, "_mmap", None)
+            start = array.__array_interface__["data"][0] - mm.ctypes.data
+            if advice is None or raw is None or not 0 <= start < mm.shape[0]:
+                continue
+            first = start - start % mmap.PAGESIZE
+            raw.madvise(advice, first, min(start + array.nbytes, mm.shape[0]) - first)
+
     def offset_of(self, array: np.ndarray) -> int | None:
         """Where a contiguous view from `raw` starts, counting through the shards as if they were one
         file; None for any other array."""

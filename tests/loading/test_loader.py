@@ -311,3 +311,24 @@ def test_a_loaded_model_does_not_keep_the_files_pages(tiny_model_path, tmp_path)
     engine = LLMEngine(EngineConfig(model=str(path), threads=1, kv_cache_mb=1, index_dir=tmp_path / "ix"))
     assert _file_resident_kib(path) <= 8  # (all 104 KiB before)
     assert np.isfinite(np.asarray(score_tokens(engine, list(range(5, 20))))).all()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_packing_a_matrix_lets_go_of_its_file_pages_at_once(tiny_model_path, tmp_path):
+    """A first run packs matrix after matrix: each one's file pages go as soon as its packed copy
+    exists, so the load never holds the file and all of its copies at once (a 4B model's first run
+    peaked at twice its size).  The packed copy is the same bytes."""
+    from localllm.backends.weight_cache import WeightCache
+    from localllm.kernels.packing import pack_weight
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(tiny_model_path.read_bytes())
+    gf = GGUFFile.open(path, tmp_path / "ix")
+    name, info = max(((n, i) for n, i in gf.tensors.items() if len(i.shape) == 2), key=lambda t: t[1].nbytes)
+    raw = gf.raw(name)
+    want = pack_weight(np.array(raw), info.ggml_type)  # reads (maps) the matrix's pages
+    before = _file_resident_kib(path)
+    packed = WeightCache(gf, tmp_path / "ix").pack(raw, info.ggml_type)
+    assert before >= info.nbytes // 1024 > 8
+    assert _file_resident_kib(path) <= before - info.nbytes // 1024 + 8
+    np.testing.assert_array_equal(np.asarray(packed.buf), np.asarray(want.buf))
