@@ -83,7 +83,7 @@ class WeightCache:
         if w is None or w.n != shape[0]:
             w = pack_weight(raw if rows is None else np.ascontiguousarray(raw[rows]), ggml_type)
             self.misses += w.lane  # row kinds are views of the file: nothing to cache or save
-            if w.lane and rows is None and offset is not None:
+            if w.lane and rows is None:
                 self.gf.release(raw)  # packed: its file pages are not needed again
         if entry is not None and w.lane:
             self._packed[entry] = w

@@ -96,24 +96,17 @@ class GGUFFile:
         matrices, float vectors), the file's pages would otherwise stay in RSS beside the copies:
         the vectors lie between matrices, and each read maps its 64 KiB neighbourhood (Gemma 3: 5 MiB;
         a first run, which packs every matrix from the file, the whole file)."""
-        advice = getattr(mmap, "MADV_DONTNEED", None)
         for mm in self._mms:
-            raw = getattr(mm, "_mmap", None)  # np.memmap's mmap.mmap
-            if advice is not None and raw is not None:
-                raw.madvise(advice)
+            _drop_pages(mm, 0, mm.shape[0])
 
     def release(self, array: np.ndarray) -> None:
         """release_pages for the pages under one view from this file (a tensor just packed): a first
         run packs every matrix, and the file's pages would otherwise add up to the file's size in RSS
         beside the packed copies until the load ends."""
-        advice = getattr(mmap, "MADV_DONTNEED", None)
         for mm in self._mms:
-            raw = getattr(mm, "_mmap", None)
             start = array.__array_interface__["data"][0] - mm.ctypes.data
-            if advice is None or raw is None or not 0 <= start < mm.shape[0]:
-                continue
-            first = start - start % mmap.PAGESIZE
-            raw.madvise(advice, first, min(start + array.nbytes, mm.shape[0]) - first)
+            if 0 <= start < mm.shape[0]:
+                _drop_pages(mm, start, min(start + array.nbytes, mm.shape[0]))
 
     def offset_of(self, array: np.ndarray) -> int | None:
         """Where a contiguous view from `raw` starts, counting through the shards as if they were one
@@ -125,6 +118,14 @@ class GGUFFile:
                 return int(base + start)
             base += int(mm.shape[0])
         return None
+
+
+def _drop_pages(mm: np.memmap, start: int, end: int) -> None:
+    """madvise(DONTNEED) the mapped pages of bytes start..end of mm (from start's page on)."""
+    advice, raw = getattr(mmap, "MADV_DONTNEED", None), getattr(mm, "_mmap", None)  # np.memmap's mmap
+    if advice is not None and raw is not None:
+        first = start - start % mmap.PAGESIZE
+        raw.madvise(advice, first, end - first)
 
 
 def _view(buf: np.ndarray, info: TensorInfo) -> np.ndarray:
