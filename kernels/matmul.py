@@ -265,13 +265,18 @@ def _int_tile_impl(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc,
     fields, fused_rows = NIBBLE_FIELDS[kv], mr.NIBBLE_ROWS.get(kv, 0)
 
     def nibbles(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
+        d, sm, qh, qs = views
         if xq[0].shape[0] <= fused_rows:
-            d, sm, qh, qs = views
             if mr.fused_nibbles(kv, d[t], sm[t], qh[t], qs[t], xq[4], xq[5], xq[1], xq[2], acc, pairs):
                 return
+        x8, x8p, bits, dx, sx = xq[0], xq[4], xq[5], xq[1], xq[2]
+        if kv == Q4_K or kv == Q5_K:  # superblock.k_step from the fields, no per-block scales
+            mi.tile_nibbles(qs[t], qh[t], x8, x8p, bits, dx, sx, dsc, msc, d[t], sm[t], acc, s16, sums, pairs)
+            return
         qs, qh = fields(buf, n, k, t, dsc, msc)
         qh3 = qh[t] if qh.shape[1] > 0 else qh[0]
-        mi.tile_nibbles(qs[t], qh3, xq[0], xq[4], xq[5], xq[1], xq[2], dsc, msc, acc, s16, sums, pairs)
+        none = d[t][:0]
+        mi.tile_nibbles(qs[t], qh3, x8, x8p, bits, dx, sx, dsc, msc, none, sm[t], acc, s16, sums, pairs)
 
     return nibbles
 
@@ -412,7 +417,7 @@ def _int_scratch(kind, T, k):
     nb, rc, big = k // 32, min(T, mi.ROW_CHUNK), T > mr.fused_limit(kind)
     n16, n32 = 4 * rc * (nb if big else 0) * R, (nb if big else 2) * R
     nsums, nsc = mi.sums_len(kind == Q6_K, rc, nb) if big else 0, (nb if big else 0) * R
-    sizes = (4 * T * R, 2 * n16, 4 * n32, 4 * nsums, 4 * nsc, 4 * nsc, PAIRS_BYTES)
+    sizes = (4 * T * R, 2 * n16, 4 * n32, 4 * nsums, 4 * nsc, 4 * nsc, max(PAIRS_BYTES, mr.SUPER_BYTES))
     at = np.zeros(len(sizes) + 1, np.int64)  # each part's offset, 64-byte aligned
     for i in range(len(sizes)):
         at[i + 1] = at[i] + (sizes[i] + 63) // 64 * 64
@@ -421,7 +426,7 @@ def _int_scratch(kind, T, k):
     sc = (nb if big else 0, R)
     return carray(ptr_f32(at[0]), (T, R)), carray(ptr_i16(at[1]), (4, rc, nb if big else 0, R)), \
         carray(ptr_i32(at[2]), (nb if big else 2, R)), carray(ptr_i32(at[3]), (nsums,)), \
-        carray(ptr_f32(at[4]), sc), carray(ptr_f32(at[5]), sc), carray(ptr_u8(at[6]), (PAIRS_BYTES,)), \
+        carray(ptr_f32(at[4]), sc), carray(ptr_f32(at[5]), sc), carray(ptr_u8(at[6]), (sizes[6],)), \
         scratch  # fmt: skip
 
 

@@ -62,6 +62,7 @@ from .simd_x512 import (
     quad_sums_split_vnni,
     quad_sums_vnni,
 )
+from .superblock import BLOCKS, k_step_five, k_step_pairs, k_step_sums
 
 # Up to this many rows, each row takes the direct nibble kernel rather than the unpack-once one
 # (with AVX-512 the direct kernel costs ~185 instructions a block, unpacking ~260 plus ~200 a row).
@@ -478,10 +479,11 @@ def q6_sums32_portable(q3, qh2, xr, s32) -> None:
 
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
-def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs) -> None:
+def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, kd, ksm, acc, s16, sums, pairs) -> None:
     """Q4_0/Q4_1/Q4_K and, with a non-empty qh3, Q5_0/Q5_1/Q5_K: w = dsc * q + msc per 32-block,
     q = nibble (+ 16 * fifth bit); dsc/msc (nb, R) from blockscales.
-    sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.
+    sum_j w_j x_j = dsc * dx * sum_j(q_j x8_j) + msc * sx.  K kinds instead pass their fields, kd (ns,
+    2, R) fp16 bits and ksm (nb, 2, R) (empty otherwise): superblock.k_step scales their sums.
     bits: x8's bit_tables (five-bit kinds).  s16 (4, ROW_CHUNK, nb, R) int16 and sums (sums_len)
     int32 scratch.  A few rows take the direct kernel, more rows an unpack-once one; all give the
     same integer sums, and the float step below is shared, so a row's result does not depend on
@@ -503,12 +505,38 @@ def tile_nibbles(q3, qh3, x8, x8p, bits, dx, sx, dsc, msc, acc, s16, sums, pairs
         for ti in range(t0, t1):
             if five and (direct or not QUADS):
                 high_bit_sums_tables(qh3, x8[ti], bits[ti], sh)
-            if QUADS:
-                if direct:
-                    _combine_nibbles(slo[ti - t0], shi[ti - t0], sh, five, s32[ti - t0])
+            if QUADS and direct:
+                _combine_nibbles(slo[ti - t0], shi[ti - t0], sh, five, s32[ti - t0])
+            if QUADS and kd.shape[0] > 0:
+                _k_sums(s32[ti - t0], kd, ksm, dx[ti], sx[ti], acc[ti])
+            elif QUADS:
                 _scale_sums(s32[ti - t0], dx[ti], sx[ti], dsc, msc, acc[ti])
+            elif kd.shape[0] > 0:
+                _k_nibbles(slo[ti - t0], shi[ti - t0], sh, five, kd, ksm, dx[ti], sx[ti], acc[ti])
             else:
                 _scale_nibbles(slo[ti - t0], shi[ti - t0], sh, five, dx[ti], sx[ti], dsc, msc, acc[ti])
+
+
+@njit(cache=True, inline="always")
+def _k_sums(s32, kd, ksm, dx, sx, acc) -> None:
+    """K kinds' float step over int32 block sums s32 (nb, R), a superblock at a time."""
+    for sb in range(kd.shape[0]):
+        b0 = sb * BLOCKS
+        k_step_sums(s32[b0].ctypes.data, 0, 0, 4 * R, ksm[b0].ctypes.data, kd[sb].ctypes.data,
+                    dx[b0:].ctypes.data, sx[b0:].ctypes.data, acc.ctypes.data)  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def _k_nibbles(slo, shi, sh, five, kd, ksm, dx, sx, acc) -> None:
+    """K kinds' float step over int16 half sums slo/shi (nb, R) and fifth-bit sums sh."""
+    for sb in range(kd.shape[0]):
+        b0 = sb * BLOCKS
+        lo, hi, h, m = slo[b0].ctypes.data, shi[b0].ctypes.data, sh[b0].ctypes.data, ksm[b0].ctypes.data
+        d, x, s, a = kd[sb].ctypes.data, dx[b0:].ctypes.data, sx[b0:].ctypes.data, acc.ctypes.data
+        if five:
+            k_step_five(lo, hi, h, 2 * R, m, d, x, s, a)
+        else:
+            k_step_pairs(lo, hi, h, 2 * R, m, d, x, s, a)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")

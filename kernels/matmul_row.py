@@ -18,7 +18,7 @@ from numba.extending import overload
 
 from .packing import MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .packing import TILE_ROWS as R
-from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, ptr_i16
+from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, prefetch, ptr_i16
 from .simd_x86 import (
     HAVE_AVX2,
     crumb_sums_avx2,
@@ -43,6 +43,7 @@ from .simd_x512 import (
     q8_block_sums_vnni,
     quad_sums_split_vnni,
 )
+from .superblock import BLOCKS, k_step_five, k_step_pairs
 
 # Up to this many activation rows take these kernels (decode of one sequence is 1 row, the output
 # projection's precise pass 2, a few sequences or a speculative verify step more); more rows share the
@@ -92,40 +93,35 @@ def _scales_dm(f0, sm, b, r):
     return f16_to_f32(f0[b, 0, r]), f16_to_f32(f0[b, 1, r])  # blockscales.scales_dm
 
 
-@njit(cache=True, inline="always")
-def _scales_k(f0, sm, b, r):
-    dsc = f16_to_f32(f0[b >> 3, 0, r]) * f32(sm[b, 0, r])  # blockscales.scales_k
-    return dsc, -(f16_to_f32(f0[b >> 3, 1, r]) * f32(sm[b, 1, r]))
-
-
 _SCALES = {Q4_0: _scales_d8, Q5_0: _scales_d16, Q4_1: _scales_dm, Q5_1: _scales_dm}
-_SCALES.update({Q4_K: _scales_k, Q5_K: _scales_k})
+_SLOT = 4 * R * 2  # bytes of one block's (4, R) int16 sums
+SUPER_BYTES = BLOCKS * _SLOT  # row_nibbles' scratch: a superblock's sums (K kinds)
 
 
-def row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4) -> None:
+def row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch) -> None:
     """acc (T, R) += tile (q3 (nb, 16, R) nibbles, qh (nb, 2, R) fifth bits or empty) times rows xr
     (T, k) of quantize_act's x8p, T <= FUSED_MAX_ROWS.  f0: fp16 scale bits as (blocks, 1 or 2, R)
     ((supers, 2, R) for K kinds), sm: K kinds' 6-bit scales (nb, 2, R); bits: the rows' fifth-bit
-    tables; dx/sx (T, nb); s4 (4, R) int16 scratch.  kind: a compile-time constant.  (Numba only.)"""
+    tables; dx/sx (T, nb); scratch: SUPER_BYTES (64-byte aligned).  kind: a compile-time constant.
+    (Numba only.)"""
     raise NotImplementedError
 
 
 @overload(row_nibbles, jit_options={"cache": True, "fastmath": EXACT_FP, "error_model": "numpy"})
-def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4):
+def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
     if not isinstance(kind, types.IntegerLiteral):
         raise errors.TypingError("row_nibbles: the weight kind must be a compile-time constant")
-    scales, five = _SCALES[kind.literal_value], kind.literal_value in FIVE_BIT
+    kv = kind.literal_value
+    if kv in (Q4_K, Q5_K):
+        return _row_k_impl(kv == Q5_K)
+    scales, five = _SCALES[kv], kv in FIVE_BIT
 
-    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4):
-        q, h, x, tb, s = q3.ctypes.data, qh.ctypes.data, xr.ctypes.data, bits.ctypes.data, s4.ctypes.data
-        k, tables = xr.shape[1], bits.shape[1] * 2  # bytes of one row's tables
+    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
+        s4 = _s4(scratch)
+        s = scratch.ctypes.data
         for b in range(q3.shape[0]):
             for ti in range(xr.shape[0]):
-                _NIBBLE_BLOCK(q + b * 16 * R, x + ti * k + b * 32, s, s + 2 * R)
-                if five and HAVE_AVX512:
-                    q5_high_sums_avx512(h + b * 4 * R, tb + ti * tables + b * BIT_TABLES * 64, s + 4 * R, 0)
-                elif five:
-                    q5_high_sums_avx2(h + b * 4 * R, x + ti * k + b * 32, s + 4 * R, 0)
+                _nibble_block(q3, qh, xr, bits, b, ti, s, five)
                 dxb, sxb, a = dx[ti, b], sx[ti, b], acc[ti]
                 for r in range(R):  # matmul_int._combine_nibbles + _scale_sums
                     dsc, msc = scales(f0, sm, b, r)
@@ -133,6 +129,48 @@ def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, s4):
                     if five:
                         si += i32(16) * i32(s4[2, r])
                     a[r] = fma_f32(dsc * dxb, f32(i32(si)), fma_f32(msc, sxb, a[r]))
+
+    return impl
+
+
+@njit(cache=True, inline="always")
+def _nibble_block(q3, qh, xr, bits, b, ti, s, five) -> None:
+    """Block b's int16 sums for row ti into the (4, R) slot at address s: s0, s1 (and s2, fifth bits)."""
+    k, tables = xr.shape[1], bits.shape[1] * 2  # bytes of one row's tables
+    x, h = xr.ctypes.data + ti * k + b * 32, qh.ctypes.data + b * 4 * R
+    _NIBBLE_BLOCK(q3.ctypes.data + b * 16 * R, x, s, s + 2 * R)
+    if five and HAVE_AVX512:
+        q5_high_sums_avx512(h, bits.ctypes.data + ti * tables + b * BIT_TABLES * 64, s + 4 * R, 0)
+    elif five:
+        q5_high_sums_avx2(h, x, s + 4 * R, 0)
+
+
+@njit(cache=True, inline="always")
+def _prefetch_scales(sm, f0) -> None:
+    """The next superblock's scales (BLOCKS x 2R bytes at sm) and (d, dmin) (4R bytes at f0), while this
+    one's integer sums run: its float step reads them all at once, and a miss there stalled the stream."""
+    for o in range(0, BLOCKS * 2 * R, 64):
+        prefetch(sm + o)
+    for o in range(0, 4 * R, 64):
+        prefetch(f0 + o)
+
+
+def _row_k_impl(five: bool):
+    """Q4_K / Q5_K: a superblock's eight blocks of sums into scratch, then superblock's float step
+    (the same one matmul_int's tile path runs)."""
+    step = k_step_five if five else k_step_pairs
+
+    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
+        s = scratch.ctypes.data
+        for sb in range(q3.shape[0] // BLOCKS):
+            b0 = sb * BLOCKS
+            if b0 + BLOCKS < q3.shape[0]:
+                _prefetch_scales(sm[b0 + BLOCKS].ctypes.data, f0[sb + 1].ctypes.data)
+            for ti in range(xr.shape[0]):
+                for j in range(BLOCKS):
+                    _nibble_block(q3, qh, xr, bits, b0 + j, ti, s + j * _SLOT, five)
+                step(s, s + 2 * R, s + 4 * R, _SLOT, sm[b0].ctypes.data, f0[sb].ctypes.data,
+                     dx[ti, b0:].ctypes.data, sx[ti, b0:].ctypes.data, acc[ti].ctypes.data)  # fmt: skip
 
     return impl
 
@@ -294,7 +332,7 @@ def _fused_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
     def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
         if xr.shape[0] > limit:
             return False
-        row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, _s4(pairs))
+        row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs)
         return True
 
     return impl

@@ -20,6 +20,7 @@ from .simd_x86 import (
     PREFETCH_AHEAD,
     _call,
     _const,
+    _prefetch,
     crumb_pairs,
     split_pairs,
     widened_pair_sums,
@@ -56,12 +57,6 @@ def _load(builder: ir.IRBuilder, base: ir.Value, offset: int, ty: ir.Type) -> ir
 def _store(builder: ir.IRBuilder, value: ir.Value, base: ir.Value, offset: int) -> None:
     ptr = builder.gep(base, [_const(_i32, offset)])
     builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=1)
-
-
-def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int) -> None:
-    ptr = builder.gep(base, [_const(_i32, offset)])
-    flags = [_const(_i32, 0), _const(_i32, 3), _const(_i32, 1)]  # read, keep in all levels, data
-    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ptr, *flags])
 
 
 def _dot16(builder: ir.IRBuilder, acc: ir.Value | None, w: ir.Value, x: ir.Value, vnni: bool) -> ir.Value:
@@ -425,10 +420,10 @@ def _unpack_quads(builder: ir.IRBuilder, qp: ir.Value, hp: ir.Value | None, pp: 
     """One 32-block of a 64-row tile -> QUADS_BYTES of unsigned quads; high: "" (4-bit), "q5" (hp:
     2 x 64 uint16 fifth-bit words) or "q6" (hp: Q6_K's 8 x 64 crumb bytes)."""
     for line in range(16):
-        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS, every_cpu=True)
     if high == "q6":  # the crumbs are a third of Q6_K's bytes: without this, 2-row decode stalled on them
         for line in range(8):
-            _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS)
+            _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS, every_cpu=True)
     crumbs = [_row_quads(builder, hp, 4 * c) for c in range(2)] if high == "q6" else None
     for g in range(4):
         quads = _row_quads(builder, qp, 4 * g)

@@ -15,7 +15,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 from llvmlite import ir
-from numba import types
+from numba import config, types
 from numba.extending import intrinsic
 
 from .packing import TILE_ROWS
@@ -68,12 +68,29 @@ def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir
 # (matmul_row), 4 KiB ahead took less time to consume than a DRAM miss takes: 8 KiB measured best of
 # 4-16 KiB (docs/benchmarks.md, Design measurements).
 PREFETCH_AHEAD = 8192
+# CPUs (LLVM's names) whose hardware prefetchers stream the weights faster alone: on AMD Zen 4 the
+# software prefetch held one core's Q4_K decode stream ~30% below (docs/benchmarks.md, Zen 4).
+_HARDWARE_STREAM_CPUS = ("znver4", "znver5")
 
 
-def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int) -> None:
+def _cpu_name() -> str:
+    try:
+        return config.CPU_NAME or llvm.get_host_cpu_name()
+    except Exception:  # unknown host: keep the software prefetch
+        return ""
+
+
+SOFTWARE_PREFETCH = _cpu_name() not in _HARDWARE_STREAM_CPUS
+
+
+def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int, every_cpu: bool = False) -> None:
+    """The weight stream's prefetch of base + offset: nothing where SOFTWARE_PREFETCH is off, unless
+    every_cpu (Q6_K's kernels: without it their stream was ~7% slower on Zen 4 too)."""
+    if not (SOFTWARE_PREFETCH or every_cpu):
+        return
     ptr = builder.gep(base, [_const(_i32, offset)])
-    i32 = _i32
-    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ptr, _const(i32, 0), _const(i32, 3), _const(i32, 1)])
+    flags = [_const(_i32, 0), _const(_i32, 3), _const(_i32, 1)]  # read, keep in all levels, data
+    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ptr, *flags])
 
 
 def _ipair_broadcast(builder: ir.IRBuilder, xp: ir.Value, j: int) -> ir.Value:
@@ -374,7 +391,7 @@ def widened_pair_sums(builder: ir.IRBuilder, args: list[ir.Value], lanes: int, p
     qp, xp, s0, s1 = _pointers(builder, args)
     vb = ir.VectorType(_i8, 2 * lanes)
     for line in range(lines):
-        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS, every_cpu=True)
     for h in range(TILE_ROWS // lanes):
         acc: list = [None, None]
         for j in range(8):

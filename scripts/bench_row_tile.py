@@ -17,9 +17,9 @@ from localllm.kernels.packing import TILE_ROWS as R
 
 
 @njit
-def fused(n, dd, sm, qh, q3, xr, bits, dx, sx, acc, s4):
+def fused(n, dd, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
     for _ in range(n):
-        mr.row_nibbles(Q4_K, dd, sm, qh, q3, xr, bits, dx, sx, acc, s4)
+        mr.row_nibbles(Q4_K, dd, sm, qh, q3, xr, bits, dx, sx, acc, scratch)
 
 
 @njit
@@ -44,8 +44,9 @@ def main() -> None:
     bits = np.zeros((1, 0), np.int16)
     dx, sx = rng.random((1, nb)).astype(np.float32), rng.random((1, nb)).astype(np.float32)
     acc, s4 = np.zeros((1, R), np.float32), np.zeros((4, R), np.int16)
+    scratch = np.zeros(mr.SUPER_BYTES, np.uint8)
     runs = {
-        "fused tile": lambda n: fused(n, dd, sm, qh, q3, xr, bits, dx, sx, acc, s4),
+        "fused tile": lambda n: fused(n, dd, sm, qh, q3, xr, bits, dx, sx, acc, scratch),
         "integer sums only": lambda n: sums_only(n, q3, xr, s4),
     }
     for run in runs.values():
