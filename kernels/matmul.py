@@ -267,7 +267,7 @@ def _int_tile_impl(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc,
     def nibbles(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
         d, sm, qh, qs = views
         if xq[0].shape[0] <= fused_rows:
-            if mr.fused_nibbles(kv, d[t], sm[t], qh[t], qs[t], xq[4], xq[5], xq[1], xq[2], acc, pairs):
+            if mr.fused_nibbles(kv, d[t], sm[t], qh[t], qs[t], xq[0], xq[4], xq[5], xq[1], xq[2], acc, pairs):
                 return
         x8, x8p, bits, dx, sx = xq[0], xq[4], xq[5], xq[1], xq[2]
         if kv == Q4_K or kv == Q5_K:  # superblock.k_step from the fields, no per-block scales

@@ -36,6 +36,7 @@ from .simd_x512 import (
     crumb_sums_avx512,
     q4_block_sums_avx512,
     q4_block_sums_split_avx512,
+    q4_block_sums_vnni,
     q5_high_sums_avx512,
     q6_unpack_quads_vnni,
     q8_block_sums16_avx512,
@@ -43,7 +44,7 @@ from .simd_x512 import (
     q8_block_sums_vnni,
     quad_sums_split_vnni,
 )
-from .superblock import BLOCKS, k_step_five, k_step_pairs
+from .superblock import BLOCKS, k_step_five, k_step_pairs, k_step_sums
 
 # Up to this many activation rows take these kernels (decode of one sequence is 1 row, the output
 # projection's precise pass 2, a few sequences or a speculative verify step more); more rows share the
@@ -98,17 +99,18 @@ _SLOT = 4 * R * 2  # bytes of one block's (4, R) int16 sums
 SUPER_BYTES = BLOCKS * _SLOT  # row_nibbles' scratch: a superblock's sums (K kinds)
 
 
-def row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch) -> None:
+def row_nibbles(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch) -> None:
     """acc (T, R) += tile (q3 (nb, 16, R) nibbles, qh (nb, 2, R) fifth bits or empty) times rows xr
-    (T, k) of quantize_act's x8p, T <= FUSED_MAX_ROWS.  f0: fp16 scale bits as (blocks, 1 or 2, R)
-    ((supers, 2, R) for K kinds), sm: K kinds' 6-bit scales (nb, 2, R); bits: the rows' fifth-bit
-    tables; dx/sx (T, nb); scratch: SUPER_BYTES (64-byte aligned).  kind: a compile-time constant.
+    (T, k) of quantize_act's x8p (x8: the same rows in plain order), T <= FUSED_MAX_ROWS.  f0: fp16
+    scale bits as (blocks, 1 or 2, R) ((supers, 2, R) for K kinds), sm: K kinds' 6-bit scales (nb, 2,
+    R); bits: the rows' fifth-bit tables; dx/sx (T, nb); scratch: SUPER_BYTES (64-byte aligned).
+    kind: a compile-time constant.
     (Numba only.)"""
     raise NotImplementedError
 
 
 @overload(row_nibbles, jit_options={"cache": True, "fastmath": EXACT_FP, "error_model": "numpy"})
-def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
+def _row_nibbles_impl(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch):
     if not isinstance(kind, types.IntegerLiteral):
         raise errors.TypingError("row_nibbles: the weight kind must be a compile-time constant")
     kv = kind.literal_value
@@ -116,7 +118,7 @@ def _row_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
         return _row_k_impl(kv == Q5_K)
     scales, five = _SCALES[kv], kv in FIVE_BIT
 
-    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
+    def impl(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch):
         s4 = _s4(scratch)
         s = scratch.ctypes.data
         for b in range(q3.shape[0]):
@@ -155,12 +157,30 @@ def _prefetch_scales(sm, f0) -> None:
         prefetch(f0 + o)
 
 
+def _row_q4_k_vnni(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch):
+    """_row_k_impl's Q4_K with AVX512-VNNI: each block's int32 sums (simd_x512.q4_block_sums_vnni,
+    from the plain-order rows x8) into scratch, then superblock.k_step_sums."""
+    q, x, s, k = q3.ctypes.data, x8.ctypes.data, scratch.ctypes.data, x8.shape[1]
+    for sb in range(q3.shape[0] // BLOCKS):
+        b0 = sb * BLOCKS
+        if b0 + BLOCKS < q3.shape[0]:
+            _prefetch_scales(sm[b0 + BLOCKS].ctypes.data, f0[sb + 1].ctypes.data)
+        m, d = sm[b0].ctypes.data, f0[sb].ctypes.data
+        for ti in range(x8.shape[0]):
+            for j in range(BLOCKS):
+                q4_block_sums_vnni(q + (b0 + j) * 16 * R, x + ti * k + (b0 + j) * 32, s + j * _SLOT, 0)
+            xs, ss, a = dx[ti, b0:].ctypes.data, sx[ti, b0:].ctypes.data, acc[ti].ctypes.data
+            k_step_sums(s, 0, 0, _SLOT, m, d, xs, ss, a)
+
+
 def _row_k_impl(five: bool):
     """Q4_K / Q5_K: a superblock's eight blocks of sums into scratch, then superblock's float step
-    (the same one matmul_int's tile path runs)."""
+    (the same one matmul_int's tile path runs).  Q4_K with VNNI sums straight into int32."""
+    if not five and HAVE_VNNI:
+        return _row_q4_k_vnni
     step = k_step_five if five else k_step_pairs
 
-    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
+    def impl(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch):
         s = scratch.ctypes.data
         for sb in range(q3.shape[0] // BLOCKS):
             b0 = sb * BLOCKS
@@ -315,24 +335,24 @@ def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
     return impl
 
 
-def fused_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs) -> bool:
+def fused_nibbles(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs) -> bool:
     """row_nibbles where this CPU has it for `kind` (a compile-time constant) and the rows are within
     NIBBLE_ROWS.  (Numba only.)"""
     raise NotImplementedError
 
 
 @overload(fused_nibbles, jit_options={"cache": True})
-def _fused_nibbles_impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
+def _fused_nibbles_impl(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs):
     if not isinstance(kind, types.IntegerLiteral):
         raise errors.TypingError("fused_nibbles: the weight kind must be a compile-time constant")
     limit = NIBBLE_ROWS.get(kind.literal_value, 0)
     if limit == 0:
-        return lambda kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs: False
+        return lambda kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs: False
 
-    def impl(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs):
+    def impl(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs):
         if xr.shape[0] > limit:
             return False
-        row_nibbles(kind, f0, sm, qh, q3, xr, bits, dx, sx, acc, pairs)
+        row_nibbles(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs)
         return True
 
     return impl

@@ -376,26 +376,7 @@ def _lanes(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, picks: list[tuple[in
 def _row_quads(builder: ir.IRBuilder, qp: ir.Value, first: int) -> list[ir.Value]:
     """Bytes first..first+3 of a 64-row tile block (byte j of row r at j * 64 + r) as four vectors
     of int32 lanes, vector m = rows 16m..16m+15 in order, lane = the row's 4 bytes."""
-    v = [_load(builder, qp, (first + i) * TILE_ROWS, _V64I8) for i in range(4)]
-    lo01, hi01 = _interleave(builder, v[0], v[1], 1, False), _interleave(builder, v[0], v[1], 1, True)
-    lo23, hi23 = _interleave(builder, v[2], v[3], 1, False), _interleave(builder, v[2], v[3], 1, True)
-    # x[k] lane L holds rows 16L + 4k .. 16L + 4k + 3
-    x = [
-        _interleave(builder, lo01, lo23, 2, False),
-        _interleave(builder, lo01, lo23, 2, True),
-        _interleave(builder, hi01, hi23, 2, False),
-        _interleave(builder, hi01, hi23, 2, True),
-    ]
-    p = _lanes(builder, x[0], x[1], [(0, 0), (0, 1), (1, 0), (1, 1)])
-    q = _lanes(builder, x[2], x[3], [(0, 0), (0, 1), (1, 0), (1, 1)])
-    r = _lanes(builder, x[0], x[1], [(0, 2), (0, 3), (1, 2), (1, 3)])
-    s = _lanes(builder, x[2], x[3], [(0, 2), (0, 3), (1, 2), (1, 3)])
-    return [
-        _lanes(builder, p, q, [(0, 0), (0, 2), (1, 0), (1, 2)]),
-        _lanes(builder, p, q, [(0, 1), (0, 3), (1, 1), (1, 3)]),
-        _lanes(builder, r, s, [(0, 0), (0, 2), (1, 0), (1, 2)]),
-        _lanes(builder, r, s, [(0, 1), (0, 3), (1, 1), (1, 3)]),
-    ]
+    return _lanes_to_rows(builder, _quads_in_lanes(builder, qp, first))
 
 
 def _bytes_and(builder: ir.IRBuilder, v: ir.Value, shift: int, mask: int) -> ir.Value:
@@ -404,6 +385,63 @@ def _bytes_and(builder: ir.IRBuilder, v: ir.Value, shift: int, mask: int) -> ir.
     if shift:
         w = builder.lshr(w, _const(_V16I32T, [shift] * 16))
     return builder.and_(builder.bitcast(w, _V64I8), _const(_V64I8, [mask] * 64))
+
+
+def _quads_in_lanes(builder: ir.IRBuilder, qp: ir.Value, first: int) -> list[ir.Value]:
+    """_row_quads without its lane moves: vector k, lane L = rows 16L + 4k .. 16L + 4k + 3."""
+    v = [_load(builder, qp, (first + i) * TILE_ROWS, _V64I8) for i in range(4)]
+    lo01, hi01 = _interleave(builder, v[0], v[1], 1, False), _interleave(builder, v[0], v[1], 1, True)
+    lo23, hi23 = _interleave(builder, v[2], v[3], 1, False), _interleave(builder, v[2], v[3], 1, True)
+    halves = ((lo01, lo23), (hi01, hi23))
+    return [_interleave(builder, a, b, 2, high) for a, b in halves for high in (False, True)]
+
+
+def _lanes_to_rows(builder: ir.IRBuilder, acc: list[ir.Value]) -> list[ir.Value]:
+    """_quads_in_lanes' order back to rows: vector m = lane m of acc[0..3] (rows 16m..16m+15)."""
+    a = [builder.bitcast(v, _V64I8) for v in acc]
+    p = _lanes(builder, a[0], a[1], [(0, 0), (0, 1), (1, 0), (1, 1)])
+    q = _lanes(builder, a[2], a[3], [(0, 0), (0, 1), (1, 0), (1, 1)])
+    r = _lanes(builder, a[0], a[1], [(0, 2), (0, 3), (1, 2), (1, 3)])
+    s = _lanes(builder, a[2], a[3], [(0, 2), (0, 3), (1, 2), (1, 3)])
+    pairs = ((p, q, 0), (p, q, 1), (r, s, 0), (r, s, 1))
+    return [_lanes(builder, x, y, [(0, i), (0, i + 2), (1, i), (1, i + 2)]) for x, y, i in pairs]
+
+
+def _broadcast32(builder: ir.IRBuilder, xp: ir.Value, offset: int) -> ir.Value:
+    value = _load(builder, xp, offset, _i32)
+    quad = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), value, _const(_i32, 0))
+    return builder.shuffle_vector(quad, quad, _const(_V16I32, [0] * 16))
+
+
+# One activation row with VNNI: four bytes of each row moved into one int32 lane by in-lane unpacks,
+# then one `vpdpbusd` per 16 rows x 4 elements for the low nibbles and one for the high ones kept
+# in place (16 x the nibble: no shift; the sums are divided by 16 at the end, exactly).  Fewer
+# instructions than q4_block_sums_avx512's shuffles + `vpmaddubsw` + int16 adds, and a weight stream
+# from memory ran ~1.7x faster through it (docs/benchmarks.md, Design measurements).
+@intrinsic
+def q4_block_sums_vnni(typingctx, q_addr, x_addr, s_addr, unused):
+    """q4_block_sums_avx512's totals as int32, s[r] = sum_j lo(q[j, r]) * x[j] + hi(q[j, r]) * x[16 + j],
+    rows in order, from the plain (not interleaved) activation block x."""
+
+    def codegen(context, builder, signature, args):
+        qp, xp, sp = (builder.inttoptr(a, _i8.as_pointer()) for a in args[:3])
+        low, high = [ir.Constant(_V16I32, [0] * 16)] * 4, [ir.Constant(_V16I32, [0] * 16)] * 4
+        dot = "llvm.x86.avx512.vpdpbusd.512"
+        for g in range(4):
+            for i in range(4):
+                _prefetch(builder, qp, PREFETCH_AHEAD + (4 * g + i) * TILE_ROWS)
+            x_lo, x_hi = _broadcast32(builder, xp, 4 * g), _broadcast32(builder, xp, 16 + 4 * g)
+            for k, quad in enumerate(_quads_in_lanes(builder, qp, 4 * g)):
+                lo, hi16 = (builder.bitcast(_bytes_and(builder, quad, 0, m), _V16I32) for m in (15, 0xF0))
+                low[k] = _call(builder, dot, _V16I32, [low[k], lo, x_lo])
+                high[k] = _call(builder, dot, _V16I32, [high[k], hi16, x_hi])
+        four = _const(_V16I32, [4] * 16)
+        sums = [builder.add(a, builder.ashr(b, four)) for a, b in zip(low, high, strict=True)]
+        for m, rows in enumerate(_lanes_to_rows(builder, sums)):
+            _store(builder, rows, sp, m * 64)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
 
 
 def _fifth_bits(builder: ir.IRBuilder, hp: ir.Value, word: int, m: int, g: int) -> ir.Value:

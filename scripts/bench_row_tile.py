@@ -19,7 +19,7 @@ from localllm.kernels.packing import TILE_ROWS as R
 @njit
 def fused(n, dd, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
     for _ in range(n):
-        mr.row_nibbles(Q4_K, dd, sm, qh, q3, xr, bits, dx, sx, acc, scratch)
+        mr.row_nibbles(Q4_K, dd, sm, qh, q3, xr, xr, bits, dx, sx, acc, scratch)
 
 
 @njit

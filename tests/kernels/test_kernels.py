@@ -310,6 +310,31 @@ def test_nibble_kernels_equal_portable_ones(variant: str) -> None:
         np.testing.assert_array_equal(simd[half], part)
 
 
+@pytest.mark.skipif(not HAVE_VNNI, reason="needs a CPU with AVX512-VNNI")
+def test_int32_nibble_sums_equal_numpy_ones() -> None:
+    """The VNNI one-row nibble sums (plain activations, int32 in row order): the numpy sums of every
+    block, bit for bit, the largest and the most negative totals included."""
+    rng = np.random.default_rng(23)
+    nb = 6
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    xr = rng.integers(-127, 128, nb * 32, dtype=np.int8)
+    q3[0], xr[:32] = 255, 127
+    q3[1], xr[32:64] = 255, -128
+    sums = np.ones((nb, TILE_ROWS), np.int32)
+
+    @njit
+    def run(q3, xr, s):
+        q, x, o = q3.ctypes.data, xr.ctypes.data, s.ctypes.data
+        for i in range(q3.shape[0]):
+            simd_x512.q4_block_sums_vnni(q + i * 16 * TILE_ROWS, x + i * 32, o + i * 4 * TILE_ROWS, 0)
+
+    run(q3, xr, sums)
+    low, high = (q3 & 15).astype(np.int64), (q3 >> 4).astype(np.int64)
+    xb = xr.reshape(nb, 2, 16).astype(np.int64)
+    want = np.einsum("bjr,bj->br", low, xb[:, 0]) + np.einsum("bjr,bj->br", high, xb[:, 1])
+    np.testing.assert_array_equal(sums, want)
+
+
 Q6_KERNELS = {  # Q6_K block kernels on plain-order activations: (needed CPU feature, kernel, bytes per row)
     "split-avx2": (HAVE_AVX2, "simd_x86.q4_block_sums_split_avx2", 16),
     "split-avx512": (HAVE_AVX512, "simd_x512.q4_block_sums_split_avx512", 16),
