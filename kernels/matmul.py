@@ -416,14 +416,16 @@ def _int_scratch(kind, T, k):
     (matmul_row) take all T rows."""
     nb, rc, big = k // 32, min(T, mi.ROW_CHUNK), T > mr.fused_limit(kind)
     n16, n32 = 4 * rc * (nb if big else 0) * R, (nb if big else 2) * R
-    nsums, nsc = mi.sums_len(kind == Q6_K, rc, nb) if big else 0, (nb if big else 0) * R
+    # per-block float scales: the legacy nibble kinds' tile path only (K kinds scale per superblock)
+    nsc = (nb if big and kind != Q4_K and kind != Q5_K else 0) * R
+    nsums = mi.sums_len(kind == Q6_K, rc, nb) if big else 0
     sizes = (4 * T * R, 2 * n16, 4 * n32, 4 * nsums, 4 * nsc, 4 * nsc, max(PAIRS_BYTES, mr.SUPER_BYTES))
     at = np.zeros(len(sizes) + 1, np.int64)  # each part's offset, 64-byte aligned
     for i in range(len(sizes)):
         at[i + 1] = at[i] + (sizes[i] + 63) // 64 * 64
     scratch = np.empty(at[-1] + 64, np.uint8)
     at += (scratch.ctypes.data + 63) // 64 * 64
-    sc = (nb if big else 0, R)
+    sc = (nsc // R, R)
     return carray(ptr_f32(at[0]), (T, R)), carray(ptr_i16(at[1]), (4, rc, nb if big else 0, R)), \
         carray(ptr_i32(at[2]), (nb if big else 2, R)), carray(ptr_i32(at[3]), (nsums,)), \
         carray(ptr_f32(at[4]), sc), carray(ptr_f32(at[5]), sc), carray(ptr_u8(at[6]), (sizes[6],)), \

@@ -67,6 +67,7 @@ NIBBLE_ROWS = dict.fromkeys((Q4_0, Q4_1, Q4_K) if HAVE_AVX2 else (), FUSED_MAX_R
 NIBBLE_ROWS.update(dict.fromkeys(FIVE_BIT if HAVE_AVX2 else (), FUSED_MAX_ROWS_Q5))
 FUSED_Q6_Q8 = HAVE_AVX2
 _NIBBLE_BLOCK = q4_block_sums_avx512 if HAVE_AVX512 else q4_block_sums_avx2
+Q4_K_INT32_SUMS = HAVE_VNNI  # one row's Q4_K blocks summed straight into int32 (_row_q4_k_vnni)
 _SPLIT_BLOCK = q4_block_sums_split_avx512 if HAVE_AVX512 else q4_block_sums_split_avx2
 _CRUMB_BLOCK = crumb_sums_avx512 if HAVE_AVX512 else crumb_sums_avx2
 _Q6_UNPACK = q6_unpack_quads_vnni if HAVE_VNNI else q6_unpack_quads_avx2
@@ -104,8 +105,7 @@ def row_nibbles(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch) -> Non
     (T, k) of quantize_act's x8p (x8: the same rows in plain order), T <= FUSED_MAX_ROWS.  f0: fp16
     scale bits as (blocks, 1 or 2, R) ((supers, 2, R) for K kinds), sm: K kinds' 6-bit scales (nb, 2,
     R); bits: the rows' fifth-bit tables; dx/sx (T, nb); scratch: SUPER_BYTES (64-byte aligned).
-    kind: a compile-time constant.
-    (Numba only.)"""
+    kind: a compile-time constant.  (Numba only.)"""
     raise NotImplementedError
 
 
@@ -176,7 +176,7 @@ def _row_q4_k_vnni(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, scratch):
 def _row_k_impl(five: bool):
     """Q4_K / Q5_K: a superblock's eight blocks of sums into scratch, then superblock's float step
     (the same one matmul_int's tile path runs).  Q4_K with VNNI sums straight into int32."""
-    if not five and HAVE_VNNI:
+    if not five and Q4_K_INT32_SUMS:
         return _row_q4_k_vnni
     step = k_step_five if five else k_step_pairs
 

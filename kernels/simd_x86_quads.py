@@ -121,10 +121,10 @@ def unpack_quads(builder: ir.IRBuilder, args: list[ir.Value], high: str) -> None
     (h: 2 x 64 uint16 fifth-bit words) or "q6" (h: Q6_K's 8 x 64 crumb bytes)."""
     qp, hp, pp = (_ptr(builder, a) for a in args[:3])
     for line in range(16):
-        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS, every_cpu=True)
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
     if high == "q6":
         for line in range(8):
-            _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS, every_cpu=True)
+            _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS)
     crumbs = [row_quads(builder, hp, 4 * c) for c in range(2)] if high == "q6" else []
     for g in range(4):
         quads = row_quads(builder, qp, 4 * g)

@@ -24,10 +24,14 @@ def fused(n, dd, sm, qh, q3, xr, bits, dx, sx, acc, scratch):
 
 @njit
 def sums_only(n, q3, xr, s4):
+    """The same block kernel the fused tile runs (the VNNI int32 one where the CPU has it)."""
     q, x, s = q3.ctypes.data, xr.ctypes.data, s4.ctypes.data
     for _ in range(n):
         for b in range(q3.shape[0]):
-            mr._NIBBLE_BLOCK(q + b * 16 * R, x + b * 32, s, s + 2 * R)
+            if mr.Q4_K_INT32_SUMS:
+                mr.q4_block_sums_vnni(q + b * 16 * R, x + b * 32, s, 0)
+            else:
+                mr._NIBBLE_BLOCK(q + b * 16 * R, x + b * 32, s, s + 2 * R)
 
 
 def main() -> None:
