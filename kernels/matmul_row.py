@@ -18,7 +18,7 @@ from numba.extending import overload
 
 from .packing import MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .packing import TILE_ROWS as R
-from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, prefetch, ptr_i16
+from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, prefetch, ptr_i16, ptr_i32
 from .simd_x86 import (
     HAVE_AVX2,
     crumb_sums_avx2,
@@ -38,6 +38,8 @@ from .simd_x512 import (
     q4_block_sums_split_avx512,
     q4_block_sums_vnni,
     q5_high_sums_avx512,
+    q6_block_sums2_vnni,
+    q6_block_sums_vnni,
     q6_unpack_quads_vnni,
     q8_block_sums16_avx512,
     q8_block_sums16_vnni,
@@ -60,7 +62,11 @@ FUSED_MAX_ROWS_Q5 = 4
 # passes cost more than the unpacking (docs/benchmarks.md, Design measurements)
 AVX2_ONLY = HAVE_AVX2 and not HAVE_AVX512
 Q6_QUADS = HAVE_VNNI or AVX2_ONLY
-Q6_QUAD_ROWS = 2 if HAVE_VNNI else 1
+Q6_QUAD_ROWS = 3 if HAVE_VNNI else 1
+# With VNNI, one or two rows assemble the six-bit values in registers instead (row_q6_k_vnni): a 64-row
+# block in cache 33 ns for one row against 69 for the split and crumb sums, 43 for two rows against 56
+# for the quads (docs/benchmarks.md, Kernels).
+Q6_VNNI_ROWS = 2 if HAVE_VNNI else 0
 FIVE_BIT = (Q5_0, Q5_1, Q5_K)
 # The 4/5-bit kinds with a kernel here on this CPU, and up to how many rows each takes it.
 NIBBLE_ROWS = dict.fromkeys((Q4_0, Q4_1, Q4_K) if HAVE_AVX2 else (), FUSED_MAX_ROWS)
@@ -237,6 +243,27 @@ def row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, quads) -> None:
                 acc[ti, r] = _q6_step(d, sc, b, r, dxb, lo, hi, acc[ti, r])
 
 
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
+def row_q6_k_vnni(d, sc, qh2, q3, xr, dx, hs, acc, pairs) -> None:
+    """row_q6_k for up to Q6_VNNI_ROWS rows with AVX512-VNNI: each block's int32 half sums straight from
+    simd_x512.q6_block_sums(2)_vnni (two rows share the assembled values); pairs: (4, R) int32 scratch."""
+    q, h, x, k = q3.ctypes.data, qh2.ctypes.data, xr.ctypes.data, xr.shape[1]
+    s, T = pairs.ctypes.data, xr.shape[0]
+    s32 = carray(ptr_i32(s), (4, R))
+    for b in range(q3.shape[0]):
+        qb, hb, xb = q + b * 16 * R, h + b * 8 * R, x + b * 32
+        if T == 2:
+            q6_block_sums2_vnni(qb, hb, xb, xb + k, s)
+        else:
+            q6_block_sums_vnni(qb, hb, xb, s)
+        for ti in range(T):
+            h0, h1 = i32(32 * hs[ti, 2 * b]), i32(32 * hs[ti, 2 * b + 1])
+            dxb = dx[ti, b]
+            for r in range(R):
+                lo, hi = i32(s32[2 * ti, r] - h0), i32(s32[2 * ti + 1, r] - h1)
+                acc[ti, r] = _q6_step(d, sc, b, r, dxb, lo, hi, acc[ti, r])
+
+
 def row_q8_0(d, q4, xr, dx, acc, s32) -> None:
     """matmul_int.tile_q8_0 for T <= FUSED_MAX_ROWS_Q6_Q8 rows: d (nb, R) fp16 bits, q4 (nb, 8, R, 4) int8,
     xr (T, k) int8 or int16 activations, s32 (R,) int32 scratch.  (Numba only.)"""
@@ -326,7 +353,9 @@ def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
         T = xr.shape[0]
         if T > FUSED_MAX_ROWS_Q6_Q8:
             return False
-        if quads and T >= Q6_QUAD_ROWS:
+        if T <= Q6_VNNI_ROWS:
+            row_q6_k_vnni(d, sc, qh2, q3, xr, dx, hs, acc, pairs)
+        elif quads and T >= Q6_QUAD_ROWS:
             row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs)
         else:
             row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, _s4(pairs))

@@ -550,3 +550,75 @@ def quad_sums_split_vnni(typingctx, p_addr, x_addr, s_addr):
         return context.get_dummy_value()
 
     return types.void(types.int64, types.int64, types.int64), codegen
+
+
+# Q6_K from one or two activation rows with VNNI: each row's six-bit values (nibble | crumb << 4) are
+# assembled in int32 lanes in registers (q4_block_sums_vnni's in-lane order) and summed by one
+# `vpdpbusd` per 16 rows x 4 elements and activation row: no unpacked quads stored and read back, and
+# the two halves' sums (Q6_K's two scales) kept apart.  The output projection's precise form passes
+# two rows (x and its rounding residual), the same assembled values serving both.
+def _crumb_at4(builder: ir.IRBuilder, c: ir.Value, bit: int) -> ir.Value:
+    """Bits bit, bit+1 of each byte of c moved to bits 4, 5 (the rest zero)."""
+    w = builder.bitcast(c, _V16I32T)
+    if bit < 4:
+        w = builder.shl(w, _const(_V16I32T, [4 - bit] * 16))
+    elif bit > 4:
+        w = builder.lshr(w, _const(_V16I32T, [bit - 4] * 16))
+    return builder.and_(builder.bitcast(w, _V64I8), _const(_V64I8, [0x30] * 64))
+
+
+def _q6_block_sums(builder: ir.IRBuilder, qp: ir.Value, hp: ir.Value, xps: list, sps: list) -> None:
+    for line in range(16):
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
+    for line in range(8):
+        _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS)
+    zero = ir.Constant(_V16I32T, [0] * 16)
+    acc = [[[zero] * 4 for _ in range(2)] for _ in xps]  # [row][half][k]
+    crumbs = [_quads_in_lanes(builder, hp, 4 * c) for c in range(2)]
+    for g in range(4):
+        xq = [[_broadcast32(builder, xp, 16 * half + 4 * g) for half in range(2)] for xp in xps]
+        for k, quad in enumerate(_quads_in_lanes(builder, qp, 4 * g)):
+            c, bit = crumbs[g % 2][k], 2 * (g // 2)  # element e's crumb: byte e % 8, bits 2 * (e // 8)
+            six = [
+                builder.bitcast(
+                    builder.or_(_bytes_and(builder, quad, 4 * h, 15), _crumb_at4(builder, c, bit + 4 * h)),
+                    _V16I32T,
+                )
+                for h in range(2)
+            ]
+            for t in range(len(xps)):
+                for h in range(2):
+                    acc[t][h][k] = _call(
+                        builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32T, [acc[t][h][k], six[h], xq[t][h]]
+                    )
+    for t, sp in enumerate(sps):
+        for h in range(2):
+            for m, rows in enumerate(_lanes_to_rows(builder, acc[t][h])):
+                _store(builder, rows, sp, (h * TILE_ROWS + 16 * m) * 4)
+
+
+@intrinsic
+def q6_block_sums_vnni(typingctx, q_addr, h_addr, x_addr, s_addr):
+    """One Q6_K 32-block of a 64-row tile (q: 16 x 64 nibble bytes, h: 8 x 64 crumb bytes) times one
+    plain-order int8 activation block x: s[r] (int32) sums elements 0..15 of row r's six-bit values
+    (0..63, before the -32) times x, s[64 + r] elements 16..31."""
+
+    def codegen(context, builder, signature, args):
+        qp, hp, xp, sp = (builder.inttoptr(a, _i8.as_pointer()) for a in args)
+        _q6_block_sums(builder, qp, hp, [xp], [sp])
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+@intrinsic
+def q6_block_sums2_vnni(typingctx, q_addr, h_addr, x_addr, x2_addr, s_addr):
+    """q6_block_sums_vnni for two activation blocks: x's sums at s, x2's at s + 512 bytes."""
+
+    def codegen(context, builder, signature, args):
+        qp, hp, xp, x2p, sp = (builder.inttoptr(a, _i8.as_pointer()) for a in args)
+        sp2 = builder.gep(sp, [_const(_i32, 2 * TILE_ROWS * 4)])
+        _q6_block_sums(builder, qp, hp, [xp, x2p], [sp, sp2])
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), codegen

@@ -335,6 +335,39 @@ def test_int32_nibble_sums_equal_numpy_ones() -> None:
     np.testing.assert_array_equal(sums, want)
 
 
+@pytest.mark.skipif(not HAVE_VNNI, reason="needs a CPU with AVX512-VNNI")
+def test_int32_q6_sums_equal_numpy_ones() -> None:
+    """The VNNI Q6_K block sums of one and of two activation rows: each half's sums of the six-bit values
+    (nibble + 16 x crumb, 0..63) times x, as numpy computes them, extremes included."""
+    rng = np.random.default_rng(29)
+    nb = 5
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    qh = rng.integers(0, 256, (nb, 8, TILE_ROWS), dtype=np.uint8)
+    xr = rng.integers(-128, 128, (2, nb * 32), dtype=np.int8)
+    q3[0], qh[0], xr[0, :32], xr[1, :32] = 255, 255, 127, -128  # 63 everywhere
+    one, two = np.ones((nb, 2, TILE_ROWS), np.int32), np.ones((nb, 4, TILE_ROWS), np.int32)
+
+    @njit
+    def run(q3, qh, xr, one, two):
+        q, h, x, k = q3.ctypes.data, qh.ctypes.data, xr.ctypes.data, xr.shape[1]
+        for i in range(q3.shape[0]):
+            qb, hb, xb = q + i * 16 * TILE_ROWS, h + i * 8 * TILE_ROWS, x + i * 32
+            simd_x512.q6_block_sums_vnni(qb, hb, xb, one[i].ctypes.data)
+            simd_x512.q6_block_sums2_vnni(qb, hb, xb, xb + k, two[i].ctypes.data)
+
+    run(q3, qh, xr, one, two)
+    e = np.arange(32)
+    nibbles = np.where(e[:, None] < 16, q3[:, e % 16] & 15, q3[:, e % 16] >> 4).astype(np.int64)
+    crumbs = (qh[:, e % 8] >> (2 * (e // 8))[:, None]) & 3  # element e: byte e % 8, bits 2 * (e // 8)
+    six = nibbles + 16 * crumbs.astype(np.int64)  # (nb, 32, R)
+    for t in range(2):
+        prod = six * xr[t].reshape(nb, 32, 1).astype(np.int64)
+        want = np.stack([prod[:, :16].sum(1), prod[:, 16:].sum(1)], axis=1)
+        np.testing.assert_array_equal(two[:, 2 * t : 2 * t + 2], want)
+        if t == 0:
+            np.testing.assert_array_equal(one, want)
+
+
 Q6_KERNELS = {  # Q6_K block kernels on plain-order activations: (needed CPU feature, kernel, bytes per row)
     "split-avx2": (HAVE_AVX2, "simd_x86.q4_block_sums_split_avx2", 16),
     "split-avx512": (HAVE_AVX512, "simd_x512.q4_block_sums_split_avx512", 16),
