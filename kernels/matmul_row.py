@@ -349,16 +349,24 @@ def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
         return lambda d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs: False
     quads = Q6_QUADS
 
-    def impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
+    def rows(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
         T = xr.shape[0]
         if T > FUSED_MAX_ROWS_Q6_Q8:
             return False
-        if T <= Q6_VNNI_ROWS:
-            row_q6_k_vnni(d, sc, qh2, q3, xr, dx, hs, acc, pairs)
-        elif quads and T >= Q6_QUAD_ROWS:
+        if quads and T >= Q6_QUAD_ROWS:
             row_q6_k_quads(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs)
         else:
             row_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, _s4(pairs))
+        return True
+
+    if not Q6_VNNI_ROWS:  # typed only where the CPU has VNNI
+        return rows
+    others = njit(inline="always")(rows)
+
+    def impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
+        if xr.shape[0] > Q6_VNNI_ROWS:
+            return others(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs)
+        row_q6_k_vnni(d, sc, qh2, q3, xr, dx, hs, acc, pairs)
         return True
 
     return impl
