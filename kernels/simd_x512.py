@@ -458,10 +458,10 @@ def _unpack_quads(builder: ir.IRBuilder, qp: ir.Value, hp: ir.Value | None, pp: 
     """One 32-block of a 64-row tile -> QUADS_BYTES of unsigned quads; high: "" (4-bit), "q5" (hp:
     2 x 64 uint16 fifth-bit words) or "q6" (hp: Q6_K's 8 x 64 crumb bytes)."""
     for line in range(16):
-        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS, every_cpu=True)
-    if high == "q6":  # the crumbs are a third of Q6_K's bytes: without this, 2-row decode stalled on them
+        _prefetch(builder, qp, PREFETCH_AHEAD + line * TILE_ROWS)
+    if high == "q6":  # the crumbs are a third of Q6_K's bytes: without this, decode stalled on them
         for line in range(8):
-            _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS, every_cpu=True)
+            _prefetch(builder, hp, PREFETCH_AHEAD // 2 + line * TILE_ROWS)
     crumbs = [_row_quads(builder, hp, 4 * c) for c in range(2)] if high == "q6" else None
     for g in range(4):
         quads = _row_quads(builder, qp, 4 * g)

@@ -9,7 +9,7 @@ thread by its CPU time (a process that another holds off the core is not charged
 --read adds a plain one-core read of the same bytes (numpy), the memory ceiling of a streaming case.
 Usage:
     python scripts/gemv_bench.py [--threads 1 2] [--cases big moe l2 gemma] [--reps 150] [--mmap]
-        [--precise] [--cpu-time] [--read]
+        [--precise] [--cpu-time] [--read] [--rows T]
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def bench_case(name: str, n: int, k: int, args: argparse.Namespace, stream_bytes
     ws = [w0] + [matmul.prepare_weight(random_raw(rng, name, n, k), GGML[name]) for _ in range(copies - 1)]
     if args.mmap:  # as the backend's weight cache gives them: page-cache pages of a file
         ws = [_mapped(w, i) for i, w in enumerate(ws)]
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    out = np.empty((1, n), np.float32)
+    x = rng.standard_normal((args.rows, k)).astype(np.float32)
+    out = np.empty((args.rows, n), np.float32)
     line = f"{name:5s} {n:6d} x {k:5d} {w0.nbytes / 2**20:7.2f} MiB x{copies:<3d}"
     for nth in args.threads:
         numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))  # as the backend sets it
@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=["qwen15", "moe"], choices=sorted(CASES))
     ap.add_argument("--mmap", action="store_true", help="weights memory-mapped from files")
     ap.add_argument("--reps", type=int, default=150)
+    ap.add_argument("--rows", type=int, default=1, help="activation rows (sequences decoding together)")
     ap.add_argument("--precise", action="store_true", help="time linear_precise (output projections)")
     ap.add_argument("--cpu-time", action="store_true", help="time one thread by its CPU time")
     ap.add_argument("--read", action="store_true", help="also a plain one-core read of the same bytes")
