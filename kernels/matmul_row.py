@@ -64,8 +64,8 @@ AVX2_ONLY = HAVE_AVX2 and not HAVE_AVX512
 Q6_QUADS = HAVE_VNNI or AVX2_ONLY
 Q6_QUAD_ROWS = 3 if HAVE_VNNI else 1
 # With VNNI, one or two rows assemble the six-bit values in registers instead (row_q6_k_vnni): a 64-row
-# block in cache 33 ns for one row against 69 for the split and crumb sums, 43 for two rows against 56
-# for the quads (docs/benchmarks.md, Kernels).
+# block in cache takes half the time of the split and crumb sums, and from memory it streams ~1.6x
+# as fast (docs/benchmarks.md, AVX-512 on AMD Zen 4).
 Q6_VNNI_ROWS = 2 if HAVE_VNNI else 0
 FIVE_BIT = (Q5_0, Q5_1, Q5_K)
 # The 4/5-bit kinds with a kernel here on this CPU, and up to how many rows each takes it.
