@@ -85,7 +85,8 @@ SOFTWARE_PREFETCH = _cpu_name() not in _HARDWARE_STREAM_CPUS
 
 def _prefetch(builder: ir.IRBuilder, base: ir.Value, offset: int, every_cpu: bool = False) -> None:
     """The weight stream's prefetch of base + offset: nothing where SOFTWARE_PREFETCH is off, unless
-    every_cpu (Q6_K's kernels: without it their stream was ~7% slower on Zen 4 too)."""
+    every_cpu (Q6_K's split and crumb kernels, ~7% slower on Zen 4 without it; the 4- and 5-bit
+    unpack-once quads, whose prefill read 0.84-0.92x without it there)."""
     if not (SOFTWARE_PREFETCH or every_cpu):
         return
     ptr = builder.gep(base, [_const(_i32, offset)])
