@@ -55,6 +55,7 @@ from .packing import (
 from .packing import TILE_ROWS as R
 from .pieces import plan_pieces
 from .quantize_act import quantize_rows, quantize_rows16, with_residual
+from .refine import mark_tiles
 from .simd import (
     RANGE_KERNEL_SIG,
     call_range_kernel,
@@ -638,18 +639,56 @@ def launch_linear16_serial(fn, buf_addr, nbytes, n, k, x, y):
 
 
 @njit(cache=True, nogil=True)
-def launch_two_pass(fn, buf_addr, nbytes, n, k, x, nth):
-    """x @ W.T in two 8-bit passes, x and its rounding residual, as one launch of 2T rows (each weight
-    tile read once for both); returns their (T, n) sum.  See linear_precise."""
-    T = x.shape[0]
+def launch_refined(fn, buf_addr, nbytes, n, k, x, nth):
+    """x @ W.T nearly as if x stayed float32 where it matters (linear_precise): one 8-bit pass over every
+    row, then x's rounding residual through a second 8-bit pass over the tiles refine.mark_tiles picks
+    for each row, added there (the same float sum the two passes always made)."""
+    T, tiles = x.shape[0], (n + R - 1) // R
+    y = np.empty((T, n), np.float32)
+    if nth <= 1 or nbytes * T < PARALLEL_MIN_WORK:
+        launch_linear_serial(fn, 0, True, buf_addr, nbytes, n, k, x, y)
+    else:
+        launch_linear(fn, 0, True, buf_addr, nbytes, n, k, x, y, nth)
+    own = np.zeros((T, tiles), np.bool_)
+    for t in range(T):
+        mark_tiles(y[t], own[t])
+    union = np.nonzero(own.sum(axis=0))[0]  # each tile read once for every row that refines it
     x2 = np.empty((2 * T, k), np.float32)
     with_residual(x, x2)
-    y2 = np.empty((2 * T, n), np.float32)
-    if nth <= 1 or nbytes * 2 * T < PARALLEL_MIN_WORK:
-        launch_linear_serial(fn, 0, True, buf_addr, nbytes, n, k, x2, y2)
-    else:
-        launch_linear(fn, 0, True, buf_addr, nbytes, n, k, x2, y2, nth)
-    return y2[:T] + y2[T:]
+    y1 = np.zeros((T, n), np.float32)
+    launch_tiles(fn, buf_addr, nbytes, n, k, x2[T:], y1, union, nth if nbytes * T >= PARALLEL_MIN_WORK else 1)
+    for t in range(T):
+        for tile in union:
+            if own[t, tile]:
+                for i in range(tile * R, min(n, tile * R + R)):
+                    y[t, i] += y1[t, i]
+    return y
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _launch_tiles_parallel(fn, argv, tiles, nth):
+    next_tile = np.zeros(1, np.int64)
+    for _c in prange(nth):
+        while True:
+            p = fetch_add(next_tile.ctypes.data, 1)
+            if p >= tiles.shape[0]:
+                break
+            call_range_kernel(fn, argv.ctypes.data, tiles[p], tiles[p] + 1)
+    return next_tile[0]
+
+
+@njit(cache=True, nogil=True)
+def launch_tiles(fn, buf_addr, nbytes, n, k, x, y, tiles, nth):
+    """Integer range kernel `fn` over the listed tiles only (y's other rows are left as they were), on
+    nth threads (the calling one alone for nth <= 1: see launch_linear16_serial)."""
+    xq = _quantized(x, True)
+    argv = _argv(buf_addr, nbytes, n, k, x, y, xq, 0)
+    if nth <= 1 or tiles.shape[0] < 2:
+        for tile in tiles:
+            call_range_kernel(fn, argv.ctypes.data, tile, tile + 1)
+        return _alive(argv, xq)
+    fetched = _launch_tiles_parallel(fn, argv, tiles, min(nth, tiles.shape[0]))
+    return _alive(argv, xq) + fetched  # after the kernels: see _alive
 
 
 @njit(cache=True, nogil=True)
@@ -715,9 +754,10 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
 
 
 def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | None:
-    """x @ W.T nearly as if x stayed float32: 16-bit activations in one pass for Q8_0 weights, x and
-    its 8-bit rounding residual (whose own error is 1/127 as large) as two 8-bit passes for the other
-    integer-path kinds; None where the weight takes the float path (float activations already)."""
+    """x @ W.T nearly as if x stayed float32: 16-bit activations in one pass for Q8_0 weights; for the
+    other integer-path kinds an 8-bit pass, then x's rounding residual (whose own error is 1/127 as
+    large) through a second 8-bit pass where each row's highest outputs are (launch_refined); None
+    where the weight takes the float path (float activations already)."""
     if x.ndim != 2 or x.shape[1] != w.k or not x.flags.c_contiguous or x.dtype != np.float32:
         raise ValueError(f"linear_precise: x {x.shape} does not fit a ({w.n}, {w.k}) weight")
     if w.kind == Q8_0:
@@ -730,7 +770,7 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
         return y
     if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
         return None
-    return launch_two_pass(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
+    return launch_refined(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

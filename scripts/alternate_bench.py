@@ -16,10 +16,12 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 
 def one_round(model: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "localllm", "bench", "-m", model, "-p", args.p, "-n", args.n]
+    runner = ["-m", "localllm"] if not args.cpu else [str(Path(__file__).with_name("pretend_cpu.py")), args.cpu]
+    cmd = [sys.executable, *runner, "bench", "-m", model, "-p", args.p, "-n", args.n]
     cmd += ["-t", args.t, "-r", "1", "--llama-bench", args.llama_bench, "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     print(out, file=sys.stderr, flush=True)  # every round's own figures, kept when piped aside
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("-n", default="32")
     ap.add_argument("-t", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cpu", choices=["avx2", "portable"], help="run localllm as this smaller CPU (pretend_cpu.py)")
     args = ap.parse_args()
     print("| model | test | threads | localllm t/s | llama.cpp t/s | ratio (median) | range | kernels |")
     print("|---|---|---|---|---|---|---|---|")

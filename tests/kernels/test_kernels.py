@@ -818,12 +818,14 @@ def test_smollm2_matches_numpy_backend(smollm2_path, index_dir) -> None:
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
 def test_linear_precise_is_close_to_float_activations(backend: NumbaBackend, name: str) -> None:
-    """16-bit activations (Q8_0) or two 8-bit passes (activations, then their rounding residual)
-    land within 1e-4 of the float32 result, where one 8-bit pass is ~100x further off."""
+    """16-bit activations (Q8_0) or two 8-bit passes (activations, then their rounding residual, over
+    the tiles of each row's highest outputs: tests/kernels/test_refine.py) land within 1e-4 of the
+    float32 result there, where one 8-bit pass is ~100x further off."""
     rng = np.random.default_rng(zlib.crc32(f"precise {name}".encode()))
     raw = random_weight(rng, name, 96, 512)
     w = backend.prepare_weight(raw, T[name])
     x = rng.standard_normal((3, 512)).astype(np.float32) * 20
     expected = ref.linear(x, raw, T[name])
-    assert rel_err(backend.linear_precise(x, w), expected) < 1e-4
+    top = slice(None) if name == "Q8_0" else (np.arange(3), expected.argmax(axis=1))  # refined where highest
+    assert rel_err(backend.linear_precise(x, w)[top], expected[top]) < 1e-4
     assert rel_err(backend.linear(x, w), expected) > 1e-3

@@ -1,0 +1,53 @@
+"""Run the localllm CLI as if this x86 CPU were a smaller one: LLVM is told that AVX-512 (`avx2`: the AVX2
+kernels run) or also AVX2/FMA/F16C (`portable`: the loops ARM laptops run) are missing before the kernels
+import, and compiles for a matching CPU, with its own Numba cache.  How the AVX2 figures of
+docs/benchmarks.md are taken on an AVX-512 machine, beside llama.cpp built for AVX2 only:
+
+    python scripts/pretend_cpu.py avx2 bench -m MODEL -p 128 -n 32 -t 1,2 --llama-bench LLAMA_AVX2/llama-bench
+
+The memory and cores are still this machine's: only the instructions (and LLVM's tuning) are the smaller
+CPU's.  (tests/support/fake_cpu_child.py checks the same kernels' bits.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+# -> the CPU LLVM compiles for: AVX2 keeps this machine's name (its tuning and its prefetch rule, which
+# belong to the memory system; kernels/simd_x86.SOFTWARE_PREFETCH), less the features dropped.
+LEVELS = {"avx2": None, "portable": "x86-64"}
+
+
+def pretend(level: str) -> None:
+    """Set up the pretence; call before anything imports numba."""
+    import llvmlite.binding as llvm
+
+    os.environ["NUMBA_CPU_NAME"] = LEVELS[level] or llvm.get_host_cpu_name()
+    os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"localllm-numba-{level}"))
+
+    host = llvm.get_host_cpu_features
+
+    def features() -> object:
+        f = host()
+        for name in list(f):
+            if name.startswith("avx512") or (level == "portable" and name in ("avx2", "fma", "f16c", "avx")):
+                f[name] = False
+        return f
+
+    llvm.get_host_cpu_features = features
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in LEVELS:
+        sys.exit(f"usage: pretend_cpu.py {{{','.join(LEVELS)}}} LOCALLLM-ARGS...")
+    pretend(sys.argv[1])
+    from localllm.cli import main as cli
+
+    sys.argv = ["localllm", *sys.argv[2:]]
+    cli()
+
+
+if __name__ == "__main__":
+    main()
