@@ -3,7 +3,7 @@ tests then llama-bench's (`-r 1`), so both see the same load; the figure is the 
 ratios, the range beside it, and each engine's median rate.
 
     python scripts/alternate_bench.py --llama-bench $LLAMA/build/bin/llama-bench -p 128 -n 32 -t 1,2 \\
-        --rounds 3 MODEL [MODEL ...]
+        --rounds 3 [--cpu avx2] MODEL [MODEL ...]
 
 Prints a Markdown table (model, test, threads, localllm, llama.cpp, ratio median, range, kernel family).
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 
 
 def one_round(model: str, args: argparse.Namespace) -> dict:
-    runner = ["-m", "localllm"] if not args.cpu else [str(Path(__file__).with_name("pretend_cpu.py")), args.cpu]
+    pretend = [str(Path(__file__).with_name("pretend_cpu.py")), args.cpu]
+    runner = pretend if args.cpu else ["-m", "localllm"]
     cmd = [sys.executable, *runner, "bench", "-m", model, "-p", args.p, "-n", args.n]
     cmd += ["-t", args.t, "-r", "1", "--llama-bench", args.llama_bench, "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -53,7 +54,9 @@ def main() -> None:
     ap.add_argument("-n", default="32")
     ap.add_argument("-t", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cpu", choices=["avx2", "portable"], help="run localllm as this smaller CPU (pretend_cpu.py)")
+    ap.add_argument(
+        "--cpu", choices=["avx2", "portable"], help="localllm as this smaller CPU (pretend_cpu.py)"
+    )
     args = ap.parse_args()
     print("| model | test | threads | localllm t/s | llama.cpp t/s | ratio (median) | range | kernels |")
     print("|---|---|---|---|---|---|---|---|")

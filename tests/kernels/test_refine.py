@@ -1,6 +1,7 @@
-"""The precise output projection's refinement (kernels/refine.py, matmul.launch_refined): one 8-bit pass
-everywhere, the rounding residual's pass over the tiles of each row's highest outputs, chosen from the
-row's own one-pass values (a NumPy twin of the choice here), so no row depends on its batch."""
+"""The precise output projection's refinement (kernels/refine.py, matmul.launch_refined: linear_precise's
+form on CPUs without VNNI): one 8-bit pass everywhere, the rounding residual's pass over the tiles of each
+row's highest outputs, chosen from the row's own one-pass values (a NumPy twin of the choice here), so no
+row depends on its batch."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ def test_rows_without_a_finite_top_refine_nothing() -> None:
     assert not mark.any()
 
 
+def refined(x: np.ndarray, w: matmul.PackedWeight, nth: int) -> np.ndarray:
+    """linear_precise's form where REFINE_OUTPUT is on (CPUs without VNNI), called on every CPU."""
+    return matmul.launch_refined(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
+
+
 @pytest.mark.parametrize("name", list(GGML))
 def test_refined_tiles_are_the_two_pass_sum_and_the_rest_one_pass(name: str) -> None:
     """The marked tiles hold exactly what the two 8-bit passes gave everywhere before (within 1e-4 of
@@ -72,7 +78,7 @@ def test_refined_tiles_are_the_two_pass_sum_and_the_rest_one_pass(name: str) -> 
     two = one + matmul.linear(np.ascontiguousarray(x2[T:]), w, 1)
     exact = ref.linear(x, raw, GGML[name])
     for nth in (1, 2):
-        got = matmul.linear_precise(x, w, nth)
+        got = refined(x, w, nth)
         for t in range(T):
             rows = np.repeat(numpy_marks(one[t]), TILE_ROWS)[:n]
             assert 0 < rows.sum() < n
@@ -80,4 +86,4 @@ def test_refined_tiles_are_the_two_pass_sum_and_the_rest_one_pass(name: str) -> 
             np.testing.assert_array_equal(got[t, ~rows], one[t, ~rows])
             err = np.abs(got[t, rows] - exact[t, rows]).max() / np.abs(exact[t]).max()
             assert err < 1e-4
-            np.testing.assert_array_equal(matmul.linear_precise(x[t : t + 1], w, nth)[0], got[t])
+            np.testing.assert_array_equal(refined(x[t : t + 1], w, nth)[0], got[t])
