@@ -4,6 +4,7 @@ import, and compiles for a matching CPU, with its own Numba cache.  How the AVX2
 docs/benchmarks.md are taken on an AVX-512 machine, beside llama.cpp built for AVX2 only:
 
     python scripts/pretend_cpu.py avx2 bench -m MODEL -p 128 -n 32 -t 1,2 --llama-bench LLAMA_AVX2/llama-bench
+    python scripts/pretend_cpu.py avx2 scripts/profile_decode_step.py MODEL -t 1,2 -n 24
 
 The memory and cores are still this machine's: only the instructions (and LLVM's tuning) are the smaller
 CPU's.  (tests/support/fake_cpu_child.py checks the same kernels' bits.)
@@ -40,9 +41,16 @@ def pretend(level: str) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in LEVELS:
-        sys.exit(f"usage: pretend_cpu.py {{{','.join(LEVELS)}}} LOCALLLM-ARGS...")
+    if len(sys.argv) < 3 or sys.argv[1] not in LEVELS:
+        sys.exit(f"usage: pretend_cpu.py {{{','.join(LEVELS)}}} (LOCALLLM-ARGS... | SCRIPT.py ARGS...)")
     pretend(sys.argv[1])
+    if sys.argv[2].endswith(".py"):  # another script of this folder, e.g. profile_decode_step.py
+        import runpy
+
+        sys.argv = sys.argv[2:]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        return
     from localllm.cli import main as cli
 
     sys.argv = ["localllm", *sys.argv[2:]]
