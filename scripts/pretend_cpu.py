@@ -27,6 +27,13 @@ def pretend(level: str) -> None:
 
     os.environ["NUMBA_CPU_NAME"] = LEVELS[level] or llvm.get_host_cpu_name()
     os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"localllm-numba-{level}"))
+    drop_features(level)
+
+
+def drop_features(level: str) -> None:
+    """Make llvmlite report the host's CPU features less those `level` lacks (the CPU name and Numba's
+    cache are the caller's: tests/support/fake_cpu_child.py sets its own)."""
+    import llvmlite.binding as llvm
 
     host = llvm.get_host_cpu_features
 

@@ -9,23 +9,16 @@ kernels compile for an aarch64 target."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
 
 DROP = sys.argv[1]
-_host_features = llvm.get_host_cpu_features
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from pretend_cpu import drop_features  # noqa: E402
 
-
-def _pretend() -> object:
-    features = _host_features()
-    for name in list(features):
-        if name.startswith("avx512") or (DROP != "avx512" and name in ("avx2", "fma", "f16c", "avx")):
-            features[name] = False
-    return features
-
-
-llvm.get_host_cpu_features = _pretend
+drop_features("avx2" if DROP == "avx512" else "portable")  # the level left when DROP is missing
 
 from random_weights import random_weight  # noqa: E402
 
