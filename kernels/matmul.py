@@ -70,7 +70,6 @@ from .simd import (
     ptr_u8,
 )
 from .simd_x86 import PAIRS_BYTES
-from .simd_x512 import HAVE_VNNI
 
 # Quantized kinds use the integer path up to this many activation rows, the float path above.
 # With the AVX2 kernels the integer path is faster at every T, from one row to a 512-row prefill
@@ -79,11 +78,6 @@ from .simd_x512 import HAVE_VNNI
 # paths round differently, so a row's result would depend on its batch (a token decoded alone vs
 # among 16 sequences, a speculative verify step vs plain decode): every T takes the integer path.
 INT_PATH_MAX_T = 1 << 30
-# The precise output projection sends the rounding residual through every tile where the two rows cost
-# little more than one (VNNI's register form: at 2 threads the pass is bound by memory either way), and
-# only through the tiles of each row's highest logits elsewhere (kernels/refine.py): with AVX2 only, the
-# two-row form read Qwen2.5-1.5B's output at ~15 GB/s a core against ~20 for one row.
-REFINE_OUTPUT = not HAVE_VNNI
 # Below this many weight bytes x rows, one thread beats paying for a parallel launch.
 PARALLEL_MIN_WORK = 96 * 1024
 
@@ -647,7 +641,8 @@ def launch_linear16_serial(fn, buf_addr, nbytes, n, k, x, y):
 @njit(cache=True, nogil=True)
 def launch_two_pass(fn, buf_addr, nbytes, n, k, x, nth):
     """x @ W.T in two 8-bit passes, x and its rounding residual, as one launch of 2T rows (each weight
-    tile read once for both); returns their (T, n) sum.  See linear_precise."""
+    tile read once for both); returns their (T, n) sum: the whole pair, which launch_refined's refined
+    tiles equal bit for bit (the tests' reference; see linear_precise)."""
     T = x.shape[0]
     x2 = np.empty((2 * T, k), np.float32)
     with_residual(x, x2)
@@ -776,9 +771,10 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
 
 def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | None:
     """x @ W.T nearly as if x stayed float32: 16-bit activations in one pass for Q8_0 weights; for the
-    other integer-path kinds x and its 8-bit rounding residual (whose own error is 1/127 as large) as
-    two 8-bit passes, over every tile with VNNI (launch_two_pass), else over the tiles of each row's
-    highest outputs (launch_refined: REFINE_OUTPUT); None where the weight takes the float path."""
+    other integer-path kinds x in one 8-bit pass, and its 8-bit rounding residual (whose own error is
+    1/127 as large) in a second over the tiles of each row's highest outputs (launch_refined: the whole
+    pair, launch_two_pass, cost a 1-thread decode up to 12% more of its output projection, even where
+    VNNI's two-row register form shares the unpacking); None where the weight takes the float path."""
     if x.ndim != 2 or x.shape[1] != w.k or not x.flags.c_contiguous or x.dtype != np.float32:
         raise ValueError(f"linear_precise: x {x.shape} does not fit a ({w.n}, {w.k}) weight")
     if w.kind == Q8_0:
@@ -791,8 +787,7 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
         return y
     if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
         return None
-    launch = launch_refined if REFINE_OUTPUT else launch_two_pass
-    return launch(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
+    return launch_refined(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -826,7 +826,7 @@ def test_linear_precise_is_close_to_float_activations(backend: NumbaBackend, nam
     w = backend.prepare_weight(raw, T[name])
     x = rng.standard_normal((3, 512)).astype(np.float32) * 20
     expected = ref.linear(x, raw, T[name])
-    whole = name == "Q8_0" or not matmul.REFINE_OUTPUT  # else refined where highest
+    whole = name == "Q8_0"  # else refined where highest
     top = slice(None) if whole else (np.arange(3), expected.argmax(axis=1))
     assert rel_err(backend.linear_precise(x, w)[top], expected[top]) < 1e-4
     assert rel_err(backend.linear(x, w), expected) > 1e-3

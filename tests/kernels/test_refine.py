@@ -1,7 +1,7 @@
 """The precise output projection's refinement (kernels/refine.py, matmul.launch_refined: linear_precise's
-form on CPUs without VNNI): one 8-bit pass everywhere, the rounding residual's pass over the tiles of each
-row's highest outputs, chosen from the row's own one-pass values (a NumPy twin of the choice here), so no
-row depends on its batch."""
+form for every integer-path kind but Q8_0): one 8-bit pass everywhere, the rounding residual's pass over
+the tiles of each row's highest outputs, chosen from the row's own one-pass values (a NumPy twin of the
+choice here), so no row depends on its batch."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_rows_without_a_finite_top_refine_nothing() -> None:
 
 
 def refined(x: np.ndarray, w: matmul.PackedWeight, nth: int) -> np.ndarray:
-    """linear_precise's form where REFINE_OUTPUT is on (CPUs without VNNI), called on every CPU."""
+    """linear_precise's form for the integer-path kinds other than Q8_0."""
     return matmul.launch_refined(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
