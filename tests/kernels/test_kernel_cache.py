@@ -22,7 +22,7 @@ CHILD = SUPPORT / "kernel_cache_child.py"
 
 def run_child(cache: Path, out: Path) -> dict[str, np.ndarray]:
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
-    subprocess.run([sys.executable, str(CHILD), str(out)], env=env, check=True, timeout=600)
+    subprocess.run([sys.executable, str(CHILD), str(out), str(out.parent)], env=env, check=True, timeout=900)
     with np.load(out) as data:
         return {k: data[k] for k in data.files}
 
