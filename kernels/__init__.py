@@ -12,8 +12,10 @@ if _os.environ.get("NUMBA_CACHE_DIR"):
     # must run before any kernel module is decorated.  The NumPy reference alone needs none of it.
     from .cache import use_content_keyed_cache
     from .lazy_bitcode import keep_bitcode_unparsed
+    from .local_callees import keep_callees_local
     from .nrt_cache import load_nrt_from_cache
 
     use_content_keyed_cache()
     keep_bitcode_unparsed()  # and two memory savers for kernels loaded from the cache
     load_nrt_from_cache()
+    keep_callees_local()  # each kernel runs its own callees' copies, fresh or cached

@@ -59,3 +59,67 @@ def test_entries_saved_after_a_kernel_file_changed_are_never_loaded(tmp_path: Pa
     monkeypatch.undo()
     fresh = _index(tmp_path, cache.SourceStamp(cache.sources_digest()))
     assert fresh.load("sig") is None and fresh.load("sig2") is None
+
+
+def test_linked_copies_are_renamed_to_their_callers() -> None:
+    """local_callees: the linked-in (linkonce_odr) definitions take the caller's mark, its own functions
+    and declarations keep their names, and the module offered for linking gets the names back."""
+    import llvmlite.binding as ll
+
+    from localllm.kernels.local_callees import MARK, caller_mark, rename_linked, unmark
+
+    module = ll.parse_assembly(
+        "define linkonce_odr i32 @copy(i32 %x) {\n  ret i32 %x\n}\n"
+        "define i32 @own(i32 %x) {\n  %y = call i32 @copy(i32 %x)\n"
+        "  %z = call i32 @ext(i32 %y)\n  ret i32 %z\n}\n"
+        "declare i32 @ext(i32)\n"
+    )
+    mark = MARK + caller_mark(module)
+    assert rename_linked(module) == 1
+    names = {fn.name: fn.linkage for fn in module.functions}
+    assert names == {
+        "copy" + mark: ll.Linkage.linkonce_odr, "own": ll.Linkage.external, "ext": ll.Linkage.external
+    }  # fmt: skip
+    assert f'call i32 @"copy{mark}"' in str(module)  # the call follows the rename
+    other = ll.parse_assembly("define i32 @other(i32 %x) {\n  ret i32 %x\n}\n")
+    assert caller_mark(other) != caller_mark(module)
+    unmark(module)
+    assert sorted(fn.name for fn in module.functions) == ["copy", "ext", "own"]
+
+
+def test_a_compiled_kernel_calls_only_its_own_copies() -> None:
+    """With the hook installed (as under NUMBA_CACHE_DIR), every callee copy in a caller's machine code
+    carries that caller's mark (no name another kernel's copy could answer to), and what a later
+    caller links carries none (one copy per function there, as without the marks)."""
+    import llvmlite.binding as ll
+    from numba import njit
+
+    from localllm.kernels.local_callees import MARK, caller_mark, keep_callees_local
+
+    keep_callees_local()
+
+    @njit(fastmath=True, no_cpython_wrapper=True)
+    def total(a):
+        s = 0.0
+        for v in a:
+            s += v
+        return s
+
+    @njit(fastmath=True)
+    def caller(a):
+        return total(a) + total(a[1:])
+
+    @njit(fastmath=True)
+    def outer(a):
+        return caller(a) + total(a)
+
+    a = np.arange(100, dtype=np.float64)
+    assert outer(a) == 2 * a.sum() + a[1:].sum()
+    for fn in (caller, outer):
+        library = fn.overloads[fn.signatures[0]].library
+        module = library._final_module
+        copies = [
+            f.name for f in module.functions if not f.is_declaration and f.linkage != ll.Linkage.external
+        ]
+        assert copies and all(name.endswith(MARK + caller_mark(module)) for name in copies), copies
+        assert not [f.name for f in library._get_module_for_linking().functions if MARK in f.name]
