@@ -49,10 +49,12 @@ def _both_paths(path) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_stack_runs_every_architecture_like_the_op_path(arch_models, arch: str) -> None:
     """Same kernels in the same order, over a prompt three windows long, with float weights (no 8-bit
-    activation rounding whose flips chaotic layers would amplify). Not the same bits: LLVM
-    re-optimises a kernel inlined into the stack (fastmath sums may vectorise another way)."""
+    activation rounding whose flips chaotic layers would amplify). Not the same bits: the stack runs its
+    own compiled copies of the kernels (kernels/local_callees.py), and LLVM may vectorise their fastmath
+    sums another way. llama and qwen2 agree exactly; gemma3's attention sums differ from the second
+    position on (position 0, one key, agrees), up to 3-5e-5 of the largest logit by the 48th."""
     fused, ops = _both_paths(arch_models[arch, "F32"])
-    assert rel_err(fused, ops) < 1e-5
+    assert rel_err(fused, ops) < 1e-4
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q5_0"])
