@@ -5,12 +5,12 @@ are `linkonce_odr`: weak symbols once in machine code, so the JIT resolves every
 was not inlined to the first copy of that name it loaded, and the others never run. With fastmath's
 reassociation the copies need not round alike, so a process ran whichever copy its load order gave it: a
 fresh process (copies in compile order) and one loading the same kernels from the cache (in load order)
-computed different attention sums on Qwen2.5-1.5B (docs/architecture.md, cached kernels). Renamed
-after linking with a mark of the caller, a caller's copies are its own: the machine code a kernel runs is
-what its compilation produced, fresh or cached. The module a kernel offers its own callers for linking
-names them as before, so a function reached along several paths still links in once; they stay
-`linkonce_odr`, so the optimiser inlines and drops them as before. (Made internal instead, or renamed in
-what callers link, every path brought its own copy to optimise, and a first compile took longer.)
+computed different attention sums on Qwen2.5-1.5B (docs/architecture.md, cached kernels). Renamed with a
+mark of the caller once its module is optimised, a caller's copies are its own: the machine code a kernel
+runs is what its compilation produced, fresh or cached. The module a kernel offers its own callers for
+linking names them as before, so a function reached along several paths still links in once, and the
+optimiser inlines and drops them as before. (Made internal instead, or renamed in what callers link,
+every path brought its own copy to optimise, and a first compile took longer.)
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ def unmark(module: Any) -> None:
 
 
 def _optimize_final_module(self: Any) -> None:
-    rename_linked(self._final_module)
     _numba_optimize_final_module(self)
+    # After optimising, before machine code: the passes see Numba's names (its reference-count pruning
+    # finds NRT_incref/NRT_decref by name), the code they make is what it was, only its names change.
+    rename_linked(self._final_module)
 
 
 def _get_module_for_linking(self: Any) -> Any:
