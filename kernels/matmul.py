@@ -260,7 +260,8 @@ def _int_tile_impl(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc,
 
         def mxfp4(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
             e, qs = views  # s32: (2, R) int32 here (fused_limit), room for the (2, R) int16 sums
-            mx.tile_mxfp4(e[t], qs[t], xq[4], xq[1], acc, carray(ptr_i16(s32.ctypes.data), (2, R)), pairs)
+            s16v = carray(ptr_i16(s32.ctypes.data), (2, R))
+            mx.tile_mxfp4(e[t], qs[t], xq[0], xq[4], xq[1], xq[3], acc, s16v, pairs)
 
         return mxfp4
     fields, fused_rows = NIBBLE_FIELDS[kv], mr.NIBBLE_ROWS.get(kv, 0)

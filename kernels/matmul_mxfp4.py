@@ -4,40 +4,60 @@ A tile is (e (nb, R) E8M0 exponents, q3 (nb, 16, R) E2M1 codes; see packing.py).
 activation row, the integer sum of the doubled E2M1 values times the int8 activations (exact in int32)
 is scaled once: acc[r] += (2**(e - 128) * dx) * sum, the value ggml's MXFP4 x Q8_0 dot product forms.
 With AVX2 the sums come from simd_mxfp4's IR kernels, straight from the packed codes for one row
-(decode) or from value pairs looked up once per block for more rows; elsewhere from plain loops that
-give the same integers, so a row's bits never depend on the path.
+(decode; with AVX512-VNNI the quads kernel) or from value pairs looked up once per block for more rows;
+elsewhere from plain loops that give the same integers, so a row's bits never depend on the path.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 from numba.extending import overload
 
 from ..quant.ggml import MXFP4_VALUES
 from .packing import TILE_ROWS as R
-from .simd import EXACT_FP, f32, fma_f32, i32, i32_as_f32
-from .simd_mxfp4 import mxfp4_block_sums_avx2, mxfp4_pair_sums_avx2, mxfp4_unpack_pairs_avx2
-from .simd_x86 import HAVE_AVX2
+from .simd import EXACT_FP, f32, fma_f32, i32, i32_as_f32, ptr_i32
+from .simd_mxfp4 import (
+    VNNI_OFFSET,
+    mxfp4_block_sums_avx2,
+    mxfp4_block_sums_vnni,
+    mxfp4_pair_sums_avx2,
+    mxfp4_unpack_pairs_avx2,
+    mxfp4_unpack_quads_vnni,
+)
+from .simd_x86 import HAVE_AVX2, PAIRS_BYTES
+from .simd_x512 import HAVE_VNNI, QUADS_BYTES, quad_sums_vnni
 
 # Up to this many activation rows per tile, each row's sums come straight from the packed codes; more
 # rows look each block's values up once (the lookup and shuffles then cost once, not once per row).
 DIRECT_ROWS = 1
+assert QUADS_BYTES == PAIRS_BYTES  # the VNNI rows' quads use the AVX2 pairs' scratch
 _VALUES = MXFP4_VALUES.astype(np.int32)  # Numba freezes it as a constant
 
 
 @njit(cache=True, inline="always")
 def e8m0_half(e):
-    """An E8M0 byte -> float32 2**(e - 128), from its bits as ggml_e8m0_to_fp32_half (e < 2: subnormal)."""
+    """An E8M0 byte -> float32 2**(e - 128), from its bits as ggml_e8m0_to_fp32_half (e < 2: subnormal,
+    0x00200000 << e written as (e + 1) << 21). Shifts by constants, each result cut to 32 bits: the
+    tiles' loops vectorise on 32-bit lanes (Numba widens int32 arithmetic to 64 bits)."""
     v = i32(e)
-    return i32_as_f32(i32(i32(0x00200000) << v) if v < 2 else i32((v - 1) << 23))
+    return i32_as_f32(i32((v + 1) << 21) if v < 2 else i32((v - 1) << 23))
 
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
 def _scale(e, b, dxb, s16, a) -> None:
     """a[r] += (2**(e[b, r] - 128) * dxb) * (s16[0, r] + s16[1, r]) for the tile's R lanes."""
     for r in range(R):
-        a[r] = fma_f32(e8m0_half(e[b, r]) * dxb, f32(i32(s16[0, r]) + i32(s16[1, r])), a[r])
+        a[r] = fma_f32(e8m0_half(e[b, r]) * dxb, f32(i32(i32(s16[0, r]) + i32(s16[1, r]))), a[r])
+
+
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy", inline="always")
+def _scale_total(e, b, dxb, off, s32, a) -> None:
+    """_scale from one int32 total per row (mxfp4_block_sums_vnni's, less off): the same integer, so
+    the same bits."""
+    o = i32(off)
+    for r in range(R):
+        a[r] = fma_f32(e8m0_half(e[b, r]) * dxb, f32(i32(s32[r] - o)), a[r])
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -59,18 +79,19 @@ def block_sums_portable(q3, b, xr, s16) -> None:
         s16[1, r] = np.int16(s1)
 
 
-def tile_mxfp4(e, q3, x8p, dx, acc, s16, pairs) -> None:
+def tile_mxfp4(e, q3, x8, x8p, dx, hs, acc, s16, pairs) -> None:
     """acc (T, R) += the tile (e (nb, R) uint8, q3 (nb, 16, R) uint8) times the rows x8p (T, k)
-    (interleaved int8) scaled by dx (T, nb).  s16: (2, R) int16 scratch, pairs: simd_x86.PAIRS_BYTES
-    uint8 scratch.  (Numba only: AVX2 IR kernels where the CPU has them, else plain loops.)"""
+    (interleaved int8; x8 the same rows in plain order, hs their 16-element sums) scaled by dx (T, nb).
+    s16: (2, R) int16 scratch (64-byte aligned, room for (R,) int32), pairs: simd_x86.PAIRS_BYTES
+    uint8 scratch.  (Numba only: AVX2 or VNNI IR kernels where the CPU has them, else plain loops.)"""
     raise NotImplementedError
 
 
 @overload(tile_mxfp4, jit_options={"cache": True, "fastmath": EXACT_FP, "error_model": "numpy"})
-def _tile_mxfp4_impl(e, q3, x8p, dx, acc, s16, pairs):
+def _tile_mxfp4_impl(e, q3, x8, x8p, dx, hs, acc, s16, pairs):
     if not HAVE_AVX2:
 
-        def portable(e, q3, x8p, dx, acc, s16, pairs):
+        def portable(e, q3, x8, x8p, dx, hs, acc, s16, pairs):
             for b in range(q3.shape[0]):
                 for ti in range(x8p.shape[0]):
                     block_sums_portable(q3, b, x8p[ti], s16)
@@ -78,20 +99,62 @@ def _tile_mxfp4_impl(e, q3, x8p, dx, acc, s16, pairs):
 
         return portable
 
-    def simd(e, q3, x8p, dx, acc, s16, pairs):
-        q, x, s, p = q3.ctypes.data, x8p.ctypes.data, s16.ctypes.data, pairs.ctypes.data
-        T, k = x8p.shape
-        for b in range(q3.shape[0]):
-            if T > DIRECT_ROWS:
-                mxfp4_unpack_pairs_avx2(q + b * 16 * R, p)
-            for ti in range(T):
-                if T > DIRECT_ROWS:
-                    mxfp4_pair_sums_avx2(p, x + ti * k + b * 32, s, s + 2 * R)
-                else:
-                    mxfp4_block_sums_avx2(q + b * 16 * R, x + ti * k + b * 32, s, s + 2 * R)
-                _scale(e, b, dx[ti, b], s16, acc[ti])
+    if HAVE_VNNI:
+
+        def vnni(e, q3, x8, x8p, dx, hs, acc, s16, pairs):
+            if x8.shape[0] <= DIRECT_ROWS:
+                _row_vnni(e, q3, x8, dx, hs, acc, s16)
+            else:
+                _rows_vnni(e, q3, x8, dx, hs, acc, s16, pairs)
+
+        return vnni
+
+    def simd(e, q3, x8, x8p, dx, hs, acc, s16, pairs):
+        _rows_avx2(e, q3, x8p, dx, acc, s16, pairs)
 
     return simd
+
+
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
+def _row_vnni(e, q3, x8, dx, hs, acc, s16) -> None:
+    """One row (x8 (1, k) plain int8) through mxfp4_block_sums_vnni, its offset taken off per block."""
+    q, x, s = q3.ctypes.data, x8.ctypes.data, s16.ctypes.data
+    s32 = carray(ptr_i32(s), (R,))
+    for b in range(q3.shape[0]):
+        mxfp4_block_sums_vnni(q + b * 16 * R, x + b * 32, s, 0)
+        off = VNNI_OFFSET * (hs[0, 2 * b] + hs[0, 2 * b + 1])
+        _scale_total(e, b, dx[0, b], off, s32, acc[0])
+
+
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
+def _rows_vnni(e, q3, x8, dx, hs, acc, s16, quads) -> None:
+    """Rows x8 (T, k) through one mxfp4_unpack_quads_vnni per block (into quads, the pairs scratch:
+    QUADS_BYTES == PAIRS_BYTES) and a quad_sums_vnni per row."""
+    q, x, s, p = q3.ctypes.data, x8.ctypes.data, s16.ctypes.data, quads.ctypes.data
+    s32 = carray(ptr_i32(s), (R,))
+    T, k = x8.shape
+    for b in range(q3.shape[0]):
+        mxfp4_unpack_quads_vnni(q + b * 16 * R, p)
+        for ti in range(T):
+            quad_sums_vnni(p, x + ti * k + b * 32, s)
+            off = VNNI_OFFSET * (hs[ti, 2 * b] + hs[ti, 2 * b + 1])
+            _scale_total(e, b, dx[ti, b], off, s32, acc[ti])
+
+
+@njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
+def _rows_avx2(e, q3, x8p, dx, acc, s16, pairs) -> None:
+    """Rows x8p (T, k) through the AVX2 kernels: one straight from the codes, more from looked-up pairs."""
+    q, x, s, p = q3.ctypes.data, x8p.ctypes.data, s16.ctypes.data, pairs.ctypes.data
+    T, k = x8p.shape
+    for b in range(q3.shape[0]):
+        if T > DIRECT_ROWS:
+            mxfp4_unpack_pairs_avx2(q + b * 16 * R, p)
+        for ti in range(T):
+            if T > DIRECT_ROWS:
+                mxfp4_pair_sums_avx2(p, x + ti * k + b * 32, s, s + 2 * R)
+            else:
+                mxfp4_block_sums_avx2(q + b * 16 * R, x + ti * k + b * 32, s, s + 2 * R)
+            _scale(e, b, dx[ti, b], s16, acc[ti])
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")

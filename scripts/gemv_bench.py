@@ -24,12 +24,13 @@ import numpy as np
 from localllm.kernels import matmul
 from localllm.quant.types import QUANT_TYPES
 
-GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-CASES = {  # (type, rows, columns): Qwen2.5-1.5B's Q4_K_M matrices, the tiny qwen3moe's experts
+GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "MXFP4": 39}
+CASES = {  # (type, rows, columns): Qwen2.5-1.5B's Q4_K_M matrices, the tiny qwen3moe's experts, ...
     "qwen15": [("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q4_K", 1536, 1536), ("Q6_K", 151936, 1536)],
     "qwen05": [("Q5_0", 4864, 896), ("Q6_K", 896, 4864), ("Q5_0", 896, 896), ("Q8_0", 32768, 896)],
     "moe": [("Q4_0", 768, 1024), ("Q4_0", 1024, 768), ("Q4_1", 768, 1024), ("Q4_0", 4096, 1024)],
     "big": [("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q4_0", 4096, 1024)],
+    "gptoss": [("Q8_0", 4096, 2880), ("MXFP4", 2880, 2880)],  # gpt-oss-20b: attention q (Q8_0), an expert
     "tiny": [("Q4_0", 64, 1024), ("Q4_0", 256, 1024), ("Q4_0", 768, 1024), ("Q4_0", 2048, 1024)],
     "l2": [("Q4_K", 512, 1536), ("Q6_K", 128, 8960), ("Q6_K", 512, 1536), ("Q4_0", 768, 1024)],
     "all": [(t, 4096, 1024) for t in GGML],

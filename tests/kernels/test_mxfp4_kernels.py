@@ -132,3 +132,35 @@ def test_e8m0_scale_matches_numpy_for_every_byte() -> None:
     e = np.arange(256, dtype=np.uint8)
     ours = np.array([mx.e8m0_half(np.uint8(v)) for v in e], np.float32)
     np.testing.assert_array_equal(ours.view(np.uint32), e8m0_half(e).view(np.uint32))
+
+
+@njit(cache=True)
+def _vnni_sums(q3, x8, s_vnni, s_quads, quads):
+    q, x, p = q3.ctypes.data, x8.ctypes.data, quads.ctypes.data
+    for b in range(q3.shape[0]):
+        mx.mxfp4_block_sums_vnni(q + b * 16 * TILE_ROWS, x + b * 32, s_vnni[b].ctypes.data, 0)
+        mx.mxfp4_unpack_quads_vnni(q + b * 16 * TILE_ROWS, p)
+        mx.quad_sums_vnni(p, x + b * 32, s_quads[b].ctypes.data)
+
+
+@pytest.mark.skipif(not mx.HAVE_VNNI, reason="the VNNI kernel needs AVX512-VNNI")
+def test_vnni_sums_less_their_offset_equal_portable_ones() -> None:
+    """One row's VNNI totals (values + 12, plain-order activations; in registers, and from the quads that
+    more rows share) less 12 * the block's activation sum are the portable kernel's s0 + s1, at the
+    extremes too (all +12 or all -12 against 127s)."""
+    rng = np.random.default_rng(11)
+    nb = 6
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    q3[0], q3[1] = 0x77, 0xFF
+    x8 = rng.integers(-127, 128, nb * 32).astype(np.int8)
+    x8[:64] = 127
+    x8p = x8.reshape(nb, 2, 16).transpose(0, 2, 1).reshape(-1).copy()  # quantize_act's interleaving
+    portable = np.zeros((nb, 2, TILE_ROWS), np.int16)
+    for b in range(nb):
+        mx.block_sums_portable(q3, b, x8p, portable[b])
+    vnni, quads = np.zeros((nb, TILE_ROWS), np.int32), np.zeros((nb, TILE_ROWS), np.int32)
+    _vnni_sums(q3, x8, vnni, quads, np.zeros(mx.QUADS_BYTES, np.uint8))
+    offset = mx.VNNI_OFFSET * x8.reshape(nb, 32).astype(np.int32).sum(axis=1)
+    np.testing.assert_array_equal(vnni - offset[:, None], portable.astype(np.int32).sum(axis=1))
+    np.testing.assert_array_equal(quads, vnni)
+    assert int(vnni[0, 0] - offset[0]) == 12 * 127 * 32
