@@ -30,6 +30,8 @@ from .simd_x512 import HAVE_VNNI, QUADS_BYTES, quad_sums_vnni
 
 # Up to this many activation rows per tile, each row's sums come straight from the packed codes; more
 # rows look each block's values up once (the lookup and shuffles then cost once, not once per row).
+# With VNNI two rows cost the same either way and three or more less through the quads
+# (docs/benchmarks.md, "MXFP4 with VNNI").
 DIRECT_ROWS = 1
 assert QUADS_BYTES == PAIRS_BYTES  # the VNNI rows' quads use the AVX2 pairs' scratch
 _VALUES = MXFP4_VALUES.astype(np.int32)  # Numba freezes it as a constant
@@ -117,13 +119,15 @@ def _tile_mxfp4_impl(e, q3, x8, x8p, dx, hs, acc, s16, pairs):
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
 def _row_vnni(e, q3, x8, dx, hs, acc, s16) -> None:
-    """One row (x8 (1, k) plain int8) through mxfp4_block_sums_vnni, its offset taken off per block."""
+    """Rows x8 (T, k) plain int8 each through mxfp4_block_sums_vnni, the offset taken off per block."""
     q, x, s = q3.ctypes.data, x8.ctypes.data, s16.ctypes.data
     s32 = carray(ptr_i32(s), (R,))
+    T, k = x8.shape
     for b in range(q3.shape[0]):
-        mxfp4_block_sums_vnni(q + b * 16 * R, x + b * 32, s, 0)
-        off = VNNI_OFFSET * (hs[0, 2 * b] + hs[0, 2 * b + 1])
-        _scale_total(e, b, dx[0, b], off, s32, acc[0])
+        for ti in range(T):
+            mxfp4_block_sums_vnni(q + b * 16 * R, x + ti * k + b * 32, s, 0)
+            off = VNNI_OFFSET * (hs[ti, 2 * b] + hs[ti, 2 * b + 1])
+            _scale_total(e, b, dx[ti, b], off, s32, acc[ti])
 
 
 @njit(cache=True, fastmath=EXACT_FP, error_model="numpy")
