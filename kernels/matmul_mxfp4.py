@@ -4,8 +4,9 @@ A tile is (e (nb, R) E8M0 exponents, q3 (nb, 16, R) E2M1 codes; see packing.py).
 activation row, the integer sum of the doubled E2M1 values times the int8 activations (exact in int32)
 is scaled once: acc[r] += (2**(e - 128) * dx) * sum, the value ggml's MXFP4 x Q8_0 dot product forms.
 With AVX2 the sums come from simd_mxfp4's IR kernels, straight from the packed codes for one row
-(decode; with AVX512-VNNI the quads kernel) or from value pairs looked up once per block for more rows;
-elsewhere from plain loops that give the same integers, so a row's bits never depend on the path.
+(decode) or from value pairs looked up once per block for more rows (with AVX512-VNNI: quads, built in
+registers for one row, unpacked once per block for more); elsewhere from plain loops that give the same
+integers, so a row's bits never depend on the path.
 """
 
 from __future__ import annotations
