@@ -26,6 +26,7 @@ from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, add16, add32, f16_to_f32, f32, fma_f32, i16, i32, mul16, mul32
 from .simd_x86 import (
     HAVE_AVX2,
+    HAVE_VNNI256,
     crumb_sums_avx2,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
@@ -33,6 +34,7 @@ from .simd_x86 import (
     q4_unpack_pairs_avx2,
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
+    q8_block_sums_avxvnni,
 )
 from .simd_x86_quads import (
     q4_quad_sums_avx2,
@@ -41,6 +43,8 @@ from .simd_x86_quads import (
     q5_unpack_quads_avx2,
     q6_quad_sums_avx2,
     q6_unpack_quads_avx2,
+    quad_sums_avxvnni,
+    quad_sums_split_avxvnni,
 )
 from .simd_x512 import (
     BIT_TABLES,
@@ -83,15 +87,17 @@ ROW_CHUNK = 16
 # int16 nibble kernels need a separate pass for fifth bits or crumbs, so there the quads win from one
 # row for the fifth-bit kinds and Q6_K (docs/benchmarks.md, Design measurements).
 AVX2_QUADS = HAVE_AVX2 and not HAVE_AVX512
+# ... and with AVX-VNNI (256-bit `vpdpbusd`), one instruction per 8 rows x 4 elements sums them.
+AVX2_VNNI = AVX2_QUADS and HAVE_VNNI256
 QUADS = HAVE_VNNI or AVX2_QUADS
 QUAD_ROWS = 3
 QUAD_ROWS_Q6 = 2
 # The fifth-bit kinds: AVX2 has no fast direct kernel for them (high_bit_sums is a portable loop).
 QUAD_ROWS_FIVE = 1 if AVX2_QUADS else QUAD_ROWS
 # The SIMD kernel family this CPU runs (what `bench` reports).
-KERNEL_FAMILY = (
-    "avx512-vnni" if HAVE_VNNI else "avx512" if HAVE_AVX512 else "avx2" if HAVE_AVX2 else "portable"
-)
+_FAMILIES = ((HAVE_VNNI, "avx512-vnni"), (HAVE_AVX512, "avx512"))
+_FAMILIES += ((AVX2_VNNI, "avx2-vnni"), (HAVE_AVX2, "avx2"))
+KERNEL_FAMILY = next((name for have, name in _FAMILIES if have), "portable")
 # Q6_K's int32 sums cover this many blocks at a time: (ROW_CHUNK, Q6_BLOCKS, 2, R) int32 = 512 KiB
 # (AVX2: 64 KiB, which stays in a smaller L2 and ran the sums a quarter faster).
 Q6_BLOCKS = 8 if AVX2_QUADS else 64
@@ -315,6 +321,8 @@ def _q8_sums_impl(q4, xr, s32):
     if HAVE_AVX2:
         wide = xr.dtype == types.int16
         block = q8_block_sums16_avx2 if wide else q8_block_sums_avx2
+        if AVX2_VNNI and not wide:
+            block = q8_block_sums_avxvnni
         if wide and HAVE_AVX512:
             block = q8_block_sums16_vnni if HAVE_VNNI else q8_block_sums16_avx512
         elif HAVE_VNNI:
@@ -375,6 +383,8 @@ def _quad_sums_rows_impl(q3, qh3, x8, t0, t1, s32, quads):
 
         return vnni
     if AVX2_QUADS:
+        five_sums = quad_sums_avxvnni if AVX2_VNNI else q5_quad_sums_avx2
+        four_sums = quad_sums_avxvnni if AVX2_VNNI else q4_quad_sums_avx2
 
         def avx2(q3, qh3, x8, t0, t1, s32, quads):
             q, h, p, x = q3.ctypes.data, qh3.ctypes.data, quads.ctypes.data, x8.ctypes.data
@@ -383,12 +393,12 @@ def _quad_sums_rows_impl(q3, qh3, x8, t0, t1, s32, quads):
                 for b in range(q3.shape[0]):
                     q5_unpack_quads_avx2(q + b * 16 * R, h + b * 4 * R, p)
                     for ti in range(t0, t1):
-                        q5_quad_sums_avx2(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
+                        five_sums(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
             else:
                 for b in range(q3.shape[0]):
                     q4_unpack_quads_avx2(q + b * 16 * R, 0, p)
                     for ti in range(t0, t1):
-                        q4_quad_sums_avx2(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
+                        four_sums(p, x + ti * k + b * 32, s + (ti - t0) * row + b * R * 4)
 
         return avx2
 
@@ -440,6 +450,7 @@ def _q6_sums_rows_impl(q3, qh2, x8, b0, t0, t1, s32, quads):
 
         return vnni
     if AVX2_QUADS:
+        six_sums = quad_sums_split_avxvnni if AVX2_VNNI else q6_quad_sums_avx2
 
         def avx2(q3, qh2, x8, b0, t0, t1, s32, quads):
             q, h, p, s = q3.ctypes.data, qh2.ctypes.data, quads.ctypes.data, s32.ctypes.data
@@ -448,7 +459,7 @@ def _q6_sums_rows_impl(q3, qh2, x8, b0, t0, t1, s32, quads):
             for b in range(q3.shape[0]):
                 q6_unpack_quads_avx2(q + b * 16 * R, h + b * 8 * R, p)
                 for ti in range(t0, t1):
-                    q6_quad_sums_avx2(p, x + ti * k + b * 32, s + (ti - t0) * row + b * 2 * R * 4)
+                    six_sums(p, x + ti * k + b * 32, s + (ti - t0) * row + b * 2 * R * 4)
 
         return avx2
 

@@ -21,14 +21,16 @@ from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, prefetch, ptr_i16, ptr_i32
 from .simd_x86 import (
     HAVE_AVX2,
+    HAVE_VNNI256,
     crumb_sums_avx2,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
     q5_high_sums_avx2,
     q8_block_sums16_avx2,
     q8_block_sums_avx2,
+    q8_block_sums_avxvnni,
 )
-from .simd_x86_quads import q6_quad_sums_avx2, q6_unpack_quads_avx2
+from .simd_x86_quads import q6_quad_sums_avx2, q6_unpack_quads_avx2, quad_sums_split_avxvnni
 from .simd_x512 import (
     BIT_TABLES,
     HAVE_AVX512,
@@ -82,6 +84,8 @@ _Q8_BLOCK = q8_block_sums_vnni if HAVE_VNNI else q8_block_sums_avx2
 _Q8_BLOCK16 = q8_block_sums16_vnni if HAVE_VNNI else q8_block_sums16_avx512
 if not HAVE_AVX512:
     _Q8_BLOCK16 = q8_block_sums16_avx2
+if AVX2_ONLY and HAVE_VNNI256:  # AVX-VNNI: the 256-bit vpdpbusd forms
+    _Q6_SUMS, _Q8_BLOCK = quad_sums_split_avxvnni, q8_block_sums_avxvnni
 
 
 @njit(cache=True, inline="always")

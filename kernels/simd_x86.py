@@ -30,6 +30,21 @@ def _host_has_avx2() -> bool:
 
 HAVE_AVX2 = _host_has_avx2() and TILE_ROWS == 64
 
+
+def _host_has_vnni256() -> bool:
+    try:
+        f = llvm.get_host_cpu_features()
+        return bool(f.get("avxvnni", False) or (f.get("avx512vnni", False) and f.get("avx512vl", False)))
+    except Exception:
+        return False
+
+
+# The 256-bit `vpdpbusd`: AVX-VNNI (VEX; Intel laptops and desktops since Alder Lake) or
+# AVX512-VNNI with VL (EVEX).  LLVM picks the encoding from the CPU's features.  matmul_int and
+# matmul_row take the *_avxvnni kernels only where AVX-512 is missing (simd_x512's are wider).
+HAVE_VNNI256 = HAVE_AVX2 and _host_has_vnni256()
+VPDPBUSD256 = "llvm.x86.avx512.vpdpbusd.256"
+
 _i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8, _V16I16, _V8I16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16), ir.VectorType(_i16, 8)
 # vpunpcklbw / vpunpckhbw on 256 bits interleave within each 128-bit half: pairs for rows
@@ -209,29 +224,55 @@ def _signed_quad_dot(builder: ir.IRBuilder, w: ir.Value, xv: ir.Value) -> ir.Val
     return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [pairs, ones])
 
 
+def _q8_block_sums(builder: ir.IRBuilder, args: list[ir.Value], vnni: bool) -> None:
+    """s[r] for one Q8_0 block (q8_block_sums_avx2).  vnni: one `vpdpbusd` per 8 rows x 4 elements on
+    the weights biased to w + 128 (one xor), 128 x the block's activation sum taken off at the start."""
+    qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
+    sp = builder.inttoptr(args[2], _i32.as_pointer())
+    v8 = ir.VectorType(_i32, 8)
+    start = ir.Constant(v8, [0] * 8)
+    if vnni:
+        x32 = builder.load(builder.bitcast(xp, _V32I8.as_pointer()), align=1)
+        xs = builder.sext(x32, ir.VectorType(_i32, 32))
+        bias = builder.mul(_call(builder, "llvm.vector.reduce.add.v32i32", _i32, [xs]), _const(_i32, -128))
+        v = builder.insert_element(ir.Constant(v8, ir.Undefined), bias, _const(_i32, 0))
+        start = builder.shuffle_vector(v, v, _const(v8, [0] * 8))
+    acc = [start] * (TILE_ROWS // 8)
+    for g in range(8):
+        for line in range(4):
+            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + line * 64)
+        xv = _quad_broadcast(builder, xp, g)
+        for rv in range(TILE_ROWS // 8):
+            ptr = builder.gep(qp, [_const(_i32, (g * TILE_ROWS + rv * 8) * 4)])
+            w = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
+            if vnni:
+                w = builder.bitcast(builder.xor(w, _const(_V32I8, [-128] * 32)), v8)
+                acc[rv] = _call(builder, VPDPBUSD256, v8, [acc[rv], w, builder.bitcast(xv, v8)])
+            else:
+                acc[rv] = builder.add(acc[rv], _signed_quad_dot(builder, w, xv))
+    for rv, value in enumerate(acc):
+        ptr = builder.gep(sp, [_const(_i32, rv * 8)])
+        builder.store(value, builder.bitcast(ptr, v8.as_pointer()), align=4)
+
+
 @intrinsic
 def q8_block_sums_avx2(typingctx, q_addr, x_addr, s_addr, unused):
     """One Q8_0 32-block of a 64-row tile in quad layout (8 quads x 64 rows x 4 int8):
     s[r] = sum_e q[r, e] * x[e] as int32 (|products| <= 128 * 127, pairs fit int16)."""
 
     def codegen(context, builder, signature, args):
-        qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())
-        sp = builder.inttoptr(args[2], _i32.as_pointer())
-        v8 = ir.VectorType(_i32, 8)
-        acc = [ir.Constant(v8, [0] * 8) for _ in range(TILE_ROWS // 8)]
-        for g in range(8):
-            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256)
-            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + 64)
-            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + 128)
-            _prefetch(builder, qp, PREFETCH_AHEAD + g * 256 + 192)
-            xv = _quad_broadcast(builder, xp, g)
-            for rv in range(TILE_ROWS // 8):
-                ptr = builder.gep(qp, [_const(_i32, (g * TILE_ROWS + rv * 8) * 4)])
-                w = builder.load(builder.bitcast(ptr, _V32I8.as_pointer()), align=1)
-                acc[rv] = builder.add(acc[rv], _signed_quad_dot(builder, w, xv))
-        for rv, value in enumerate(acc):
-            ptr = builder.gep(sp, [_const(_i32, rv * 8)])
-            builder.store(value, builder.bitcast(ptr, v8.as_pointer()), align=4)
+        _q8_block_sums(builder, args, False)
+        return context.get_dummy_value()
+
+    return _SIG, codegen
+
+
+@intrinsic
+def q8_block_sums_avxvnni(typingctx, q_addr, x_addr, s_addr, unused):
+    """q8_block_sums_avx2 with the 256-bit `vpdpbusd` (HAVE_VNNI256 only): the same int32 sums."""
+
+    def codegen(context, builder, signature, args):
+        _q8_block_sums(builder, args, True)
         return context.get_dummy_value()
 
     return _SIG, codegen
@@ -317,7 +358,8 @@ def _quad16_broadcast(builder: ir.IRBuilder, xp: ir.Value, g: int) -> ir.Value:
 @intrinsic
 def q8_block_sums16_avx2(typingctx, q_addr, x_addr, s_addr, unused):
     """One Q8_0 32-block of a 64-row tile (quad layout, as q8_block_sums_avx2) times 32 int16
-    activations: s[r] = sum_e q[r, e] * x[e] (int32; |s| <= 32 * 128 * 32767 < 2**31)."""
+    activations: s[r] = sum_e q[r, e] * x[e] (int32; |s| <= 32 * 128 * 32767 < 2**31).  (No AVX-VNNI
+    form: for Alder Lake LLVM splits `vpdpwssd` back into this `vpmaddwd` + `vpaddd`.)"""
 
     def codegen(context, builder, signature, args):
         qp, xp = builder.inttoptr(args[0], _i8.as_pointer()), builder.inttoptr(args[1], _i8.as_pointer())

@@ -8,6 +8,8 @@ or 16 x the two high bits (Q6_K)) in one int32 lane.  Per row and 8-row vector, 
 far as no sum can pass 2**15 (8 groups of 4-bit values, 4 of 5-bit, 2 of 6-bit) and widened with
 `vpmaddwd` by ones.  So Q5_0/Q5_1/Q5_K and Q6_K cost about what Q4 does, where the int16 nibble
 kernels (simd_x86) need separate fifth-bit and crumb passes.  Only compiled where the host has AVX2.
+With the 256-bit `vpdpbusd` (simd_x86.HAVE_VNNI256: AVX-VNNI) one instruction per 8 rows x 4 elements
+replaces the pair, whatever the bit width (quad_sums_avxvnni).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .packing import TILE_ROWS
-from .simd_x86 import PREFETCH_AHEAD, _call, _const, _prefetch
+from .simd_x86 import PREFETCH_AHEAD, VPDPBUSD256, _call, _const, _prefetch
 
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _V32I8, _V16I16, _V8I32, _V4I64 = (
@@ -235,3 +237,40 @@ def q6_quad_sums_avx2(typingctx, p_addr, x_addr, s_addr):
     """One activation row times a block unpacked by q6_unpack_quads_avx2: s[r] over elements 0..15,
     s[64 + r] over 16..31 (Q6_K's two scales)."""
     return _sums_intrinsic(6, True)
+
+
+def quad_sums_vnni(builder: ir.IRBuilder, args: list[ir.Value], split: bool) -> None:
+    """quad_sums with one `vpdpbusd` per 8 rows and group: eight int32 chains, one per 8-row vector
+    (split: elements 0..15 then 16..31, each half's sums stored apart)."""
+    pp, xp, sp = (_ptr(builder, a) for a in args[:3])
+    xq = [builder.bitcast(x, _V8I32) for x in _x_quads(builder, xp)]
+    for half in range(2) if split else (None,):
+        groups = range(8) if half is None else range(4 * half, 4 * half + 4)
+        acc = [ir.Constant(_V8I32, [0] * 8)] * VECS
+        for g in groups:
+            for v in range(VECS):
+                w = _load(builder, pp, (g * VECS + v) * 32, _V8I32)
+                acc[v] = _call(builder, VPDPBUSD256, _V8I32, [acc[v], w, xq[g]])
+        for v in range(VECS):
+            _store(builder, acc[v], sp, (TILE_ROWS * (half or 0) + 8 * v) * 4)
+
+
+def _vnni_intrinsic(split: bool):
+    def codegen(context, builder, signature, args):
+        quad_sums_vnni(builder, args, split)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def quad_sums_avxvnni(typingctx, p_addr, x_addr, s_addr):
+    """q4_quad_sums_avx2 / q5_quad_sums_avx2 with the 256-bit `vpdpbusd` (HAVE_VNNI256 only): s[r]
+    (int32, 64 rows) of any block q*_unpack_quads_avx2 wrote."""
+    return _vnni_intrinsic(False)
+
+
+@intrinsic
+def quad_sums_split_avxvnni(typingctx, p_addr, x_addr, s_addr):
+    """q6_quad_sums_avx2 with the 256-bit `vpdpbusd`: s[r] over elements 0..15, s[64 + r] over 16..31."""
+    return _vnni_intrinsic(True)

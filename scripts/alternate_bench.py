@@ -3,7 +3,7 @@ tests then llama-bench's (`-r 1`), so both see the same load; the figure is the 
 ratios, the range beside it, and each engine's median rate.
 
     python scripts/alternate_bench.py --llama-bench $LLAMA/build/bin/llama-bench -p 128 -n 32 -t 1,2 \\
-        --rounds 3 [--cpu avx2] MODEL [MODEL ...]
+        --rounds 3 [--cpu avx2|avx2-vnni|portable] MODEL [MODEL ...]
 
 Prints a Markdown table (model, test, threads, localllm, llama.cpp, ratio median, range, kernel family).
 """
@@ -55,7 +55,9 @@ def main() -> None:
     ap.add_argument("-t", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
-        "--cpu", choices=["avx2", "portable"], help="localllm as this smaller CPU (pretend_cpu.py)"
+        "--cpu",
+        choices=["avx2", "avx2-vnni", "portable"],
+        help="localllm as this smaller CPU (pretend_cpu.py)",
     )
     args = ap.parse_args()
     print("| model | test | threads | localllm t/s | llama.cpp t/s | ratio (median) | range | kernels |")

@@ -1,7 +1,10 @@
 """Run the localllm CLI as if this x86 CPU were a smaller one: LLVM is told that AVX-512 (`avx2`: the AVX2
 kernels run) or also AVX2/FMA/F16C (`portable`: the loops ARM laptops run) are missing before the kernels
-import, and compiles for a matching CPU, with its own Numba cache.  How the AVX2 figures of
-docs/benchmarks.md are taken on an AVX-512 machine, beside llama.cpp built for AVX2 only:
+import, and compiles for a matching CPU, with its own Numba cache.  `avx2-vnni` is an AVX2 laptop with
+AVX-VNNI (Intel since Alder Lake): on a host with AVX512-VNNI it keeps AVX512F/VL/VNNI (so the 256-bit
+`vpdpbusd` runs, EVEX-encoded) and drops the rest of AVX-512, with LLVM told to prefer 256-bit vectors.
+How the AVX2 figures of docs/benchmarks.md are taken on an AVX-512 machine, beside llama.cpp built for
+AVX2 only:
 
     python scripts/pretend_cpu.py avx2 bench -m MODEL -p 128 -n 32 -t 1,2 --llama-bench LLAMA_AVX2/llama-bench
     python scripts/pretend_cpu.py avx2 scripts/profile_decode_step.py MODEL -t 1,2 -n 24
@@ -18,7 +21,9 @@ import tempfile
 
 # -> the CPU LLVM compiles for: AVX2 keeps this machine's name (its tuning and its prefetch rule, which
 # belong to the memory system; kernels/simd_x86.SOFTWARE_PREFETCH), less the features dropped.
-LEVELS = {"avx2": None, "portable": "x86-64"}
+LEVELS = {"avx2": None, "avx2-vnni": None, "portable": "x86-64"}
+# AVX-512 features the avx2-vnni level keeps where the host has no AVX-VNNI (VEX) of its own.
+VNNI256_EVEX = ("avx512f", "avx512vl", "avx512vnni")
 
 
 def pretend(level: str) -> None:
@@ -39,9 +44,16 @@ def drop_features(level: str) -> None:
 
     def features() -> object:
         f = host()
+        keep = VNNI256_EVEX if level == "avx2-vnni" and not f.get("avxvnni", False) else ()
+        if keep and not all(f.get(name, False) for name in keep):
+            sys.exit("avx2-vnni: this CPU has neither AVX-VNNI nor AVX512-VNNI")
         for name in list(f):
-            if name.startswith("avx512") or (level == "portable" and name in ("avx2", "fma", "f16c", "avx")):
+            if name.startswith("avx512") and name not in keep:
                 f[name] = False
+            elif level == "portable" and name in ("avx2", "fma", "f16c", "avx"):
+                f[name] = False
+        if keep:
+            f["prefer-256-bit"] = True
         return f
 
     llvm.get_host_cpu_features = features

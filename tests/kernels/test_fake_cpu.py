@@ -1,7 +1,7 @@
-"""The kernels on CPUs this machine is not: AVX2 without AVX-512, and no AVX2 at all (ARM laptops and
-old x86 take the portable loops).  A child process pretends the features are missing and compiles for
-a matching target; rows must give the same bits whatever their batch, and no instruction the pretend
-CPU lacks may be compiled."""
+"""The kernels on CPUs this machine is not: AVX2 without AVX-512 (with and without AVX-VNNI), and no
+AVX2 at all (ARM laptops and old x86 take the portable loops).  A child process pretends the features
+are missing and compiles for a matching target; rows must give the same bits whatever their batch, and
+no instruction the pretend CPU lacks may be compiled."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import llvmlite.binding as llvm
 import pytest
 from paths import SUPPORT
 
-from localllm.kernels.simd_x86 import HAVE_AVX2
+from localllm.kernels.simd_x86 import HAVE_AVX2, HAVE_VNNI256
 
 CHILD = SUPPORT / "fake_cpu_child.py"
 
 
 # the feature dropped -> the LLVM CPU compiled for ("aarch64": the portable kernels, retargeted)
-CPUS = {"avx512": "haswell", "avx2": "x86-64", "aarch64": "x86-64"}
+# ("avx512-but-vnni": this CPU's own name, whose VNNI the child keeps: a VNNI-era name such as alderlake
+# would also turn on instructions this CPU may lack)
+CPUS = {"avx512": "haswell", "avx512-but-vnni": llvm.get_host_cpu_name()}
+CPUS.update({"avx2": "x86-64", "aarch64": "x86-64"})
+FAMILIES = {"avx512": "avx2", "avx512-but-vnni": "avx2-vnni", "avx2": "portable"}
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +50,12 @@ def child(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[str]
 
 
 @pytest.mark.skipif(not HAVE_AVX2, reason="pretends to be a smaller x86 CPU than an AVX2 one")
-@pytest.mark.parametrize("drop", ["avx512", "avx2"])
+@pytest.mark.parametrize("drop", ["avx512", "avx512-but-vnni", "avx2"])
 def test_rows_do_not_depend_on_their_batch_on_smaller_cpus(child: Callable, drop: str) -> None:
+    if drop == "avx512-but-vnni" and not HAVE_VNNI256:
+        pytest.skip("needs a CPU with a 256-bit VNNI")
     lines = child(drop)
-    assert lines[0] == ("avx2=True avx512=False" if drop == "avx512" else "avx2=False avx512=False")
+    assert lines[0] == f"avx2={drop != 'avx2'} avx512=False kernels={FAMILIES[drop]}"
     assert lines[1:6] == [f"{name} same" for name in ("Q4_0", "Q5_0", "Q4_K", "Q6_K", "Q8_0")]
 
 
@@ -60,4 +67,4 @@ def test_portable_kernels_compile_for_aarch64(child: Callable) -> None:
     lines = child("aarch64")
     if lines[-1] == "aarch64 unavailable":
         pytest.skip("this llvmlite has no AArch64 target")
-    assert lines == ["avx2=False avx512=False", "aarch64 11 kernels"]
+    assert lines == ["avx2=False avx512=False kernels=portable", "aarch64 11 kernels"]

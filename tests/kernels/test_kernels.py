@@ -28,12 +28,12 @@ from random_weights import random_weight
 
 from localllm.backends.numba_cpu import NumbaBackend
 from localllm.backends.numpy_ref import NumpyBackend
-from localllm.kernels import attention, layers, matmul, simd_x86, simd_x512
+from localllm.kernels import attention, layers, matmul, simd_x86, simd_x86_quads, simd_x512
 from localllm.kernels import matmul_int as mi
 from localllm.kernels import reference as ref
 from localllm.kernels.packing import TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
-from localllm.kernels.simd_x86 import HAVE_AVX2, PAIRS_BYTES, q5_high_sums_avx2
+from localllm.kernels.simd_x86 import HAVE_AVX2, HAVE_VNNI256, PAIRS_BYTES, q5_high_sums_avx2
 from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI, QUADS_BYTES
 from localllm.models.spec import RopeSpec
 
@@ -237,6 +237,7 @@ def test_q8_wide_kernels_equal_portable_ones(variant: str) -> None:
 
 Q8_KERNELS = {  # int8-activation Q8_0 block kernels
     "avx2": (HAVE_AVX2, "simd_x86.q8_block_sums_avx2"),
+    "avxvnni": (HAVE_VNNI256, "simd_x86.q8_block_sums_avxvnni"),
     "vnni": (HAVE_VNNI, "simd_x512.q8_block_sums_vnni"),
 }
 
@@ -550,6 +551,57 @@ def test_quad_sums_equal_portable_ones(kind: str) -> None:
             mi.nibble_sums32_portable(q3, qh, x8[t], port)
         np.testing.assert_array_equal(port, exact_quad_sums(q3, qh, x8[t], kind))
         np.testing.assert_array_equal(many[t], port)
+
+
+def quads_kernel_loop(unpack, sums, h_bytes: int, s_bytes: int):
+    """A loop that unpacks each block with one simd_x86_quads kernel and sums one row with another."""
+
+    @njit
+    def run(q3, qh, xr, s32, quads):
+        q, h, x, out, p = q3.ctypes.data, qh.ctypes.data, xr.ctypes.data, s32.ctypes.data, quads.ctypes.data
+        for b in range(q3.shape[0]):
+            unpack(q + b * 16 * TILE_ROWS, h + b * h_bytes, p)
+            sums(p, x + b * 32, out + b * s_bytes)
+
+    return run
+
+
+AVX2_QUAD_SUMS = {  # (needed CPU feature, sums kernel by kind)
+    "avx2": (HAVE_AVX2, {"q4": "q4_quad_sums_avx2", "q5": "q5_quad_sums_avx2", "q6": "q6_quad_sums_avx2"}),
+    "avxvnni": (
+        HAVE_VNNI256,
+        {"q4": "quad_sums_avxvnni", "q5": "quad_sums_avxvnni", "q6": "quad_sums_split_avxvnni"},
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", list(AVX2_QUAD_SUMS))
+@pytest.mark.parametrize("kind", ["q4", "q5", "q6"])
+def test_avx2_quad_kernels_equal_numpy_sums(kind: str, variant: str) -> None:
+    """The 256-bit quads kernels (`vpmaddubsw` + `vpmaddwd`, or AVX-VNNI's `vpdpbusd`), called directly
+    on any CPU that has their instructions (on AVX-512 machines the dispatch takes simd_x512's): numpy's
+    int32 sums bit for bit, the largest values against +-127 included."""
+    available, names = AVX2_QUAD_SUMS[variant]
+    if not available:
+        pytest.skip(f"needs a CPU with {variant}")
+    rng = np.random.default_rng(23)
+    nb = 6
+    q3 = rng.integers(0, 256, (nb, 16, TILE_ROWS), dtype=np.uint8)
+    qh = {
+        "q4": np.zeros((nb, 2, TILE_ROWS), np.uint16),
+        "q5": rng.integers(0, 1 << 16, (nb, 2, TILE_ROWS), dtype=np.uint16),
+        "q6": rng.integers(0, 256, (nb, 8, TILE_ROWS), dtype=np.uint8),
+    }[kind]
+    x8 = rng.integers(-127, 128, nb * 32, dtype=np.int8)
+    q3[:2], qh[:2], x8[:32], x8[32:64] = 255, np.iinfo(qh.dtype).max, -127, 127
+    unpack = getattr(simd_x86_quads, f"{kind}_unpack_quads_avx2")
+    sums = getattr(simd_x86_quads, names[kind])
+    halves = 2 if kind == "q6" else 1
+    out = np.ones((nb, halves, TILE_ROWS), np.int32)
+    run = quads_kernel_loop(unpack, sums, qh[0].nbytes if kind != "q4" else 0, halves * TILE_ROWS * 4)
+    run(q3, qh, x8, out, np.zeros(QUADS_BYTES, np.uint8))
+    exact = exact_quad_sums(q3, qh if kind != "q4" else qh[:0], x8, kind)
+    np.testing.assert_array_equal(out.reshape(exact.shape), exact)
 
 
 @njit

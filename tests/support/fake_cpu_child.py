@@ -1,5 +1,6 @@
-"""Child process for tests/kernels/test_fake_cpu.py: pretend the CPU lacks AVX-512 (argv[1] == "avx512")
-or also AVX2/FMA/F16C (argv[1] == "avx2") before the kernels import, compile for a matching target
+"""Child process for tests/kernels/test_fake_cpu.py: pretend the CPU lacks AVX-512 (argv[1] == "avx512";
+"avx512-but-vnni": keeps the 256-bit VNNI, an AVX-VNNI laptop) or also AVX2/FMA/F16C (argv[1] == "avx2")
+before the kernels import, compile for a matching target
 (NUMBA_CPU_NAME is set by the parent), and check that every activation row gives the same bits alone,
 in small groups and among 21 rows, for linear and linear_precise.  A kernel that used an instruction
 the pretend CPU lacks would stop LLVM here.  Prints one line per weight type; with AVX2 dropped (the
@@ -18,19 +19,20 @@ DROP = sys.argv[1]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from pretend_cpu import drop_features  # noqa: E402
 
-drop_features("avx2" if DROP == "avx512" else "portable")  # the level left when DROP is missing
+# the level left when DROP is missing
+drop_features({"avx512": "avx2", "avx512-but-vnni": "avx2-vnni"}.get(DROP, "portable"))
 
 from random_weights import random_weight  # noqa: E402
 
 from localllm.backends.numba_cpu import NumbaBackend  # noqa: E402
-from localllm.kernels import simd_x86, simd_x512  # noqa: E402
+from localllm.kernels import matmul_int, simd_x86, simd_x512  # noqa: E402
 
 TYPES = {"Q4_0": 2, "Q5_0": 6, "Q4_K": 12, "Q6_K": 14, "Q8_0": 8}
 GROUPS = ((0, 1), (3, 2), (3, 5), (2, 16))
 
 
 def main() -> None:
-    print(f"avx2={simd_x86.HAVE_AVX2} avx512={simd_x512.HAVE_AVX512}")
+    print(f"avx2={simd_x86.HAVE_AVX2} avx512={simd_x512.HAVE_AVX512} kernels={matmul_int.KERNEL_FAMILY}")
     if DROP == "aarch64":
         print(aarch64_check())
         return
