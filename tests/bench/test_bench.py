@@ -477,11 +477,11 @@ def test_bench_names_the_kernel_family_that_ran() -> None:
     """The system line under every offline result says which SIMD kernels the numba backend ran."""
     from localllm.bench.report import _system_line
     from localllm.bench.system import system_info
-    from localllm.kernels.simd_x86 import HAVE_AVX2
+    from localllm.kernels.simd_x86 import HAVE_AVX2, HAVE_VNNI256
     from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI
 
     info = system_info(None, "numba", 1)
-    expected = "avx2" if HAVE_AVX2 else "portable"
+    expected = ("avx2-vnni" if HAVE_VNNI256 else "avx2") if HAVE_AVX2 else "portable"
     expected = "avx512-vnni" if HAVE_VNNI else "avx512" if HAVE_AVX512 else expected
     assert info["kernels"] == expected
     assert f"cores, {expected} kernels; localllm" in _system_line(info)
