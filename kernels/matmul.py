@@ -236,7 +236,7 @@ def int_tile(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs
     raise NotImplementedError
 
 
-@overload(int_tile, jit_options={"cache": True})
+@overload(int_tile, jit_options={"cache": True}, inline="always")
 def _int_tile_impl(kind, views, buf, n, k, t, xq, acc, s16, s32, sums, dsc, msc, pairs):
     kv = _literal_kind(kind)
     if kv == Q8_0:

@@ -327,7 +327,7 @@ def fused_q8_0(d, q4, xr, dx, acc, s32) -> bool:
     raise NotImplementedError
 
 
-@overload(fused_q8_0, jit_options={"cache": True})
+@overload(fused_q8_0, jit_options={"cache": True}, inline="always")
 def _fused_q8_0_impl(d, q4, xr, dx, acc, s32):
     if not FUSED_Q6_Q8:
         return lambda d, q4, xr, dx, acc, s32: False
@@ -347,7 +347,7 @@ def fused_q6_k(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs) -> bool:
     raise NotImplementedError
 
 
-@overload(fused_q6_k, jit_options={"cache": True})
+@overload(fused_q6_k, jit_options={"cache": True}, inline="always")
 def _fused_q6_k_impl(d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs):
     if not FUSED_Q6_Q8:
         return lambda d, sc, qh2, q3, xr, dx, hs, acc, s32, pairs: False
@@ -382,7 +382,7 @@ def fused_nibbles(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs) -> boo
     raise NotImplementedError
 
 
-@overload(fused_nibbles, jit_options={"cache": True})
+@overload(fused_nibbles, jit_options={"cache": True}, inline="always")
 def _fused_nibbles_impl(kind, f0, sm, qh, q3, x8, xr, bits, dx, sx, acc, pairs):
     if not isinstance(kind, types.IntegerLiteral):
         raise errors.TypingError("fused_nibbles: the weight kind must be a compile-time constant")
