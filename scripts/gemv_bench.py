@@ -32,13 +32,16 @@ CASES = {  # (type, rows, columns): Qwen2.5-1.5B's Q4_K_M matrices, the tiny qwe
     "big": [("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q4_0", 4096, 1024)],
     # the tiny-arch bench files' dense layer (hidden 1024, FFN 2816; Q6_K: Q4_K_M's down and output)
     "dense1k": [("Q4_K", 1024, 1024), ("Q4_K", 256, 1024), ("Q4_K", 2816, 1024), ("Q6_K", 1024, 2816)],
+    # the same bytes as 64, 16 and 4 tiles: a tile's fixed cost (ktiles_l2 in cache, ktiles streamed)
+    "ktiles": [("Q4_K", 65536, 256), ("Q4_K", 16384, 1024), ("Q4_K", 4096, 4096)],
+    "ktiles_l2": [("Q4_K", 4096, 256), ("Q4_K", 1024, 1024), ("Q4_K", 256, 4096)],
     "gptoss": [("Q8_0", 4096, 2880), ("MXFP4", 2880, 2880)],  # gpt-oss-20b: attention q (Q8_0), an expert
     "tiny": [("Q4_0", 64, 1024), ("Q4_0", 256, 1024), ("Q4_0", 768, 1024), ("Q4_0", 2048, 1024)],
     "l2": [("Q4_K", 512, 1536), ("Q6_K", 128, 8960), ("Q6_K", 512, 1536), ("Q4_0", 768, 1024)],
     "all": [(t, 4096, 1024) for t in GGML],
     "gemma": [("Q8_0", 262144, 640)],  # Gemma 3's tied output projection (token_embd), ~178 MB
 }
-IN_CACHE = ("l2", "tiny")
+IN_CACHE = ("l2", "tiny", "ktiles_l2")
 STREAM_BYTES = 96 << 20  # > L3
 
 
