@@ -142,9 +142,12 @@ def unpack_quads(builder: ir.IRBuilder, args: list[ir.Value], high: str) -> None
             _store(builder, hi, pp, ((g + 4) * VECS + v) * 32)
 
 
-def _unpack_intrinsic(high: str):
+def _three_addresses(write, *options):
+    """An intrinsic's (signature, codegen) for a kernel of three addresses written by
+    write(builder, args, *options)."""
+
     def codegen(context, builder, signature, args):
-        unpack_quads(builder, args, high)
+        write(builder, args, *options)
         return context.get_dummy_value()
 
     return types.void(types.int64, types.int64, types.int64), codegen
@@ -153,19 +156,19 @@ def _unpack_intrinsic(high: str):
 @intrinsic
 def q4_unpack_quads_avx2(typingctx, q_addr, h_addr, p_addr):
     """One 32-block of a 64-row nibble tile (16 x 64 bytes; h unused) -> QUADS_BYTES_AVX2 of quads."""
-    return _unpack_intrinsic("")
+    return _three_addresses(unpack_quads, "")
 
 
 @intrinsic
 def q5_unpack_quads_avx2(typingctx, q_addr, h_addr, p_addr):
     """q4_unpack_quads_avx2 plus the fifth bits (h: the block's 2 x 64 uint16 words): values 0..31."""
-    return _unpack_intrinsic("q5")
+    return _three_addresses(unpack_quads, "q5")
 
 
 @intrinsic
 def q6_unpack_quads_avx2(typingctx, q_addr, h_addr, p_addr):
     """Q6_K: nibbles plus 16 x crumb (h: the block's 8 x 64 crumb bytes): values 0..63."""
-    return _unpack_intrinsic("q6")
+    return _three_addresses(unpack_quads, "q6")
 
 
 # Groups whose int16 pair sums can be added before widening, by the values' bit width.
@@ -212,31 +215,23 @@ def quad_sums(builder: ir.IRBuilder, args: list[ir.Value], bits: int, split: boo
             _store(builder, _widened_sum(builder, products, per_int16), sp, v * 32)
 
 
-def _sums_intrinsic(bits: int, split: bool):
-    def codegen(context, builder, signature, args):
-        quad_sums(builder, args, bits, split)
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64, types.int64), codegen
-
-
 @intrinsic
 def q4_quad_sums_avx2(typingctx, p_addr, x_addr, s_addr):
     """One activation row times a block unpacked by q4_unpack_quads_avx2: s[r] (int32, 64 rows)."""
-    return _sums_intrinsic(4, False)
+    return _three_addresses(quad_sums, 4, False)
 
 
 @intrinsic
 def q5_quad_sums_avx2(typingctx, p_addr, x_addr, s_addr):
     """One activation row times a block unpacked by q5_unpack_quads_avx2: s[r] (int32, 64 rows)."""
-    return _sums_intrinsic(5, False)
+    return _three_addresses(quad_sums, 5, False)
 
 
 @intrinsic
 def q6_quad_sums_avx2(typingctx, p_addr, x_addr, s_addr):
     """One activation row times a block unpacked by q6_unpack_quads_avx2: s[r] over elements 0..15,
     s[64 + r] over 16..31 (Q6_K's two scales)."""
-    return _sums_intrinsic(6, True)
+    return _three_addresses(quad_sums, 6, True)
 
 
 def quad_sums_vnni(builder: ir.IRBuilder, args: list[ir.Value], split: bool) -> None:
@@ -255,22 +250,14 @@ def quad_sums_vnni(builder: ir.IRBuilder, args: list[ir.Value], split: bool) -> 
             _store(builder, acc[v], sp, (TILE_ROWS * (half or 0) + 8 * v) * 4)
 
 
-def _vnni_intrinsic(split: bool):
-    def codegen(context, builder, signature, args):
-        quad_sums_vnni(builder, args, split)
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64, types.int64), codegen
-
-
 @intrinsic
 def quad_sums_avxvnni(typingctx, p_addr, x_addr, s_addr):
     """q4_quad_sums_avx2 / q5_quad_sums_avx2 with the 256-bit `vpdpbusd` (HAVE_VNNI256 only): s[r]
     (int32, 64 rows) of any block q*_unpack_quads_avx2 wrote."""
-    return _vnni_intrinsic(False)
+    return _three_addresses(quad_sums_vnni, False)
 
 
 @intrinsic
 def quad_sums_split_avxvnni(typingctx, p_addr, x_addr, s_addr):
     """q6_quad_sums_avx2 with the 256-bit `vpdpbusd`: s[r] over elements 0..15, s[64 + r] over 16..31."""
-    return _vnni_intrinsic(True)
+    return _three_addresses(quad_sums_vnni, True)
