@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("localllm")
 
 CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "q8_0": torch.int8}  # q8_0: block bytes
-Weight = torch.Tensor | QuantWeight
+# an explicit alias: where torch is not installed mypy reads torch.Tensor as Any, and a plain
+# assignment would then be a variable, not a type
+Weight: TypeAlias = torch.Tensor | QuantWeight
 
 
 def _owned(a: np.ndarray) -> np.ndarray:
