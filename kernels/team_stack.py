@@ -5,9 +5,11 @@ starts a parallel launch per projection: ~4 launches a layer, each ~6 us of Numb
 one thread and 15-20 us on two (a syscall, a schedule, waking the team), ~0.5 ms of a ~9 ms 2-thread
 decode step of a 120 MB model, and the attention ran on one thread. Here one parallel region runs every
 layer: the threads go through the same phases (kernels/sync.py), each phase a serial part that the first
-thread to arrive runs while the others wait, or the pieces of a projection (kernels/pieces.py) or of the
-attention that all of them take. Every value is computed by the same kernels on the same inputs as in
-decoder_stack, so the results are the same bits; which thread computes a piece does not matter.
+thread to arrive runs while the others wait (the rotation and KV store), the pieces of a projection
+(kernels/pieces.py) or of the attention, or a row-wise part (norms, residuals, the FFN's activation, the
+8-bit inputs) whose rows they split in a prompt's steps. Every value is computed by the same kernels on
+the same inputs as in decoder_stack, so the results are the same bits; which thread computes a piece
+does not matter.
 
 Dense layers only (no experts, per-layer inputs or parallel experts): DecoderPlan takes decoder_stack for
 the others. With one thread the phases run in order on the calling thread, with no launch at all.
@@ -29,6 +31,11 @@ from .sync import PHASE_WORDS, claim, complete, serial_first, wait_complete
 G_QKV, G_O, G_GATE_UP, G_DOWN = range(4)  # a layer's projections
 PHASES = 10  # a layer's phases (see _worker); the step ends with one more (the last layer's tail)
 WMAX = 3  # weights in one projection (q, k, v)
+# The row-wise phases (norms, residuals, the FFN's activation, the 8-bit rounding of every projection's
+# input) are split over the team by rows in a prompt's steps, at least this many rows a piece: run by one
+# thread they were ~7% of a 2-thread prefill, and more of it with more threads.
+ROWS_PER_PIECE = 8
+LAYER_INPUT, ATT_OUTPUT, FFN_INPUT, DOWN_INPUT = range(4)  # the row-wise phases (_rows_phase)
 
 
 class ActQ(NamedTuple):
@@ -56,6 +63,7 @@ class TeamPlan(NamedTuple):
     att_pieces: np.ndarray  # (L,)
     x16: np.ndarray  # (T * ffn) int16 and (T * ffn / 32) scales: an int16 down projection's input
     dx16: np.ndarray
+    row_pieces: int  # pieces of a row-wise phase (1 in a decode step)
 
 
 class Acts(NamedTuple):
@@ -106,11 +114,12 @@ def _act_q(rows, k):
 
 
 @njit(cache=True)
-def _view_q(q, rows, k):
-    """q's first rows x k activations as quantize_rows_into's (x8, dx, sx, hs, x8p)."""
-    return (q.x8[: rows * k].reshape(rows, k), q.dx[: rows * k // 32].reshape(rows, k // 32),
-            q.sx[: rows * k // 32].reshape(rows, k // 32), q.hs[: rows * k // 16].reshape(rows, k // 16),
-            q.x8p[: rows * k].reshape(rows, k))  # fmt: skip
+def _view_q(q, r0, r1, k):
+    """Rows r0:r1 of q's rows x k activations as quantize_rows_into's (x8, dx, sx, hs, x8p)."""
+    n, a, b = r1 - r0, r0 * k, r1 * k
+    return (q.x8[a:b].reshape(n, k), q.dx[a // 32 : b // 32].reshape(n, k // 32),
+            q.sx[a // 32 : b // 32].reshape(n, k // 32), q.hs[a // 16 : b // 16].reshape(n, k // 16),
+            q.x8p[a:b].reshape(n, k))  # fmt: skip
 
 
 @njit(cache=True)
@@ -157,7 +166,8 @@ def _plan(x, w, dims, step, buf, acts, nth):
     tp = TeamPlan(np.zeros((L, 4, WMAX, 5), i64), np.zeros((L, 4, WMAX, matmul.ARGV_LEN), i64),
                   np.zeros((L, 4), i64), np.zeros((L, 4, WMAX + 1), i64), np.zeros((L, 4, pmax + 1), i64),
                   np.zeros((L, 4), i64), np.zeros((L, max_items, 4), i64), np.zeros(L, i64), np.zeros(L, i64),
-                  np.empty(n16, np.int16), np.empty(n16 // 32, f))  # fmt: skip
+                  np.empty(n16, np.int16), np.empty(n16 // 32, f),
+                  1 if nth <= 1 else max(1, min(pmax, T // ROWS_PER_PIECE)))  # fmt: skip
     for il in range(L):
         _plan_layer(tp, il, x, w, step, dk._views(buf, il, w, dims), acts, nth)
     return tp
@@ -230,22 +240,34 @@ def _attention(il, w, dims, step, kv, lb, tp, sync, phase) -> None:
 
 
 @njit(cache=True)
-def _quantize(w, x, q) -> None:
+def _quantize(w, x, q, r0, r1) -> None:
+    """Rows r0:r1 of x (T, k) to 8 bits into the same rows of q."""
     if w.quantize:
-        quantize_rows_into(x, _view_q(q, x.shape[0], x.shape[1]))
+        quantize_rows_into(x[r0:r1], _view_q(q, r0, r1, x.shape[1]))
 
 
 @njit(cache=True)
-def _tail(il, x, w, dims, lb) -> None:
-    """The end of layer il: a two-pass down projection's sum, the FFN's residual, the output scale."""
+def _tail(il, x, w, dims, lb, r0, r1) -> None:
+    """The end of layer il for rows r0:r1: a two-pass down projection's sum, the FFN's residual, the
+    output scale."""
     if w.flags[il, dk.F_DOWN] == dk.DOWN_TWO_PASS and w.quantize:
         T = x.shape[0]
-        for t in range(T):
+        for t in range(r0, r1):
             for j in range(lb.down.shape[1]):
                 lb.down[t, j] = lb.down2[t, j] + lb.down2[T + t, j]
-    dk._residual(x, lb.down, w.flags[il, dk.F_POST_FFN], w.post_ffn_norm[il], dims.eps, lb.h)
+    xr = x[r0:r1]
+    dk._residual(xr, lb.down[r0:r1], w.flags[il, dk.F_POST_FFN], w.post_ffn_norm[il], dims.eps, lb.h[r0:r1])
     if w.out_scale[il] != 1.0:
-        dk._scale_rows(x, w.out_scale[il])
+        dk._scale_rows(xr, w.out_scale[il])
+
+
+@njit(cache=True)
+def _layer_input(il, x, w, dims, lb, qa, r0, r1) -> None:
+    """Rows r0:r1: the layer before's tail, then this layer's normed input in 8 bits."""
+    if il > 0:
+        _tail(il - 1, x, w, dims, lb, r0, r1)
+    layers.rms_norm_rows(x[r0:r1], w.attn_norm[il], dims.eps, lb.h[r0:r1])
+    _quantize(w, lb.h, qa, r0, r1)
 
 
 @njit(cache=True)
@@ -265,34 +287,67 @@ def _attention_prologue(il, w, dims, step, kv, lb) -> None:
 
 
 @njit(cache=True)
-def _ffn_input(il, x, w, dims, lb, qa) -> None:
-    """The attention's residual (after its output bias and post-norm), then the FFN's normed input."""
+def _ffn_input(il, x, w, dims, lb, qa, r0, r1) -> None:
+    """Rows r0:r1: the attention's residual (after its output bias and post-norm), then the FFN's normed
+    input."""
+    xr, o, h = x[r0:r1], lb.o[r0:r1], lb.h[r0:r1]
     if w.flags[il, dk.F_O_BIAS]:
-        dk._add_bias(lb.o, w.bo[il])
-    dk._residual(x, lb.o, w.flags[il, dk.F_POST_ATTN], w.post_attn_norm[il], dims.eps, lb.h)
-    layers.rms_norm_rows(x, w.ffn_norm[il], dims.eps, lb.h)
-    _quantize(w, lb.h, qa)
+        dk._add_bias(o, w.bo[il])
+    dk._residual(xr, o, w.flags[il, dk.F_POST_ATTN], w.post_attn_norm[il], dims.eps, h)
+    layers.rms_norm_rows(xr, w.ffn_norm[il], dims.eps, h)
+    _quantize(w, lb.h, qa, r0, r1)
 
 
 @njit(cache=True)
-def _down_input(il, w, lb, tp, qc) -> None:
-    """The FFN's activation, and the down projection's input in its rounding (decoder._down)."""
+def _down_input(il, w, lb, tp, qc, r0, r1) -> None:
+    """Rows r0:r1 of the FFN's activation, and of the down projection's input in its rounding
+    (decoder._down); a two-pass down projection's input takes every row at once (r0:r1 = 0:T)."""
+    gate, up, act = lb.gate[r0:r1], lb.up[r0:r1], lb.act[r0:r1]
     if w.flags[il, dk.F_GELU]:
-        layers.geglu_rows(lb.gate, lb.up, lb.act)
+        layers.geglu_rows(gate, up, act)
     elif w.flags[il, dk.F_OAI]:
-        layers.swiglu_oai_rows(lb.gate, lb.up, lb.act)
+        layers.swiglu_oai_rows(gate, up, act)
     else:
-        layers.swiglu_rows(lb.gate, lb.up, lb.act)
+        layers.swiglu_rows(gate, up, act)
     mode = w.flags[il, dk.F_DOWN]
     T, k = lb.act.shape[0], lb.act.shape[1]
     if mode == dk.DOWN_INT16:
         x16, dx16 = tp.x16[: T * k].reshape(T, k), tp.dx16[: T * k // 32].reshape(T, k // 32)
-        quantize_rows16_into(lb.act, x16, dx16)
-    elif mode == dk.DOWN_TWO_PASS and w.quantize:
+        quantize_rows16_into(act, x16[r0:r1], dx16[r0:r1])
+    elif _whole_down_input(il, w):
         with_residual(lb.act, lb.act2)
-        _quantize(w, lb.act2, qc)
+        _quantize(w, lb.act2, qc, 0, 2 * T)
     else:
-        _quantize(w, lb.act, qc)
+        _quantize(w, lb.act, qc, r0, r1)
+
+
+@njit(cache=True)
+def _whole_down_input(il, w) -> bool:
+    """A two-pass down projection's input (with_residual: every row, then its residual) is one piece."""
+    return w.flags[il, dk.F_DOWN] == dk.DOWN_TWO_PASS and w.quantize
+
+
+@njit(cache=True)
+def _rows_phase(kind, il, x, w, dims, lb, tp, q, sync, phase) -> None:
+    """Pieces of a row-wise phase (rows split evenly; one piece in a decode step), then wait for the
+    others' pieces. Each row's values are those the whole phase on one thread computes."""
+    T = x.shape[0]
+    pieces = 1 if kind == DOWN_INPUT and _whole_down_input(il, w) else tp.row_pieces
+    while True:
+        p = claim(sync, phase)
+        if p >= pieces:
+            break
+        r0, r1 = p * T // pieces, (p + 1) * T // pieces
+        if kind == LAYER_INPUT:
+            _layer_input(il, x, w, dims, lb, q, r0, r1)
+        elif kind == ATT_OUTPUT:
+            _quantize(w, lb.att.reshape(T, -1), q, r0, r1)
+        elif kind == FFN_INPUT:
+            _ffn_input(il, x, w, dims, lb, q, r0, r1)
+        else:
+            _down_input(il, w, lb, tp, q, r0, r1)
+        complete(sync, phase)
+    wait_complete(sync, phase, pieces)
 
 
 @njit(cache=True)
@@ -301,36 +356,21 @@ def _worker(x, w, dims, step, kv, buf, tp, qa, qb, qc, sync) -> None:
     L = w.flags.shape[0]
     for il in range(L):
         lb, ph = dk._views(buf, il, w, dims), il * PHASES
-        if serial_first(sync, ph):
-            if il > 0:
-                _tail(il - 1, x, w, dims, lb)
-            layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, lb.h)
-            _quantize(w, lb.h, qa)
-            complete(sync, ph)
-        wait_complete(sync, ph, 1)
+        _rows_phase(LAYER_INPUT, il, x, w, dims, lb, tp, qa, sync, ph)
         _projection(tp, il, G_QKV, sync, ph + 1)
         if serial_first(sync, ph + 2):
             _attention_prologue(il, w, dims, step, kv, lb)
             complete(sync, ph + 2)
         wait_complete(sync, ph + 2, 1)
         _attention(il, w, dims, step, kv, lb, tp, sync, ph + 3)
-        if serial_first(sync, ph + 4):
-            _quantize(w, lb.att.reshape(x.shape[0], -1), qb)
-            complete(sync, ph + 4)
-        wait_complete(sync, ph + 4, 1)
+        _rows_phase(ATT_OUTPUT, il, x, w, dims, lb, tp, qb, sync, ph + 4)
         _projection(tp, il, G_O, sync, ph + 5)
-        if serial_first(sync, ph + 6):
-            _ffn_input(il, x, w, dims, lb, qa)
-            complete(sync, ph + 6)
-        wait_complete(sync, ph + 6, 1)
+        _rows_phase(FFN_INPUT, il, x, w, dims, lb, tp, qa, sync, ph + 6)
         _projection(tp, il, G_GATE_UP, sync, ph + 7)
-        if serial_first(sync, ph + 8):
-            _down_input(il, w, lb, tp, qc)
-            complete(sync, ph + 8)
-        wait_complete(sync, ph + 8, 1)
+        _rows_phase(DOWN_INPUT, il, x, w, dims, lb, tp, qc, sync, ph + 8)
         _projection(tp, il, G_DOWN, sync, ph + 9)
     if serial_first(sync, L * PHASES):  # the others may leave: the region's end waits for this one
-        _tail(L - 1, x, w, dims, dk._views(buf, L - 1, w, dims))
+        _tail(L - 1, x, w, dims, dk._views(buf, L - 1, w, dims), 0, x.shape[0])
 
 
 @njit(cache=True, parallel=True, nogil=True)

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 from profile_stack_sections import Shim, profile_decode, rdtsc
 
-from localllm.kernels import attention, layers, matmul
+from localllm.kernels import attention, matmul
 from localllm.kernels import decoder as dk
 from localllm.kernels import team_stack as ts
 from localllm.kernels.sync import PHASE_WORDS, claim, complete, serial_first, wait_complete
@@ -30,19 +30,17 @@ MAXT = 4  # threads recorded
 def _serial(sync, ph, rec, c, which, il, x, w, dims, step, kv, lb, tp, qa, qb, qc):
     t0 = rdtsc()
     if serial_first(sync, ph):
+        T = x.shape[0]  # (a decode step: the row-wise phases are one piece, as in the team)
         if which == 0:
-            if il > 0:
-                ts._tail(il - 1, x, w, dims, lb)
-            layers.rms_norm_rows(x, w.attn_norm[il], dims.eps, lb.h)
-            ts._quantize(w, lb.h, qa)
+            ts._layer_input(il, x, w, dims, lb, qa, 0, T)
         elif which == 2:
             ts._attention_prologue(il, w, dims, step, kv, lb)
         elif which == 4:
-            ts._quantize(w, lb.att.reshape(x.shape[0], -1), qb)
+            ts._quantize(w, lb.att.reshape(T, -1), qb, 0, T)
         elif which == 6:
-            ts._ffn_input(il, x, w, dims, lb, qa)
+            ts._ffn_input(il, x, w, dims, lb, qa, 0, T)
         else:
-            ts._down_input(il, w, lb, tp, qc)
+            ts._down_input(il, w, lb, tp, qc, 0, T)
         complete(sync, ph)
     t1 = rdtsc()
     wait_complete(sync, ph, 1)
@@ -99,7 +97,7 @@ def worker_p(c, x, w, dims, step, kv, buf, tp, qa, qb, qc, sync, rec):
         _serial(sync, ph + 8, rec, c, 8, il, *args)
         _parallel(sync, ph + 9, rec, c, 9, il, w, dims, step, kv, lb, tp, ts.G_DOWN)
     if serial_first(sync, L * ts.PHASES):
-        ts._tail(L - 1, x, w, dims, dk._views(buf, L - 1, w, dims))
+        ts._tail(L - 1, x, w, dims, dk._views(buf, L - 1, w, dims), 0, x.shape[0])
 
 
 @njit(parallel=True)
