@@ -25,12 +25,13 @@ _F32, _I8, _I32, _I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntTyp
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
 def _block_scale(x, o, qmax):
-    """(d, 1/d) for the 32-block at x[o]: d = max|x| / qmax, and 1/d = 0 for an all-zero block (each
-    division rounded once where the caller is compiled without fast-math)."""
+    """(d, 1/d) for the 32-block at x[o]: d = max|x| * (1 / qmax) (the float32 reciprocal: what LLVM made
+    of max|x| / qmax under fast-math, written out so every build and path rounds alike), and 1/d = 0 for
+    an all-zero block."""
     amax = f32(0.0)
     for j in range(32):
         amax = max(amax, abs(x[o + j]))
-    d = amax / qmax
+    d = amax * (f32(1.0) / qmax)
     return d, (f32(1.0) / d if d > f32(0.0) else f32(0.0))
 
 
@@ -49,11 +50,10 @@ def quantize_row(x, x8, dx, sx, hs, x8p) -> None:
         quantize_row_loops(x, x8, dx, sx, hs, x8p)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, fastmath=True, error_model="numpy")
 def quantize_row_loops(x, x8, dx, sx, hs, x8p) -> None:
     """quantize_row in three scalar passes (LLVM unrolls their 32-element loops and vectorises none:
-    ~1 ns a value, 3x quantize_block's), for rows with gaps. Without fast-math: LLVM then multiplies by
-    1/127 instead of dividing (d one rounding off, as quantize_block's is not)."""
+    ~1 ns a value, 3x quantize_block's), for rows with gaps."""
     inv = np.empty(x.shape[0] // 32, np.float32)
     _scales(x, dx, inv)
     _round(x, inv, x8)
@@ -92,15 +92,15 @@ def _half_sum(builder: ir.IRBuilder, q: ir.Value, first: int) -> ir.Value:
 @intrinsic
 def quantize_block(typingctx, x, x8, x8p, dx, sx, hs):
     """One 32-block (addresses): the values of _block_scale, _round and _pairs_and_sums, in plain LLVM
-    vector IR (any target): d = max|x| / 127, x8 = rint(x / d) (x * (1 / d), as they do), x8p its
-    halves' lanes interleaved, hs the halves' sums, sx = d * (their total)."""
+    vector IR (any target): d = max|x| * (1 / 127), x8 = rint(x * (1 / d)), x8p its halves' lanes
+    interleaved, hs the halves' sums, sx = d * (their total), each rounded as they round."""
 
     def codegen(context, builder, signature, args):
         xa, qa, pa, da, sa, ha = args
         v32f, v32i = ir.VectorType(_F32, 32), ir.VectorType(_I32, 32)
         v = builder.load(_ptr(builder, xa, v32f), align=4)
         amax = _block_max(builder, _vec_call(builder, "llvm.fabs.v32f32", v32f, [v]))
-        d = builder.fdiv(amax, ir.Constant(_F32, 127.0))
+        d = builder.fmul(amax, ir.Constant(_F32, float(np.float32(1.0) / np.float32(127.0))))
         positive = builder.fcmp_ordered(">", d, ir.Constant(_F32, 0.0))
         inv = builder.select(positive, builder.fdiv(ir.Constant(_F32, 1.0), d), ir.Constant(_F32, 0.0))
         splat = builder.insert_element(ir.Constant(v32f, ir.Undefined), inv, ir.Constant(_I32, 0))

@@ -146,9 +146,9 @@ def test_packed_size_stays_close_to_the_file(name: str) -> None:
 
 
 def _numpy_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """quantize_rows' x8 and dx in NumPy: d = max|x| / 127 and x8 = rint(x * (1 / d)), each rounded once."""
+    """quantize_rows' x8 and dx in NumPy: d = max|x| * (1 / 127) and x8 = rint(x * (1 / d)), in float32."""
     blocks = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(axis=-1) / np.float32(127)
+    d = np.abs(blocks).max(axis=-1) * (np.float32(1) / np.float32(127))
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     return np.rint(blocks * inv[..., None]).astype(np.int8).reshape(x.shape), d.astype(np.float32)
 
