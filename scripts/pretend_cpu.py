@@ -24,6 +24,9 @@ import tempfile
 LEVELS = {"avx2": None, "avx2-vnni": None, "portable": "x86-64"}
 # AVX-512 features the avx2-vnni level keeps where the host has no AVX-VNNI (VEX) of its own.
 VNNI256_EVEX = ("avx512f", "avx512vl", "avx512vnni")
+# The VEX extensions of AVX2 laptops since Alder Lake (AVX-VNNI and its kin), which AMD Zen 5 also
+# reports: a plain AVX2 CPU (Haswell to Zen 3) has none of them.
+_AVX2_EXTRAS = ("avxvnni", "avxvnniint8", "avxvnniint16", "avxifma", "avxneconvert")
 
 
 def pretend(level: str) -> None:
@@ -49,6 +52,8 @@ def drop_features(level: str) -> None:
             sys.exit("avx2-vnni: this CPU has neither AVX-VNNI nor AVX512-VNNI")
         for name in list(f):
             if name.startswith("avx512") and name not in keep:
+                f[name] = False
+            elif name in _AVX2_EXTRAS and level != "avx2-vnni":
                 f[name] = False
             elif level == "portable" and name in ("avx2", "fma", "f16c", "avx"):
                 f[name] = False
