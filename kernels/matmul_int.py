@@ -26,7 +26,6 @@ from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, add16, add32, f16_to_f32, f32, fma_f32, i16, i32, mul16, mul32
 from .simd_x86 import (
     HAVE_AVX2,
-    HAVE_VNNI256,
     crumb_sums_avx2,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
@@ -47,6 +46,8 @@ from .simd_x86_quads import (
     quad_sums_split_avxvnni,
 )
 from .simd_x512 import (
+    AVX2_ONLY,
+    AVX2_VNNI,
     BIT_TABLES,
     HAVE_AVX512,
     HAVE_VNNI,
@@ -86,9 +87,8 @@ ROW_CHUNK = 16
 # AVX2 without AVX-512 unpacks into the same quads (simd_x86_quads: `vpmaddubsw` + `vpmaddwd`); its
 # int16 nibble kernels need a separate pass for fifth bits or crumbs, so there the quads win from one
 # row for the fifth-bit kinds and Q6_K (docs/benchmarks.md, Design measurements).
-AVX2_QUADS = HAVE_AVX2 and not HAVE_AVX512
-# ... and with AVX-VNNI (256-bit `vpdpbusd`), one instruction per 8 rows x 4 elements sums them.
-AVX2_VNNI = AVX2_QUADS and HAVE_VNNI256
+# ... and with AVX-VNNI (256-bit `vpdpbusd`: AVX2_VNNI), one instruction per 8 rows x 4 elements sums them.
+AVX2_QUADS = AVX2_ONLY
 QUADS = HAVE_VNNI or AVX2_QUADS
 QUAD_ROWS = 3
 QUAD_ROWS_Q6 = 2

@@ -21,7 +21,6 @@ from .packing import TILE_ROWS as R
 from .simd import EXACT_FP, f16_to_f32, f32, fma_f32, i32, prefetch, ptr_i16, ptr_i32
 from .simd_x86 import (
     HAVE_AVX2,
-    HAVE_VNNI256,
     crumb_sums_avx2,
     q4_block_sums_avx2,
     q4_block_sums_split_avx2,
@@ -32,6 +31,8 @@ from .simd_x86 import (
 )
 from .simd_x86_quads import q6_quad_sums_avx2, q6_unpack_quads_avx2, quad_sums_split_avxvnni
 from .simd_x512 import (
+    AVX2_ONLY,
+    AVX2_VNNI,
     BIT_TABLES,
     HAVE_AVX512,
     HAVE_VNNI,
@@ -62,7 +63,6 @@ FUSED_MAX_ROWS_Q5 = 4
 # Q6_K from this many rows unpacks each block once into quads: with VNNI as fast as the fused form at
 # 2 rows, faster from 3; with AVX2 only (simd_x86_quads) faster from one row, whose split and crumb
 # passes cost more than the unpacking (docs/benchmarks.md, Design measurements)
-AVX2_ONLY = HAVE_AVX2 and not HAVE_AVX512
 Q6_QUADS = HAVE_VNNI or AVX2_ONLY
 Q6_QUAD_ROWS = 3 if HAVE_VNNI else 1
 # With VNNI, one or two rows assemble the six-bit values in registers instead (row_q6_k_vnni): a 64-row
@@ -84,7 +84,7 @@ _Q8_BLOCK = q8_block_sums_vnni if HAVE_VNNI else q8_block_sums_avx2
 _Q8_BLOCK16 = q8_block_sums16_vnni if HAVE_VNNI else q8_block_sums16_avx512
 if not HAVE_AVX512:
     _Q8_BLOCK16 = q8_block_sums16_avx2
-if AVX2_ONLY and HAVE_VNNI256:  # AVX-VNNI: the 256-bit vpdpbusd forms
+if AVX2_VNNI:  # AVX-VNNI: the 256-bit vpdpbusd forms
     _Q6_SUMS, _Q8_BLOCK = quad_sums_split_avxvnni, q8_block_sums_avxvnni
 
 

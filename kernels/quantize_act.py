@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import f32, i32, rint_f32
+from .simd import call_intrinsic, f32, i32, rint_f32
 
 _F32, _I8, _I32, _I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 
@@ -60,13 +60,6 @@ def quantize_row_loops(x, x8, dx, sx, hs, x8p) -> None:
     _pairs_and_sums(x8, dx, sx, hs, x8p)
 
 
-def _vec_call(builder: ir.IRBuilder, name: str, ty: ir.Type, args: list) -> ir.Value:
-    fn = builder.module.globals.get(name)  # (llvmlite's declare_intrinsic does not name vector types)
-    if fn is None:
-        fn = ir.Function(builder.module, ir.FunctionType(ty, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
 def _ptr(builder: ir.IRBuilder, addr: ir.Value, ty: ir.Type) -> ir.Value:
     return builder.inttoptr(addr, ty.as_pointer())
 
@@ -86,7 +79,7 @@ def _half_sum(builder: ir.IRBuilder, q: ir.Value, first: int) -> ir.Value:
     """The int32 sum of lanes first .. first + 15 of the <32 x i8> q."""
     half = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(_I32, 16), list(range(first, first + 16))))
     wide = builder.sext(half, ir.VectorType(_I32, 16))
-    return _vec_call(builder, "llvm.vector.reduce.add.v16i32", _I32, [wide])
+    return call_intrinsic(builder, "llvm.vector.reduce.add.v16i32", _I32, [wide])
 
 
 @intrinsic
@@ -99,13 +92,13 @@ def quantize_block(typingctx, x, x8, x8p, dx, sx, hs):
         xa, qa, pa, da, sa, ha = args
         v32f, v32i = ir.VectorType(_F32, 32), ir.VectorType(_I32, 32)
         v = builder.load(_ptr(builder, xa, v32f), align=4)
-        amax = _block_max(builder, _vec_call(builder, "llvm.fabs.v32f32", v32f, [v]))
+        amax = _block_max(builder, call_intrinsic(builder, "llvm.fabs.v32f32", v32f, [v]))
         d = builder.fmul(amax, ir.Constant(_F32, float(np.float32(1.0) / np.float32(127.0))))
         positive = builder.fcmp_ordered(">", d, ir.Constant(_F32, 0.0))
         inv = builder.select(positive, builder.fdiv(ir.Constant(_F32, 1.0), d), ir.Constant(_F32, 0.0))
         splat = builder.insert_element(ir.Constant(v32f, ir.Undefined), inv, ir.Constant(_I32, 0))
         splat = builder.shuffle_vector(splat, splat, ir.Constant(v32i, [0] * 32))
-        r = _vec_call(builder, "llvm.rint.v32f32", v32f, [builder.fmul(v, splat)])
+        r = call_intrinsic(builder, "llvm.rint.v32f32", v32f, [builder.fmul(v, splat)])
         q = builder.trunc(builder.fptosi(r, v32i), ir.VectorType(_I8, 32))
         builder.store(q, _ptr(builder, qa, q.type), align=1)
         pairs = [i for j in range(16) for i in (j, 16 + j)]

@@ -22,6 +22,15 @@ from numba.extending import intrinsic
 i16, i32, f32 = np.int16, np.int32, np.float32
 
 
+def call_intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    """Call the LLVM intrinsic `name` (declared once per module from the arguments' types): llvmlite's
+    declare_intrinsic does not spell vector types into the name, and x86 intrinsics take none."""
+    fn = builder.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
 def _wrapping_binop(op: str, ty: types.Integer):
     @intrinsic
     def binop(typingctx, a, b):
@@ -234,12 +243,8 @@ def prefetch(typingctx, addr):
 
     def codegen(context, builder, signature, args):
         ptr = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        name = "llvm.prefetch.p0i8"
-        fn = builder.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), name)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        flags = [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)]
+        call_intrinsic(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ptr, *flags])
         return context.get_dummy_value()
 
     return types.void(types.int64), codegen

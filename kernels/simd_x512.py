@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 from .packing import TILE_ROWS
 from .simd_x86 import (
     HAVE_AVX2,
+    HAVE_VNNI256,
     PREFETCH_AHEAD,
     _call,
     _const,
@@ -37,6 +38,10 @@ def _host_features() -> dict:
 _FEATURES = _host_features()
 HAVE_AVX512 = HAVE_AVX2 and all(_FEATURES.get(f, False) for f in ("avx512f", "avx512bw", "avx512vl"))
 HAVE_VNNI = HAVE_AVX512 and bool(_FEATURES.get("avx512vnni", False))
+# The AVX2 kernel family (no AVX-512), and within it AVX-VNNI's (the 256-bit `vpdpbusd` forms):
+# the one spelling matmul_int and matmul_row dispatch on.
+AVX2_ONLY = HAVE_AVX2 and not HAVE_AVX512
+AVX2_VNNI = AVX2_ONLY and HAVE_VNNI256
 
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _V16I32, _V32I16, _V32I8, _V8I64 = (

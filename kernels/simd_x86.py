@@ -19,6 +19,7 @@ from numba import config, types
 from numba.extending import intrinsic
 
 from .packing import TILE_ROWS
+from .simd import call_intrinsic as _call
 
 
 def _host_has_avx2() -> bool:
@@ -60,13 +61,6 @@ def _const(ty: ir.Type, values: list[int]) -> ir.Constant:
     return ir.Constant(ty, values)
 
 
-def _call(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fn = builder.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
 def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir.Value:
     """The int8 pair (x[ja], x[jb]), repeated over 32 bytes."""
     a = builder.zext(builder.load(builder.gep(xp, [_const(_i32, ja)])), _i16)
@@ -84,8 +78,9 @@ def _pair_broadcast(builder: ir.IRBuilder, xp: ir.Value, ja: int, jb: int) -> ir
 # 4-16 KiB (docs/benchmarks.md, Design measurements).
 PREFETCH_AHEAD = 8192
 # CPUs (LLVM's names) whose hardware prefetchers stream the weights faster alone: on AMD Zen 4 the
-# software prefetch held one core's Q4_K decode stream ~30% below (docs/benchmarks.md, Zen 4).
-_HARDWARE_STREAM_CPUS = ("znver4", "znver5")
+# software prefetch held one core's Q4_K decode stream ~30% below (docs/benchmarks.md, Zen 4).  Zen 5
+# is the other way round: there it streams 20-60% faster with it (docs/benchmarks.md, Zen 5).
+_HARDWARE_STREAM_CPUS = ("znver4",)
 
 
 def _cpu_name() -> str:

@@ -22,7 +22,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from .packing import TILE_ROWS as R
-from .simd import EXACT_FP, HAVE_F16C, f16_to_f32, f32, fma_f32, i32
+from .simd import EXACT_FP, HAVE_F16C, call_intrinsic, f16_to_f32, f32, fma_f32, i32
 
 BLOCKS = 8  # 32-blocks per superblock
 _LANES = 16  # lanes per vector: one 512-bit register, two 256-bit ones
@@ -48,11 +48,7 @@ def _splat(builder: ir.IRBuilder, addr: ir.Value, offset: int) -> ir.Value:
 
 
 def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    name = f"llvm.fma.v{_LANES}f32"  # (llvmlite's declare_intrinsic does not name vector types)
-    fn = builder.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(builder.module, ir.FunctionType(_VF, [_VF] * 3), name)
-    return builder.call(fn, [a, b, c])
+    return call_intrinsic(builder, f"llvm.fma.v{_LANES}f32", _VF, [a, b, c])
 
 
 def _sum16(builder, s, stride, j, g, parts):
