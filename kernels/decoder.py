@@ -154,16 +154,40 @@ class Buffers(NamedTuple):
 
 
 @njit(cache=True)
+def _arena_sizes(T, d, dims):
+    """Floats of q, k, v, kn, att, gate, up, act and down (flat, at the largest layer's sizes): they lie
+    in that order in one arena, which hybrid_decoder's recurrent layers reuse (they touch none of them)."""
+    nq, nkv, hd, ffn = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.ffn_dim
+    return np.array((nq * hd, nkv * hd, nkv * hd, nkv * hd, nq * hd, ffn, ffn, ffn, d), np.int64) * T
+
+
+@njit(cache=True)
 def _buffers(T, d, dims, n_ropes, half):
     """The step's scratch at the largest layer's sizes (q, k, v, kn, att, gate, up, act, act2 flat)."""
-    f, nq, nkv, hd, ffn = np.float32, dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.ffn_dim
+    return _buffers_in(np.empty(_arena_sizes(T, d, dims).sum(), np.float32), T, d, dims, n_ropes, half)
+
+
+@njit(cache=True)
+def _buffers_in(arena, T, d, dims, n_ropes, half):
+    """_buffers with q .. down in `arena` (at least _arena_sizes' sum of floats)."""
+    f, ffn = np.float32, dims.ffn_dim
     t2 = 2 * T if dims.two_pass else 0
+    sizes = _arena_sizes(T, d, dims)
+    ends = np.cumsum(sizes)
+
+    def part(i):
+        return arena[ends[i] - sizes[i] : ends[i]]
+
+    def flat3(i):
+        return part(i).reshape((sizes[i], 1, 1))
+
+    def flat2(i):
+        return part(i).reshape((sizes[i], 1))
+
     return Buffers(
-        np.empty((T, d), f), np.empty((T * nq * hd, 1, 1), f), np.empty((T * nkv * hd, 1, 1), f),
-        np.empty((T * nkv * hd, 1, 1), f), np.empty((T * nkv * hd, 1, 1), f),
-        np.empty((T * nq * hd, 1, 1), f),
-        np.empty((T, d), f), np.empty((T * ffn, 1), f), np.empty((T * ffn, 1), f), np.empty((T * ffn, 1), f),
-        np.empty((T, d), f), np.empty((t2 * ffn, 1), f), np.empty((t2, d), f),
+        np.empty((T, d), f), flat3(0), flat3(1), flat3(2), flat3(3), flat3(4),
+        np.empty((T, d), f), flat2(5), flat2(6), flat2(7), part(8).reshape((T, d)),
+        np.empty((t2 * ffn, 1), f), np.empty((t2, d), f),
         np.empty((n_ropes, T, half), f), np.empty((n_ropes, T, half), f),
     )  # fmt: skip
 

@@ -61,13 +61,38 @@ class RecBuffers(NamedTuple):
 
 
 @njit(cache=True)
-def _rec_buffers(T, dims, rd):
-    f = np.float32
+def _rec_sizes(T, dims, rd):
+    """Floats of RecBuffers' fields but the gate, in their order, and the gate's offset in the arena."""
+    vd = rd.n_v * rd.head_dim
+    sizes = np.array((rd.channels, vd, rd.n_v, rd.n_v, rd.channels, vd), np.int64) * T
+    gate_at = T * dims.head_dim * (2 * dims.n_heads + 3 * dims.n_kv_heads)  # after q, k, v, kn and att
+    return sizes, gate_at
+
+
+@njit(cache=True)
+def _arena(T, d, dims, rd):
+    """decoder._buffers_in's arena, grown to what RecBuffers need (see _rec_buffers)."""
+    sizes, gate_at = _rec_sizes(T, dims, rd)
+    rec = max(sizes.sum(), gate_at + T * dims.n_heads * dims.head_dim)
+    return np.empty(max(dk._arena_sizes(T, d, dims).sum(), rec), np.float32)
+
+
+@njit(cache=True)
+def _rec_buffers(arena, T, dims, rd):
+    """RecBuffers inside the decoder's arena (_arena): a Gated DeltaNet layer's scratch over q .. down,
+    which it does not use; the gated attention's gate over the FFN's part, which attention does not
+    use."""
+    sizes, gate_at = _rec_sizes(T, dims, rd)
+    ends = np.cumsum(sizes)
+
+    def part(i, cols):
+        return arena[ends[i] - sizes[i] : ends[i]].reshape((T, cols))
+
+    gate = arena[gate_at : gate_at + T * dims.n_heads * dims.head_dim]
     vd = rd.n_v * rd.head_dim
     return RecBuffers(
-        np.empty((T, dims.n_heads, dims.head_dim), f), np.empty((T, rd.channels), f), np.empty((T, vd), f),
-        np.empty((T, rd.n_v), f), np.empty((T, rd.n_v), f), np.empty((T, rd.channels), f),
-        np.empty((T, vd), f),
+        gate.reshape((T, dims.n_heads, dims.head_dim)), part(0, rd.channels), part(1, vd), part(2, rd.n_v),
+        part(3, rd.n_v), part(4, rd.channels), part(5, vd),
     )  # fmt: skip
 
 
@@ -108,8 +133,10 @@ def _delta_net_block(il, x, w, dims, step, rec, rd, rs, rb, buf, nth):
 def hybrid_stack(x, w, dims, step, kv, rec, rd, rs, nth):
     """Run every layer on x (T, dim) in place (see the module docstring)."""
     half = max(1, step.rope_freqs.shape[1])
-    buf = dk._buffers(x.shape[0], x.shape[1], dims, step.rope_dims.shape[0], half)
-    rb = _rec_buffers(x.shape[0], dims, rd)
+    T = x.shape[0]
+    arena = _arena(T, x.shape[1], dims, rd)
+    buf = dk._buffers_in(arena, T, x.shape[1], dims, step.rope_dims.shape[0], half)
+    rb = _rec_buffers(arena, T, dims, rd)
     dk._rotations(step, buf)
     for il in range(w.flags.shape[0]):
         kind = rec.kind[il]
