@@ -7,6 +7,9 @@ the bytes follow; later loads memory-map that file, so the weights cost page-cac
 GGUF file itself does.
 
 File: MAGIC, u64 index length, u32 CRC of the index, the JSON index, then each buffer page-aligned.
+It is written front to back in whole 4 MiB chunks and mapped with MADV_HUGEPAGE: on Linux the page
+cache then holds it in 2 MiB folios (also when it is read back after eviction), which map with 2 MiB
+pages, so a decode step's weight stream takes far fewer TLB misses than through 4 KiB pages.
 Anything unexpected (another key, a bad CRC, a short file) makes the cache count as absent: the
 weights are repacked and the file rewritten.  Writes go to a temporary file renamed into place.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import struct
 import zlib
@@ -31,6 +35,7 @@ FORMAT_VERSION = 2  # 2: entries name the rows gathered from a tensor ("" for al
 MAGIC = b"LLMPACK1"
 _HEADER = struct.Struct("<8sQI")  # magic, index length, index CRC32
 _ALIGN = 4096  # page-aligned buffers: at least the alignment the kernels get from np.empty
+_CHUNK = 4 << 20  # the write size: whole, aligned multiples of a huge page
 
 Entry = tuple[int, int, tuple[int, ...], str]  # (file offset, GGML type, shape, rows digest): one matrix
 
@@ -150,6 +155,10 @@ def _map(path: Path, base: int, rows: list[list[Any]]) -> dict[Entry, PackedWeig
     if any(start < 0 or nbytes <= 0 or base + start + nbytes > size for *_, start, nbytes in rows):
         return {}  # a short file: truncated since it was written
     mm = np.memmap(path, dtype=np.uint8, mode="r")
+    raw = getattr(mm, "_mmap", None)  # np.memmap's mmap
+    if raw is not None and hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            raw.madvise(mmap.MADV_HUGEPAGE)  # a fault reads (and maps) a whole huge folio
     out = {}
     for offset, ggml_type, shape, tag, kind, n, k, start, nbytes in rows:
         buf = mm[base + start : base + start + nbytes]
@@ -168,15 +177,55 @@ def _write(path: Path, key: str, weights: dict[Entry, PackedWeight], model: Path
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_HEADER.pack(MAGIC, len(text), zlib.crc32(text)) + text)
+        with open(tmp, "wb") as f:  # (a BufferedWriter completes short writes)
+            out = _ChunkWriter(f)
+            out.put(0, _HEADER.pack(MAGIC, len(text), zlib.crc32(text)) + text)
             for row, w in zip(rows, weights.values(), strict=True):
-                f.seek(base + row[7])
-                f.write(np.ascontiguousarray(w.buf).data)
+                out.put(base + row[7], np.ascontiguousarray(w.buf).data)
+            out.close()
         os.replace(tmp, path)
     except OSError:  # a full disk or a read-only cache only costs speed
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+class _ChunkWriter:
+    """Writes a file front to back in whole _CHUNK-sized writes at multiples of _CHUNK (the last one
+    short): a write's size and alignment decide the size of the page-cache folios it fills."""
+
+    def __init__(self, f: Any):
+        self.f, self.buf, self.fill = f, bytearray(_CHUNK), 0
+        self.start = 0  # the file offset of buf[0]
+
+    def put(self, offset: int, data: Any) -> None:
+        """data at `offset`, at or past the end of everything put before (a gap reads as zeros)."""
+        gap = offset - self.start - self.fill
+        if gap < 0:
+            raise ValueError("pieces must come in file order")
+        while gap:
+            n = min(gap, _CHUNK - self.fill)
+            self._take(bytes(n))
+            gap -= n
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            n = min(view.nbytes, _CHUNK - self.fill)
+            self._take(view[:n])
+            view = view[n:]
+
+    def _take(self, piece: Any) -> None:
+        n = len(piece)
+        self.buf[self.fill : self.fill + n] = piece
+        self.fill += n
+        if self.fill == _CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.f.write(memoryview(self.buf)[: self.fill])
+        self.start, self.fill = self.start + self.fill, 0
+
+    def close(self) -> None:
+        if self.fill:
+            self._flush()
 
 
 def _aligned(pos: int) -> int:

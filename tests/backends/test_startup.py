@@ -177,3 +177,32 @@ def test_gathered_rows_come_from_the_cache(tmp_path: Path, monkeypatch) -> None:
         for wa, wb in ((a.wq, b.wq), (a.wg, b.wg)):
             assert np.array_equal(np.asarray(wa.buf), np.asarray(wb.buf))
             assert isinstance(wb.buf.base, np.memmap)
+
+
+def test_cache_file_is_written_in_whole_aligned_chunks(monkeypatch):
+    """The page cache's folio size follows the write's: every write but the last is a whole chunk at a
+    multiple of it, and the bytes are those of writing each piece at its offset (gaps as zeros)."""
+    import io
+
+    monkeypatch.setattr(weight_cache, "_CHUNK", 64)
+    writes: list[tuple[int, int]] = []
+
+    class Recorder(io.BytesIO):
+        def write(self, b) -> int:  # type: ignore[override]
+            writes.append((self.tell(), len(b)))
+            return super().write(b)
+
+    rng = np.random.default_rng(0)
+    pieces = [(0, rng.bytes(10)), (16, rng.bytes(100)), (128, rng.bytes(64)), (300, rng.bytes(5))]
+    f = Recorder()
+    out = weight_cache._ChunkWriter(f)
+    for offset, data in pieces:
+        out.put(offset, data)
+    out.close()
+    expected = bytearray(305)
+    for offset, data in pieces:
+        expected[offset : offset + len(data)] = data
+    assert f.getvalue() == bytes(expected)
+    assert all(at % 64 == 0 and n == 64 for at, n in writes[:-1]) and writes[-1] == (256, 49)
+    with pytest.raises(ValueError, match="file order"):
+        out.put(10, b"x")
