@@ -139,6 +139,8 @@ def test_idle_model_unloads_after_keep_alive(model_files: list[Path], index_dir:
         async_engine = srv.pool.members[0].state.engine
         assert states(srv)["tiny-a"] == "loaded"
         wait_for(lambda: states(srv)["tiny-a"] == "unloaded")
+        # "unloaded" shows once the engine is detached; the unload counts once it is closed and dropped
+        wait_for(lambda: srv.pool.members[0].unloads.get("idle", 0) >= 1)
         assert not async_engine._thread.is_alive()  # the engine's thread stopped
         del async_engine
         gc.collect()
