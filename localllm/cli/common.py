@@ -190,6 +190,14 @@ def kv_disk_options(mb: int | None, directory: Path | None, default_on: bool) ->
     return {"kv_disk_mb": mb, "kv_disk_dir": directory}
 
 
+def one_shot_cache_options(mb: int | None, directory: Path | None) -> dict[str, Any]:
+    """`run`'s prefix cache: one prompt, then the process exits, so a cache serves only a later
+    process, through the disk tier (off unless asked for). Without it, no prefix caching: a recurrent
+    model's state snapshots would be copies no one reads (19 MiB each for a 0.8B qwen35)."""
+    options = kv_disk_options(mb, directory, default_on=False)
+    return options | {"enable_prefix_caching": options["kv_disk_mb"] > 0}
+
+
 def kernels_compiled() -> bool:
     """Whether Numba's cache (NUMBA_CACHE_DIR) holds this version's kernels, as a first run leaves it."""
     from localllm.kernels.cache import sources_digest

@@ -89,7 +89,7 @@ def _run_command(o: SimpleNamespace) -> None:
         model, o.backend, o.threads, (o.cache_type_k, o.cache_type_v), o.quantize, o.group_size
     )
     spec = c.spec_options(o.prompt_lookup, o.draft_model, o.draft_max, o.draft_vocab)
-    spec |= c.kv_disk_options(o.kv_disk_mb, o.kv_disk_dir, default_on=False)
+    spec |= c.one_shot_cache_options(o.kv_disk_mb, o.kv_disk_dir)
     template = chat_template_source(o.chat_template, defaults.get("chat_template")) if o.chat else None
     config = c.engine_config(
         path, o.backend, o.threads, o.ctx_size, defaults, max_num_seqs=1, cache_type_k=o.cache_type_k,

@@ -41,5 +41,6 @@ def test_cached_kernels_and_runtime_load_and_link_later_compiles(tmp_path: Path)
     second = _child(tmp_path)
     assert second["nrt_from_cache"] and second["callee_from_cache"]
     assert not second["callee_module_kept"]  # its bitcode stays bytes until something links it
+    assert first["symbols_recorded"] and second["symbols_recorded"]
     assert first["total"] == second["total"] == 45
     assert first["caller"] == second["caller"] == 55.0

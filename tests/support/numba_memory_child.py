@@ -21,6 +21,17 @@ def fresh_caller(n):  # never cached: compiled now, linking the cached callee an
     return cached_funcs.total(n) + np.ones(n).sum()
 
 
+def _symbols_recorded(library) -> bool:
+    """Whether the JIT engine knows every symbol the library's bitcode defines (read, for a cached
+    library, from a module parsed in a context of its own and disposed)."""
+    import llvmlite.binding as ll
+
+    bitcode = getattr(library, "_lazy_bitcode", None)
+    module = ll.parse_bitcode(bitcode) if bitcode is not None else library._get_module_for_linking()
+    defined = {f.name for f in module.functions if not f.is_declaration}
+    return bool(defined) and defined <= library._codegen._engine._defined_symbols
+
+
 def main() -> None:
     total = cached_funcs.total(10)
     library = cached_funcs.total.overloads[cached_funcs.total.signatures[0]].library
@@ -30,6 +41,7 @@ def main() -> None:
         "nrt_from_cache": hasattr(rtsys.library, "_lazy_bitcode"),
         "callee_from_cache": hasattr(library, "_lazy_bitcode"),
         "callee_module_kept": library._shared_module is not None,
+        "symbols_recorded": _symbols_recorded(library),
     }
     print(json.dumps(out))
 
