@@ -65,7 +65,7 @@ def _rec_sizes(T, dims, rd):
     """Floats of RecBuffers' fields but the gate, in their order, and the gate's offset in the arena."""
     vd = rd.n_v * rd.head_dim
     sizes = np.array((rd.channels, vd, rd.n_v, rd.n_v, rd.channels, vd), np.int64) * T
-    gate_at = T * dims.head_dim * (2 * dims.n_heads + 3 * dims.n_kv_heads)  # after q, k, v, kn and att
+    gate_at = dk._arena_sizes(T, 0, dims)[:5].sum()  # after q, k, v, kn and att
     return sizes, gate_at
 
 
