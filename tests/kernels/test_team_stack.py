@@ -9,7 +9,7 @@ from tiny_arch import write_arch_model, write_variant
 
 from localllm.config import EngineConfig
 from localllm.engine.engine import LLMEngine, score_tokens
-from localllm.kernels import pieces
+from localllm.kernels import pieces, team_stack
 from localllm.sampling_params import SamplingParams
 
 PROMPT = list(range(5, 45))  # 40 tokens: past the tiny files' 16-token windows
@@ -30,8 +30,11 @@ FILES = {
 }
 
 
-def _logits(engine: LLMEngine, team: bool, threads: int) -> list[np.ndarray]:
+def _logits(engine: LLMEngine, team: bool, threads: int, monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
     """A prompt's logits at every position, then each step's logits while three sequences decode."""
+    ran = []
+    run = team_stack.team_stack
+    monkeypatch.setattr(team_stack, "team_stack", lambda x, *a: ran.append(x.shape[0]) or run(x, *a))
     backend = engine.backend
     backend.team_stack, backend.threads = team, threads
     engine.backend.thread_governor(engine.model).candidates = [threads]
@@ -42,16 +45,20 @@ def _logits(engine: LLMEngine, team: bool, threads: int) -> list[np.ndarray]:
         engine.generate(DECODE_PROMPTS, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     finally:
         del engine.model.forward
+    assert (len(DECODE_PROMPTS) in ran) == team  # the decode steps ran on the team, or did not
     return out
 
 
 @pytest.mark.parametrize("name", list(FILES))
-def test_team_stack_computes_the_launches_bits(tmp_path, name: str) -> None:
+def test_team_stack_computes_the_launches_bits(tmp_path, monkeypatch, name: str) -> None:
     path = FILES[name](tmp_path / f"{name}.gguf")
     engine = LLMEngine(EngineConfig(model=str(path), threads=2, ctx_size=128, enable_prefix_caching=False))
     assert engine.backend._plan(engine.model).team, "a dense model should run on the team"
     for threads in (1, 2):
-        launches, team = _logits(engine, False, threads), _logits(engine, True, threads)
+        launches, team = (
+            _logits(engine, False, threads, monkeypatch),
+            _logits(engine, True, threads, monkeypatch),
+        )
         assert len(team) == len(launches) > 3
         for a, b in zip(team, launches, strict=True):
             np.testing.assert_array_equal(a, b)
