@@ -46,6 +46,7 @@ def _sysfs_cores() -> int:
 # The context a command gets when neither its flag nor models.toml sets one: the model's trained context up
 # to this, in run, chat, serve and the Python API alike (a bigger KV cache costs memory up front).
 DEFAULT_CONTEXT = 8192
+PROMPT_CHUNK = 512  # tokens a step computes at most (max_num_batched_tokens): a prompt's chunk
 DRAFT_VOCAB = 32768  # rows of a draft model's output layer (engine/loaded_model.py's head_ids)
 
 
@@ -57,7 +58,7 @@ class EngineConfig:
     threads: int = 0  # 0 = physical cores
     ctx_size: int = 0  # 0 = the model's trained context, capped at max_default_ctx
     max_num_seqs: int = 16  # --parallel
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = PROMPT_CHUNK
     block_size: int = 16
     kv_cache_mb: int = 0  # 0 = sized from ctx_size x max_num_seqs (shared, never split per sequence)
     num_kv_blocks: int = 0  # exact pool size, overriding the two above (tests, benchmarks)

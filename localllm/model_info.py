@@ -11,7 +11,10 @@ Memory, as this engine uses it:
     never touched);
   * recurrent state (hybrid models): per sequence, each Gated DeltaNet layer's conv window and
     delta-rule state in float32, for every sequence the engine may run plus one, and the prefix cache's
-    snapshots (engine/state_cache.py).
+    snapshots (engine/state_cache.py);
+  * runtime: what the CPU back end holds beside those (Python with NumPy, Numba and LLVM, the loaded
+    kernels, the engine's objects: RUNTIME_BYTES, measured), and a prompt chunk's float32 scratch in a
+    prefill step (activation_bytes_per_token, an upper bound: docs/benchmarks.md, "What info predicts").
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from localllm.config import PROMPT_CHUNK
 from localllm.engine.kv_cache import DEFAULT_CACHE_TYPE, KVLayout
 from localllm.printable import printable
 
 F16_KV = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)  # the engine's default K and V element types
+RUNTIME_BYTES = 160 * 2**20  # the CPU back end's own resident memory, measured (see the docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,25 @@ class ModelInfo:
     extra: dict[str, Any] = field(default_factory=dict)  # a few more general.* facts when present
     recurrent_layers: int = 0  # layers keeping a per-sequence state instead of keys and values
     state_bytes_per_sequence: int = 0  # their state, float32
+    ffn_length: int | None = None  # the dense FFN's width (the widest layer's)
+    experts_used: int = 0  # routed experts per token (0: dense), each expert_ffn wide
+    expert_ffn: int | None = None
+
+    @property
+    def activation_bytes_per_token(self) -> int | None:
+        """A prompt token's float32 scratch in a prefill step, at most: q and the attention output, k, v
+        and normed k, the layer's input and output (and two of the down projection's input rows per
+        token where it takes two 8-bit passes), the FFN's gate, up, activation and down input, or the
+        routed experts' input, gate, up, activation and output rows. None: unknown sizes."""
+        dims = (self.embedding_length, self.n_heads, self.n_kv_heads, self.head_dim)
+        if any(d is None for d in dims):
+            return None
+        dim, nq, nkv, hd = dims  # type: ignore[misc]
+        attention = 2 * nq * hd + 3 * nkv * hd + 4 * dim
+        ffn = 5 * (self.ffn_length or 0)
+        if self.experts_used:
+            ffn = max(ffn, self.experts_used * (2 * dim + 3 * (self.expert_ffn or 0)))
+        return 4 * (attention + ffn)
 
     @property
     def kv_bytes_per_token(self) -> int | None:
@@ -85,6 +109,8 @@ class ModelInfo:
         pool = self.state_bytes_per_sequence * slots
         state = {"state_bytes_per_sequence": self.state_bytes_per_sequence, "state_slots": slots,
                  "state_pool_bytes": pool} if pool else {}  # fmt: skip
+        chunk = min(ctx, PROMPT_CHUNK) if ctx else PROMPT_CHUNK
+        runtime = RUNTIME_BYTES + chunk * (self.activation_bytes_per_token or 0)
         return {
             "weights_bytes": self.file_size,
             "kv_cache_types": list(cache_types),
@@ -92,7 +118,9 @@ class ModelInfo:
             "context": ctx,
             "kv_cache_bytes": kv,
             **state,
-            "total_bytes": self.file_size + (kv or 0) + pool,
+            "prompt_chunk": chunk,
+            "runtime_bytes": runtime,
+            "total_bytes": self.file_size + (kv or 0) + pool + runtime,
         }
 
     def as_dict(self, ctx_size: int | None = None, cache_types: tuple[str, str] = F16_KV) -> dict[str, Any]:
@@ -106,7 +134,7 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class Fit:
-    """Whether weights + KV cache fit this machine's RAM, and a sentence saying so."""
+    """Whether weights, KV cache, state and runtime fit this machine's RAM, and a sentence saying so."""
 
     verdict: str  # "fits" | "tight" (more than is free now, less than installed) | "too big"
     needed_bytes: int
@@ -116,13 +144,14 @@ class Fit:
 
 
 def memory_fit(needed: int, weights: int, available: int, total: int) -> Fit:
-    """The verdict for `needed` bytes (weights + KV) on a machine with `total` RAM, `available` free.
+    """The verdict for `needed` bytes (weights, KV cache, state, runtime) on a machine with `total` RAM,
+    `available` free.
 
     Memory-mapped weights larger than RAM still "load", but every token then rereads them from disk:
     far too slow to use, so that counts as not fitting."""
     need, have, free = human_bytes(needed), human_bytes(total), human_bytes(available)
     if needed > total:
-        part = "its weights alone need" if weights > total else "weights + KV cache need"
+        part = "its weights alone need" if weights > total else "weights, KV cache and runtime need"
         message = (
             f"does not fit: {part} {need}, this machine has {have} of RAM. Use a smaller "
             "quantization or --ctx-size, or run it across machines (docs/scaling.md)."
@@ -193,7 +222,19 @@ def summarize(gf: Any) -> ModelInfo:
         chat_template=printable(template, multiline=True) if template else None,
         extra=extra,
         **recurrent_state(md, arch, arch_int("block_count") or 0),
+        **_ffn_widths(md, arch),
     )
+
+
+def _ffn_widths(md: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """ModelInfo's ffn_length (the widest layer's, where it is given per layer), experts_used and
+    expert_ffn (Mixtral's experts are feed_forward_length wide)."""
+    ffn = md.get(f"{arch}.feed_forward_length")
+    widths = [_as_int(v) for v in ffn] if isinstance(ffn, (list, tuple)) else [_as_int(ffn)]
+    width = max((w for w in widths if w is not None), default=None)
+    used = _as_int(md.get(f"{arch}.expert_used_count")) or 0
+    expert = _as_int(md.get(f"{arch}.expert_feed_forward_length")) or width
+    return {"ffn_length": width, "experts_used": used, "expert_ffn": expert if used else None}
 
 
 def recurrent_state(md: Mapping[str, Any], arch: str, n_layers: int) -> dict[str, int]:

@@ -81,7 +81,7 @@ def machine_memory() -> tuple[int, int]:
 
 def machine_fit(summary, ctx_size: int, kv: tuple[str, str] = ("f16", "f16")):
     """The context run/serve would use (--ctx-size, else the trained one up to DEFAULT_CONTEXT) and
-    whether weights + KV cache at it fit this machine's RAM."""
+    whether weights, KV cache and runtime at it fit this machine's RAM."""
     from localllm.config import DEFAULT_CONTEXT
     from localllm.model_info import memory_fit
 
@@ -188,6 +188,8 @@ def _memory(summary, ctx_size: int | None, kv: tuple[str, str], gpu_bytes: int):
             human_bytes(memory["state_pool_bytes"]),
             "16 sequences (--parallel), 1 for scoring, 8 prefix snapshots",
         )
+    chunk = f"Python, Numba, kernels; a {memory['prompt_chunk']:,}-token prompt chunk"
+    mem.add_row("runtime (CPU)", human_bytes(memory["runtime_bytes"]), chunk)
     mem.add_row("total", human_bytes(memory["total_bytes"]), "")
     return mem
 

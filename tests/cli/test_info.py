@@ -14,7 +14,14 @@ from localllm.cli import info as _info  # registers the command
 from localllm.cli import manage
 from localllm.cli.app import app
 from localllm.loading.file import GGUFFile
-from localllm.model_info import format_params, human_bytes, kv_bytes_per_token, short_template, summarize
+from localllm.model_info import (
+    RUNTIME_BYTES,
+    format_params,
+    human_bytes,
+    kv_bytes_per_token,
+    short_template,
+    summarize,
+)
 from localllm.registry import load_registry
 
 # the tiny model's shape (tests/support/tiny_model.py)
@@ -25,6 +32,12 @@ VECTORS = 1 + 2 * LAYERS  # output_norm + attn_norm, ffn_norm per layer (F32)
 MATRIX_PARAMS = VOCAB * DIM + LAYERS * (2 * DIM * DIM + 2 * KV_HEADS * HEAD_DIM * DIM + 3 * FFN * DIM)
 VECTOR_PARAMS = DIM * VECTORS
 KV_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # f16 K and V (the default)
+# a prompt token's float32 scratch: q, attention output, k, v, normed k, 4 dim-wide rows, 5 FFN-wide rows
+ACT_PER_TOKEN = 4 * (2 * HEADS * HEAD_DIM + 3 * KV_HEADS * HEAD_DIM + 4 * DIM + 5 * FFN)
+
+
+def _runtime(ctx: int) -> int:
+    return RUNTIME_BYTES + min(ctx, 512) * ACT_PER_TOKEN  # a prompt chunk is at most 512 tokens
 
 
 @pytest.fixture
@@ -55,7 +68,8 @@ def test_summary_of_the_tiny_model(tiny_model_path, index_dir):
     memory = info.memory()
     assert memory["context"] == CTX and memory["kv_cache_bytes"] == KV_PER_TOKEN * CTX
     assert memory["weights_bytes"] == tiny_model_path.stat().st_size
-    assert memory["total_bytes"] == tiny_model_path.stat().st_size + KV_PER_TOKEN * CTX
+    assert info.activation_bytes_per_token == ACT_PER_TOKEN and memory["runtime_bytes"] == _runtime(CTX)
+    assert memory["total_bytes"] == tiny_model_path.stat().st_size + KV_PER_TOKEN * CTX + _runtime(CTX)
 
 
 def test_info_json(tiny_model_path, env):
@@ -72,7 +86,9 @@ def test_info_json(tiny_model_path, env):
         "kv_bytes_per_token": KV_PER_TOKEN,
         "context": 1000,
         "kv_cache_bytes": KV_PER_TOKEN * 1000,
-        "total_bytes": tiny_model_path.stat().st_size + KV_PER_TOKEN * 1000,
+        "prompt_chunk": 512,
+        "runtime_bytes": _runtime(1000),
+        "total_bytes": tiny_model_path.stat().st_size + KV_PER_TOKEN * 1000 + _runtime(1000),
         # on a GPU: the Q8_0 matrices' blocks as they are (34 bytes per 32 values), vectors in float32
         "device_weights_bytes": {
             "cpu": tiny_model_path.stat().st_size,
@@ -165,7 +181,7 @@ def test_memory_fit_verdicts():
     tight = memory_fit(300, 60, available=200, total=400)
     assert tight.verdict == "tight" and "free now" in tight.message
     too_big = memory_fit(500, 60, available=200, total=400)
-    assert too_big.verdict == "too big" and "weights + KV cache need" in too_big.message
+    assert too_big.verdict == "too big" and "weights, KV cache and runtime need" in too_big.message
     assert "docs/scaling.md" in too_big.message
     assert "weights alone" in memory_fit(900, 800, available=200, total=400).message
 
@@ -182,7 +198,8 @@ def test_info_says_when_a_model_cannot_fit(tiny_model_path, env, monkeypatch):
     result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json", "-c", "64"], env=env)
     fit = json.loads(result.stdout)["fit"]
     assert fit["verdict"] == "too big" and fit["context"] == 64
-    assert fit["needed_bytes"] == size + KV_PER_TOKEN * 64 and fit["total_bytes"] == size // 2
-    monkeypatch.setattr(_info, "machine_memory", lambda: (10 * size, 20 * size))
+    assert fit["needed_bytes"] == size + KV_PER_TOKEN * 64 + _runtime(64) and fit["total_bytes"] == size // 2
+    room = 10 * size + 2 * _runtime(CTX)  # the runtime (Python, Numba, kernels) dwarfs the tiny file
+    monkeypatch.setattr(_info, "machine_memory", lambda: (room, 2 * room))
     result = CliRunner().invoke(app, ["info", str(tiny_model_path), "--json"], env=env)
     assert json.loads(result.stdout)["fit"]["verdict"] == "fits"

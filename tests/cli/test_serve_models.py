@@ -76,7 +76,8 @@ def test_serve_several_models(tmp_path: Path, captured: list[tuple[Any, ...]]) -
     kv_pool = (
         2 * 128 * (2 * 2 * 2 * 16 * 2)
     )  # sequences x context x (K and V, layers, KV heads, head dim, f16)
-    assert models[1].memory_bytes == b.stat().st_size + kv_pool
+    scratch = 128 * 4 * (2 * 64 + 3 * 32 + 4 * 64 + 5 * 128)  # a 128-token prompt chunk (see test_info)
+    assert models[1].memory_bytes == b.stat().st_size + kv_pool + scratch
     r = CliRunner().invoke(app, ["serve", str(a), "--backend", "numpy"])
     assert r.exit_code == 0 and captured[-1][0] is not None  # one model: loaded at start, as always
 
@@ -107,3 +108,18 @@ def test_keep_alive_default_is_five_minutes() -> None:
         ).keep_alive
         == math.inf
     )
+
+
+def test_a_served_model_is_estimated_with_its_kv_pool_and_prompt_scratch(tiny_model_path, index_dir) -> None:
+    from localllm.cli.serve_models import memory_estimate
+    from localllm.config import EngineConfig
+    from localllm.loading.file import GGUFFile
+    from localllm.model_info import summarize
+
+    config = EngineConfig(model=str(tiny_model_path), ctx_size=200, max_num_seqs=3, index_dir=index_dir)
+    info = summarize(GGUFFile.open(tiny_model_path, index_dir))
+    kv = info.kv_bytes_per_token * 200 * 3  # a context per parallel sequence
+    scratch = 200 * info.activation_bytes_per_token  # a prompt chunk of min(200, 512) tokens
+    assert memory_estimate(tiny_model_path, config) == tiny_model_path.stat().st_size + kv + scratch
+    sized = EngineConfig(model=str(tiny_model_path), ctx_size=200, kv_cache_mb=5, index_dir=index_dir)
+    assert memory_estimate(tiny_model_path, sized) == tiny_model_path.stat().st_size + 5 * 2**20 + scratch
