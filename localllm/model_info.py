@@ -67,9 +67,10 @@ class ModelInfo:
     @property
     def activation_bytes_per_token(self) -> int | None:
         """A prompt token's float32 scratch in a prefill step, at most: q and the attention output, k, v
-        and normed k, the layer's input and output (and two of the down projection's input rows per
-        token where it takes two 8-bit passes), the FFN's gate, up, activation and down input, or the
-        routed experts' input, gate, up, activation and output rows. None: unknown sizes."""
+        and normed k; four model-wide rows (the normed input, the attention's projection, the FFN's
+        output and a two-pass down projection's second sum); five FFN-wide rows (gate, up, activation,
+        a two-pass down projection's input twice), or the routed experts' rows where wider. None:
+        unknown sizes."""
         dims = (self.embedding_length, self.n_heads, self.n_kv_heads, self.head_dim)
         if any(d is None for d in dims):
             return None
