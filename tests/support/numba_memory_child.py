@@ -11,6 +11,7 @@ from numba import njit
 from numba.core.runtime import rtsys
 
 import localllm.kernels  # noqa: F401  (installs the cache hooks before Numba's runtime starts)
+from localllm.kernels.lazy_bitcode import bitcode_of
 
 sys.path.insert(0, sys.argv[1])
 import cached_funcs  # noqa: E402
@@ -26,7 +27,7 @@ def _symbols_recorded(library) -> bool:
     library, from a module parsed in a context of its own and disposed)."""
     import llvmlite.binding as ll
 
-    bitcode = getattr(library, "_lazy_bitcode", None)
+    bitcode = bitcode_of(library)
     module = ll.parse_bitcode(bitcode) if bitcode is not None else library._get_module_for_linking()
     defined = {f.name for f in module.functions if not f.is_declaration}
     return bool(defined) and defined <= library._codegen._engine._defined_symbols
@@ -38,8 +39,9 @@ def main() -> None:
     out = {
         "total": int(total),
         "caller": float(fresh_caller(10)),
-        "nrt_from_cache": hasattr(rtsys.library, "_lazy_bitcode"),
-        "callee_from_cache": hasattr(library, "_lazy_bitcode"),
+        "nrt_from_cache": hasattr(rtsys.library, "_lazy_bitcode"),  # its bytes kept (nrt_cache.py)
+        "callee_from_cache": hasattr(library, "_bitcode_source"),  # its bitcode left in the cache file
+        "callee_bytes_kept": hasattr(library, "_lazy_bitcode"),
         "callee_module_kept": library._shared_module is not None,
         "symbols_recorded": _symbols_recorded(library),
     }
