@@ -111,7 +111,8 @@ class ModelInfo:
         state = {"state_bytes_per_sequence": self.state_bytes_per_sequence, "state_slots": slots,
                  "state_pool_bytes": pool} if pool else {}  # fmt: skip
         chunk = min(ctx, PROMPT_CHUNK) if ctx else PROMPT_CHUNK
-        runtime = RUNTIME_BYTES + chunk * (self.activation_bytes_per_token or 0)
+        scratch = chunk * (self.activation_bytes_per_token or 0)
+        runtime = RUNTIME_BYTES + scratch
         return {
             "weights_bytes": self.file_size,
             "kv_cache_types": list(cache_types),
@@ -120,6 +121,7 @@ class ModelInfo:
             "kv_cache_bytes": kv,
             **state,
             "prompt_chunk": chunk,
+            "scratch_bytes": scratch,  # the prompt chunk's, per model (the runtime's rest is per process)
             "runtime_bytes": runtime,
             "total_bytes": self.file_size + (kv or 0) + pool + runtime,
         }

@@ -49,7 +49,7 @@ def memory_estimate(path: Path, config: Any) -> int:
     context per parallel sequence, or --kv-cache-mb) with the per-token size `info` shows, and a prompt
     chunk's scratch (the runtime itself, Python and Numba, is the process's, shared by every model)."""
     from localllm.loading.file import GGUFFile
-    from localllm.model_info import RUNTIME_BYTES, summarize
+    from localllm.model_info import summarize
 
     summary = summarize(GGUFFile.open(path, config.index_dir))
     context = config.ctx_size or min(summary.context_length or 0, config.max_default_ctx)
@@ -58,7 +58,7 @@ def memory_estimate(path: Path, config: Any) -> int:
         kv = config.kv_cache_mb * 2**20
     else:
         kv = (memory["kv_cache_bytes"] or 0) * config.max_num_seqs
-    return int(memory["weights_bytes"] + kv + memory["runtime_bytes"] - RUNTIME_BYTES)
+    return int(memory["weights_bytes"] + kv + memory["scratch_bytes"])
 
 
 def served_models(

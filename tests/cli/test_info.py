@@ -87,6 +87,7 @@ def test_info_json(tiny_model_path, env):
         "context": 1000,
         "kv_cache_bytes": KV_PER_TOKEN * 1000,
         "prompt_chunk": 512,
+        "scratch_bytes": 512 * ACT_PER_TOKEN,
         "runtime_bytes": _runtime(1000),
         "total_bytes": tiny_model_path.stat().st_size + KV_PER_TOKEN * 1000 + _runtime(1000),
         # on a GPU: the Q8_0 matrices' blocks as they are (34 bytes per 32 values), vectors in float32
