@@ -67,12 +67,16 @@ class BenchRow:
 
 
 def decode_weight_bytes(gf: Any) -> int:
-    """Bytes of weights one decode step reads: every matrix, plus the output projection (which is the
-    embedding table when tied); the embedding lookup itself reads a single row."""
-    total = sum(t.nbytes for name, t in gf.tensors.items() if name != "token_embd.weight")
+    """Bytes of weights one sequence's decode step reads: every matrix, plus the output projection
+    (which is the embedding table when tied); the embedding lookup itself reads a single row, and a
+    mixture of experts reads its routed experts' share (experts used / experts) of their tensors."""
+    experts, used = gf.arch_get("expert_count") or 0, gf.arch_get("expert_used_count") or 0
+    moe = 0 < used < experts
+    routed = sum(t.nbytes for name, t in gf.tensors.items() if moe and "_exps." in name)
+    total = sum(t.nbytes for name, t in gf.tensors.items() if name != "token_embd.weight") - routed
     if "output.weight" not in gf.tensors:
         total += gf.tensors["token_embd.weight"].nbytes
-    return total
+    return total + (routed * used // experts if moe else 0)
 
 
 def model_facts(gf: Any) -> dict[str, Any]:

@@ -132,3 +132,21 @@ def test_one_engine_at_a_time_across_thread_counts(
         ("tg4", 2),
     ]
     assert alive_at_load == [0, 0]
+
+
+def test_decode_bytes_count_the_routed_experts_share(tmp_path: Path) -> None:
+    """A MoE decode step reads experts_used of expert_count experts: the bandwidth column counts those
+    bytes, not the whole file's (which read 130 GB/s on a 2-core machine)."""
+    from tiny_gptoss import write_gptoss
+
+    from localllm.bench.offline import decode_weight_bytes
+    from localllm.loading.file import GGUFFile
+
+    gf = GGUFFile.open(write_gptoss(tmp_path / "gptoss.gguf"))
+    experts, used = gf.arch_get("expert_count"), gf.arch_get("expert_used_count")
+    assert 0 < used < experts
+    routed = sum(t.nbytes for n, t in gf.tensors.items() if "_exps." in n)
+    rest = sum(t.nbytes for n, t in gf.tensors.items() if "_exps." not in n and n != "token_embd.weight")
+    tied = 0 if "output.weight" in gf.tensors else gf.tensors["token_embd.weight"].nbytes
+    assert routed > 0
+    assert decode_weight_bytes(gf) == rest + tied + routed * used // experts
