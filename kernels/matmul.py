@@ -13,8 +13,8 @@ So a model compiles only the kinds it uses, and the costly parallel (parfor) com
 once for all kinds.  Inside a range kernel `kind` is a compile-time constant and the per-kind
 code is chosen while typing (`@overload`), so each kind compiles only its own code (Numba does not
 prune `if kind == ...` branches; compiling every kind into every kernel cost minutes).
-Caveat of the on-disk cache: Numba invalidates a function's cache only when its own file changes,
-so after editing a constant such as packing.TILE_ROWS, clear NUMBA_CACHE_DIR.
+The on-disk cache is keyed by all kernel sources (cache.py): an edit to any kernel file, a constant
+such as packing.TILE_ROWS included, compiles afresh.
 """
 
 from __future__ import annotations

@@ -41,21 +41,11 @@ def resolve_with_defaults(
     return resolved.path, resolved.entry.defaults.as_dict() if resolved.entry is not None else {}
 
 
-def default_numba_cache(home: Path) -> None:
-    """Numba's compiled-kernel cache goes in a writable place of ours unless the user chose one.
-
-    Numba only notices a change in a cached function's own file, not in the helpers it inlines from
-    other files, so the directory is keyed by a hash of all kernel sources: an upgrade never runs
-    stale machine code.
-    """
-    import hashlib
-    from importlib.util import find_spec
-
-    spec = find_spec("localllm.kernels")
-    digest = hashlib.sha256()
-    for source in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else []:
-        digest.update(source.read_bytes())
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(home / "numba_cache" / digest.hexdigest()[:16]))
+def default_numba_cache() -> None:
+    """Numba's compiled-kernel cache goes in a writable place of ours unless the user chose one
+    (NUMBA_CACHE_DIR), keyed by a hash of all kernel sources: importing the kernels sets it up
+    (localllm/kernels/__init__.py), before Numba reads its configuration."""
+    import localllm.kernels  # noqa: F401
 
 
 # A SamplingParams is used as given; a mapping (or None) sets only some values, and the rest come from
@@ -91,7 +81,7 @@ class LLM:
         from localllm.tokenizer.chat_template import chat_template_source
 
         home = default_home()
-        default_numba_cache(home)
+        default_numba_cache()
         path, defaults = resolve_with_defaults(str(model), home, quantize=quantize, group_size=group_size)
         source = chat_template_source(chat_template, defaults.get("chat_template"))  # a bad file: fail now
         if engine_options.get("draft_model"):  # speculative decoding's draft: a path or a registry name

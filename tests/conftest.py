@@ -15,7 +15,7 @@ DATA = Path(__file__).parent / "data"
 # Kernels compile into (or load from) the folder named by a hash of all kernel sources, as the CLI and
 # the Python API do, before any test imports them: Numba's own cache only notices a change in a
 # function's own file, so after an edit to an inlined helper it could run stale machine code.
-default_numba_cache(Path(os.environ.get("LOCALLLM_HOME", "~/.cache/localllm")).expanduser())
+default_numba_cache()
 
 
 @pytest.fixture(scope="session")

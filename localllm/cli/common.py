@@ -343,7 +343,7 @@ def resolve(
     from localllm.llm import default_numba_cache, resolve_with_defaults
 
     home = model_home()
-    default_numba_cache(home)
+    default_numba_cache()
     prewarm = _start_prewarm(model, home, threads, cache_types) if backend == "numba" else None
     resolved = resolve_with_defaults(model, home, quantize=quantize, group_size=group_size)
     if prewarm is not None and (seconds := prewarm.join()) is not None:

@@ -123,3 +123,23 @@ def test_a_compiled_kernel_calls_only_its_own_copies() -> None:
         ]
         assert copies and all(name.endswith(MARK + caller_mark(module)) for name in copies), copies
         assert not [f.name for f in library._get_module_for_linking().functions if MARK in f.name]
+
+
+def test_kernels_imported_anywhere_use_the_content_keyed_cache(tmp_path: Path) -> None:
+    """Without NUMBA_CACHE_DIR, and with Numba imported first (a script building an LLMEngine), the
+    kernels still go under LOCALLLM_HOME in the folder keyed by all their sources, not Numba's own
+    per-file cache, which ran a kernel's old machine code after an inlined helper changed elsewhere."""
+    code = (
+        "import numba, localllm.kernels as k\n"
+        "from numba.core import config\n"
+        "from localllm.kernels import matmul\n"
+        "from localllm.kernels.cache import ContentKeyedLocator\n"
+        "loc = ContentKeyedLocator.from_function(matmul.launch_linear.py_func, matmul.__file__)\n"
+        "print(config.CACHE_DIR == k.default_cache_dir(), loc is not None, loc.get_cache_path())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"LOCALLLM_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    same, found, path = out.stdout.split()
+    assert same == found == "True"
+    assert Path(path).is_relative_to(tmp_path / "numba_cache") and "localllm-kernels-" in path

@@ -319,9 +319,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     """Run cases [first, first + cases) of one seed; progress lines let the parent name a crash."""
     if args.backend == "numba":
         from localllm.llm import default_numba_cache
-        from localllm.registry import default_home
 
-        default_numba_cache(default_home())
+        default_numba_cache()
     base_path = Path(args.base)
     kinds, data_start = field_layout(base_path)
     base = _read_base(base_path, data_start, args.header_only)
