@@ -75,6 +75,7 @@ def cases() -> dict[str, tuple[Writer, str | None]]:
 def check(tool: str, path: Path) -> str:
     from arch_conformance import (
         compare,
+        engine,
         failures,
         greedy,
         greedy_problem,
@@ -86,11 +87,10 @@ def check(tool: str, path: Path) -> str:
 
     ref = llama_cpp(tool, path, prompt_ids())
     ref["calibration"] = calibrate(path, ref)
-    logits = teacher_forced(path, ref)
+    e = engine(path)  # one load for both: the scoring pass, then the free-running greedy
+    logits = teacher_forced(e, ref)
     fig = compare(logits, ref, near_tie(ref))["figures"]
-    from arch_conformance import engine
-
-    g = greedy_problem(greedy(engine(path), ref), ref)
+    g = greedy_problem(greedy(e, ref), ref)
     bad = failures(logits, ref) + ([g] if g else [])
     cal = ref["calibration"]
     return (
