@@ -11,7 +11,7 @@ post-norm -> residual.
 
 Inputs are named tuples (StackWeights, Dims, Step) and an int64 (layers, N_FLAGS) array of per-layer
 switches whose columns are named below, so no caller indexes a positional tuple. Launch tables are
-(layers, weights, 5) rows of matmul.launch_many. Like the other entry points called from Python it
+(layers, weights, 6) rows of matmul.launch_many. Like the other entry points called from Python it
 releases the GIL (nogil), so a server's HTTP thread keeps streaming while a step computes.
 """
 
@@ -59,10 +59,10 @@ DOWN_PLAIN, DOWN_INT16, DOWN_TWO_PASS = 0, 1, 2  # how the down projection round
 
 
 class StackWeights(NamedTuple):
-    qkv: np.ndarray  # (L, 3, 5) launch tables
-    o: np.ndarray  # (L, 1, 5)
-    gate_up: np.ndarray  # (L, 2, 5)
-    down: np.ndarray  # (L, 1, 5)
+    qkv: np.ndarray  # (L, 3, 6) launch tables
+    o: np.ndarray  # (L, 1, 6)
+    gate_up: np.ndarray  # (L, 2, 6)
+    down: np.ndarray  # (L, 1, 6)
     down16: np.ndarray  # (L, 5): int16-activation table of a Q8_0 down projection (DOWN_INT16)
     attn_norm: np.ndarray  # (L, dim)
     ffn_norm: np.ndarray  # (L, dim)
@@ -77,8 +77,8 @@ class StackWeights(NamedTuple):
     softcap: np.ndarray  # (L,) float32 attention soft-cap, 0 = off
     gemm: int  # the float GEMM's address (float path), else 0
     quantize: bool  # integer path: quantize activations to 8 bits
-    router: np.ndarray  # (L, 1, 5) launch tables of the (experts, dim) routers (zeros: dense layers)
-    gate_exps: np.ndarray  # (L, experts, 5): one row per expert
+    router: np.ndarray  # (L, 1, 6) launch tables of the (experts, dim) routers (zeros: dense layers)
+    gate_exps: np.ndarray  # (L, experts, 6): one row per expert
     up_exps: np.ndarray
     down_exps: np.ndarray
     shexp_gate: np.ndarray  # (L, dim) the shared expert's gate vector
@@ -87,8 +87,8 @@ class StackWeights(NamedTuple):
     v_norm: np.ndarray  # (L, head_dim): v's norm weights (F_V_NORM)
     out_scale: np.ndarray  # (L,) float32: the layer's output times this (1: none)
     extras: Extras
-    ple_gate: np.ndarray  # (L, 1, 5) launch tables of the per-layer input's gate (F_PER_LAYER)
-    ple_proj: np.ndarray  # (L, 1, 5) and of its projection back to dim
+    ple_gate: np.ndarray  # (L, 1, 6) launch tables of the per-layer input's gate (F_PER_LAYER)
+    ple_proj: np.ndarray  # (L, 1, 6) and of its projection back to dim
     ple_norm: np.ndarray  # (L, dim)
 
 
@@ -386,7 +386,9 @@ def _down(il, w, buf, nth) -> None:
         matmul.launch_linear16(t[0], t[1], t[2], t[3], t[4], buf.act, buf.down, nth)
     elif mode == DOWN_TWO_PASS and w.quantize:  # (the float path has float activations already)
         T = buf.act.shape[0]
-        with_residual(buf.act, buf.act2[: 2 * T])
+        with_residual(
+            buf.act, buf.act2[: 2 * T], matmul.table_rounding(w.down[il], True) == matmul.ROUND_Q8_K
+        )
         _project(w.down[il], w.gemm, w.quantize, buf.act2[: 2 * T], (buf.down2[: 2 * T],), nth)
         for t in range(T):
             for j in range(buf.down.shape[1]):

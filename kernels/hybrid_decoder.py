@@ -27,9 +27,9 @@ KIND_ATTENTION, KIND_GATED_ATTENTION, KIND_GATED_DELTA = 0, 1, 2
 class RecWeights(NamedTuple):
     kind: np.ndarray  # (L,) int64 KIND_*
     state_index: np.ndarray  # (L,) int64: a recurrent layer's index in the state pool (-1: none)
-    gated_qkv: np.ndarray  # (L, 4, 5) launch tables q, k, v, gate (zeros: not a gated attention layer)
-    gdn_in: np.ndarray  # (L, 4, 5) launch tables q|k|v, z, beta, alpha (zeros: not a delta-net layer)
-    gdn_out: np.ndarray  # (L, 1, 5)
+    gated_qkv: np.ndarray  # (L, 4, 6) launch tables q, k, v, gate (zeros: not a gated attention layer)
+    gdn_in: np.ndarray  # (L, 4, 6) launch tables q|k|v, z, beta, alpha (zeros: not a delta-net layer)
+    gdn_out: np.ndarray  # (L, 1, 6)
     conv_wt: np.ndarray  # (L, taps, channels) float32
     dt_bias: np.ndarray  # (L, Hv)
     a: np.ndarray  # (L, Hv)

@@ -37,6 +37,7 @@ from .packing import (
     BF16,
     F16,
     F32,
+    LANE_KINDS,
     MXFP4,
     Q2_K,
     Q3_K,
@@ -92,6 +93,22 @@ FLOAT_ROWS = 32
 # argv slots shared by all range kernels
 A_BUF, A_NBYTES, A_N, A_K, A_T, A_X, A_Y, A_X8, A_DX, A_SX, A_HS, A_IDS, A_GEMM, A_LDY, A_X8P = range(15)
 ARGV_LEN = 15  # A_Y points at column 0 of this weight's output; A_LDY is y's row length
+
+# launch tables (group_table): a row per weight
+T_FN, T_BUF, T_NBYTES, T_N, T_K, T_ROUND = range(6)
+TABLE_LEN = 6
+# how a weight's int8 activations are rounded (T_ROUND; quantize_act): none (float path), per 32 as
+# llama.cpp's Q8_0, or per 256 as its Q8_K (before K-quant weights)
+ROUND_NONE, ROUND_Q8_0, ROUND_Q8_K = 0, 1, 2
+SUPERBLOCK_KINDS = frozenset((Q4_K, Q5_K, Q6_K))
+
+
+def rounding_of(kind: int) -> int:
+    """The activation rounding llama.cpp's CPU back end uses before a matmul with this kind (none for
+    the kinds that take the float path)."""
+    if kind not in LANE_KINDS:
+        return ROUND_NONE
+    return ROUND_Q8_K if kind in SUPERBLOCK_KINDS else ROUND_Q8_0
 
 
 # ---- field views ------------------------------------------------------------------------------
@@ -514,8 +531,24 @@ def _argv(buf_addr, nbytes, n, k, x, y, xq, gemm):
 
 
 @njit(cache=True)
-def _quantized(x, quantize):
-    return quantize_rows(x if quantize else x[:0])
+def _quantized(x, rounding):
+    """x's int8 activations in `rounding` (ROUND_*); none (0 rows) for ROUND_NONE."""
+    return quantize_rows(x if rounding != ROUND_NONE else x[:0], rounding == ROUND_Q8_K)
+
+
+@njit(cache=True)
+def table_rounding(table, quantize):
+    """The rounding of a launch over table's weights: Q8_K where every weight takes it, else Q8_0; none
+    without quantize (the float path)."""
+    if not quantize:
+        return ROUND_NONE
+    any_weight = False
+    for i in range(table.shape[0]):
+        r = table[i, T_ROUND]  # (zero rows pad a layer's table to the widest layer's; float kinds: none)
+        if r == ROUND_Q8_0:
+            return ROUND_Q8_0
+        any_weight = any_weight or r == ROUND_Q8_K
+    return ROUND_Q8_K if any_weight else ROUND_Q8_0
 
 
 @njit(cache=True)
@@ -527,11 +560,12 @@ def _alive(argv, xq):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def launch_linear(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y, nth):
-    """Run range kernel `fn` over all tiles on nth threads (quantizing x first for the int path).
+def launch_linear(fn, gemm, rounding, buf_addr, nbytes, n, k, x, y, nth):
+    """Run range kernel `fn` over all tiles on nth threads (quantizing x first, as `rounding` says, for
+    the int path).
     The weight is passed by address: as an array argument, a read-only one (a memory-mapped F16
     file) would compile a second copy of every launcher."""
-    xq = _quantized(x, quantize)
+    xq = _quantized(x, rounding)
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
     bounds, nth = _one_weight_pieces(nbytes, n, k, x.shape[0], nth)
     next_piece = np.zeros(1, np.int64)
@@ -553,8 +587,8 @@ def _one_weight_pieces(nbytes, n, k, T, nth):
 
 
 @njit(cache=True, nogil=True)
-def launch_linear_serial(fn, gemm, quantize, buf_addr, nbytes, n, k, x, y):
-    xq = _quantized(x, quantize)
+def launch_linear_serial(fn, gemm, rounding, buf_addr, nbytes, n, k, x, y):
+    xq = _quantized(x, rounding)
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, gemm)
     call_range_kernel(fn, argv.ctypes.data, 0, (n + R - 1) // R)
     return _alive(argv, xq)
@@ -581,7 +615,7 @@ def launch_many(table, gemm, quantize, x, outs, nth):
     quantized once.  Weight i runs its own range kernel table[i, 0] and writes its (T, n_i) result
     at address outs[i, 0], rows outs[i, 1] floats apart: its own C-contiguous array, or a column
     range of a shared one."""
-    xq = _quantized(x, quantize)
+    xq = _quantized(x, table_rounding(table, quantize))
     argvs, tiles = _group_argvs(table, gemm, x, outs, xq)
     nth = max(1, min(nth, tiles[-1]))
     bounds = plan_pieces(table, nth, x.shape[1] // 32 * x.shape[0])[1]
@@ -606,7 +640,7 @@ def run_piece(table, argvs, tiles, lo, hi) -> None:
 
 @njit(cache=True, nogil=True)
 def _argv16(buf_addr, nbytes, n, k, x, y, x16, dx):
-    argv = _argv(buf_addr, nbytes, n, k, x, y, quantize_rows(x[:0]), 0)
+    argv = _argv(buf_addr, nbytes, n, k, x, y, quantize_rows(x[:0], False), 0)
     argv[A_X8], argv[A_DX] = x16.ctypes.data, dx.ctypes.data
     return argv
 
@@ -640,40 +674,42 @@ def launch_linear16_serial(fn, buf_addr, nbytes, n, k, x, y):
 
 
 @njit(cache=True, nogil=True)
-def launch_two_pass(fn, buf_addr, nbytes, n, k, x, nth):
+def launch_two_pass(fn, rounding, buf_addr, nbytes, n, k, x, nth):
     """x @ W.T in two 8-bit passes, x and its rounding residual, as one launch of 2T rows (each weight
     tile read once for both); returns their (T, n) sum: the whole pair, which launch_refined's refined
     tiles equal bit for bit (the tests' reference; see linear_precise)."""
     T = x.shape[0]
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2)
+    with_residual(x, x2, rounding == ROUND_Q8_K)
     y2 = np.empty((2 * T, n), np.float32)
     if nth <= 1 or nbytes * 2 * T < PARALLEL_MIN_WORK:
-        launch_linear_serial(fn, 0, True, buf_addr, nbytes, n, k, x2, y2)
+        launch_linear_serial(fn, 0, rounding, buf_addr, nbytes, n, k, x2, y2)
     else:
-        launch_linear(fn, 0, True, buf_addr, nbytes, n, k, x2, y2, nth)
+        launch_linear(fn, 0, rounding, buf_addr, nbytes, n, k, x2, y2, nth)
     return y2[:T] + y2[T:]
 
 
 @njit(cache=True, nogil=True)
-def launch_refined(fn, buf_addr, nbytes, n, k, x, nth):
+def launch_refined(fn, rounding, buf_addr, nbytes, n, k, x, nth):
     """x @ W.T nearly as if x stayed float32 where it matters (linear_precise): one 8-bit pass over every
     row, then x's rounding residual through a second 8-bit pass over the tiles refine.mark_tiles picks
     for each row, added there (the same float sum the two passes always made)."""
     T, tiles = x.shape[0], (n + R - 1) // R
     y = np.empty((T, n), np.float32)
     if nth <= 1 or nbytes * T < PARALLEL_MIN_WORK:
-        launch_linear_serial(fn, 0, True, buf_addr, nbytes, n, k, x, y)
+        launch_linear_serial(fn, 0, rounding, buf_addr, nbytes, n, k, x, y)
     else:
-        launch_linear(fn, 0, True, buf_addr, nbytes, n, k, x, y, nth)
+        launch_linear(fn, 0, rounding, buf_addr, nbytes, n, k, x, y, nth)
     own = np.zeros((T, tiles), np.bool_)
     for t in range(T):
         mark_tiles(y[t], own[t])
     union = np.nonzero(own.sum(axis=0))[0]  # each tile read once for every row that refines it
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2)
+    with_residual(x, x2, rounding == ROUND_Q8_K)
     y1 = np.zeros((T, n), np.float32)
-    launch_tiles(fn, buf_addr, nbytes, n, k, x2[T:], y1, union, nth if nbytes * T >= PARALLEL_MIN_WORK else 1)
+    launch_tiles(
+        fn, rounding, buf_addr, nbytes, n, k, x2[T:], y1, union, nth if nbytes * T >= PARALLEL_MIN_WORK else 1
+    )
     for t in range(T):
         for tile in union:
             if own[t, tile]:
@@ -695,10 +731,10 @@ def _launch_tiles_parallel(fn, argv, tiles, nth):
 
 
 @njit(cache=True, nogil=True)
-def launch_tiles(fn, buf_addr, nbytes, n, k, x, y, tiles, nth):
+def launch_tiles(fn, rounding, buf_addr, nbytes, n, k, x, y, tiles, nth):
     """Integer range kernel `fn` over the listed tiles only (y's other rows are left as they were), on
     nth threads (the calling one alone for nth <= 1: see launch_linear16_serial)."""
-    xq = _quantized(x, True)
+    xq = _quantized(x, rounding)
     argv = _argv(buf_addr, nbytes, n, k, x, y, xq, 0)
     if nth <= 1 or tiles.shape[0] < 2:
         for tile in tiles:
@@ -710,7 +746,7 @@ def launch_tiles(fn, buf_addr, nbytes, n, k, x, y, tiles, nth):
 
 @njit(cache=True, nogil=True)
 def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
-    xq = quantize_rows(y[:0])
+    xq = quantize_rows(y[:0], False)
     argv = _argv(buf_addr, nbytes, n, k, y, y, xq, 0)
     argv[A_T], argv[A_IDS] = ids.shape[0], ids.ctypes.data
     call_range_kernel(fn, argv.ctypes.data, 0, ids.shape[0])
@@ -763,10 +799,11 @@ def linear(x: np.ndarray, w: PackedWeight, nth: int, out: np.ndarray | None = No
     use_int = w.lane and t <= INT_PATH_MAX_T
     fn = w.kernels[0] if use_int else w.kernels[1]
     gemm = 0 if use_int else w.gemm  # the integer path never calls the GEMM
+    rounding = rounding_of(w.kind) if use_int else ROUND_NONE  # (use_int: a lane kind)
     if nth <= 1 or (use_int and w.nbytes * t < PARALLEL_MIN_WORK):
-        launch_linear_serial(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
+        launch_linear_serial(fn, gemm, rounding, w.addr, w.nbytes, w.n, w.k, x, y)
     else:
-        launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, nth)
+        launch_linear(fn, gemm, rounding, w.addr, w.nbytes, w.n, w.k, x, y, nth)
     return y
 
 
@@ -788,7 +825,7 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
         return y
     if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
         return None
-    return launch_refined(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
+    return launch_refined(w.kernels[0], rounding_of(w.kind), w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -817,12 +854,13 @@ class WeightGroup:
 
 
 def group_table(weights: Sequence[PackedWeight], use_int: bool) -> np.ndarray:
-    """launch_many's table: (range kernel, buffer address, bytes, n, k) per weight."""
+    """launch_many's table: (range kernel, buffer address, bytes, n, k, activation rounding) per weight
+    (T_* columns)."""
     rows = []
     for w in weights:
         fn = w.kernels[0] if (use_int and w.lane) else w.kernels[1]
-        rows.append((fn, w.addr, w.nbytes, w.n, w.k))
-    return np.array(rows, np.int64)
+        rows.append((fn, w.addr, w.nbytes, w.n, w.k, rounding_of(w.kind)))
+    return np.array(rows, np.int64).reshape(len(rows), TABLE_LEN)
 
 
 def needs_gemm(weights: Sequence[PackedWeight], use_int: bool) -> bool:

@@ -97,12 +97,12 @@ def _segment_argvs(table, rows, cols, gemm, x, y, xq):
 
 @njit(cache=True, parallel=True, nogil=True)
 def launch_segments(table, rows, cols, gemm, quantize, x, y, nth):
-    """Weight i of table (W, 5) multiplies rows rows[i, 0]:rows[i, 1] of x (quantized once for all) and
-    writes those rows of y from column cols[i]; every weight's tiles in one launch, taken by the
-    threads a piece at a time as matmul.launch_many does (the experts' row counts differ, so equal
-    shares of tiles were unequal work, and a thread another process held up kept its share). Each
-    range kernel sees only its own weight's bytes."""
-    xq = matmul._quantized(x, quantize)
+    """Weight i of table (W, matmul.TABLE_LEN) multiplies rows rows[i, 0]:rows[i, 1] of x (quantized
+    once for all, in the rounding its weights take) and writes those rows of y from column cols[i];
+    every weight's tiles in one launch, taken by the threads a piece at a time as matmul.launch_many
+    does (the experts' row counts differ, so equal shares of tiles were unequal work, and a thread
+    another process held up kept its share). Each range kernel sees only its own weight's bytes."""
+    xq = matmul._quantized(x, matmul.table_rounding(table, quantize))
     argvs, tiles = _segment_argvs(table, rows, cols, gemm, x, y, xq)
     W, total = table.shape[0], tiles[-1]
     nth = max(1, min(nth, total))
@@ -127,7 +127,7 @@ def _expert_launch(starts, tables, widths):
     over its rows, at column offsets `widths` cumulated."""
     active = np.nonzero(starts[1:] > starts[:-1])[0]
     n = len(tables)
-    table = np.empty((n * active.shape[0], 5), np.int64)
+    table = np.empty((n * active.shape[0], matmul.TABLE_LEN), np.int64)
     rows = np.empty((n * active.shape[0], 2), np.int64)
     cols = np.zeros(n * active.shape[0], np.int64)
     for i in range(active.shape[0]):
@@ -142,8 +142,9 @@ def _expert_launch(starts, tables, widths):
 @njit(cache=True)
 def moe_ffn(h, router, gate, up, down, gemm, quantize, k, renorm, out, stats, nth) -> None:
     """out (T, dim) = for each token, the sum over its k routed experts of weight * down(silu(gate(h))
-    * up(h)). router: a (1, 5) launch table of the (experts, dim) router; gate, up, down: (experts, 5)
-    tables, one row per expert. stats[STAT_BYTES] += the expert bytes launched, stats[STAT_ROWS] += T."""
+    * up(h)). router: a (1, matmul.TABLE_LEN) launch table of the (experts, dim) router; gate, up, down:
+    (experts, matmul.TABLE_LEN) tables, one row per expert. stats[STAT_BYTES] += the expert bytes
+    launched, stats[STAT_ROWS] += T."""
     none1, none2 = np.empty(0, np.float32), np.empty((0, 0), np.float32)
     moe_ffn_ext(h, h, router, gate, up, down, gemm, quantize, k, renorm, ACT_SILU, none1, none2, none2, none2,
                 none1, out, stats, nth)  # fmt: skip

@@ -1,14 +1,20 @@
-"""Activation quantization to 8 bits per 32-element block, like ggml's Q8_0/Q8_1 for activations.
+"""Activation quantization to 8 bits per 32-element block, rounded as ggml rounds them for llama.cpp.
 
 The integer matmul kernels multiply the weights' small integers with these int8 activations and
 accumulate in int16/int32; float scales are applied once per block.  Per block of 32 we keep:
-  x8  the int8 values, round(x / d) with d = max|x| / 127 (so |x8| <= 127: no int16 overflow later)
-  dx  d
+  x8  the int8 values (|x8| <= 127: no int16 overflow later)
+  dx  the block's scale d
   sx  d * sum(x8)          (for the weights' per-block minimum/offset terms)
   hs  sum(x8) of each 16-element half, int32 (Q6_K has one scale per 16 elements)
   x8p x8 with each block's elements j and 16 + j side by side (the pairs the AVX2 nibble
       kernels multiply: one 16-bit broadcast per pair instead of two byte loads and a merge)
-The rounding error is at most d/2 per element, i.e. 0.4% of the block's largest value.
+Two roundings, the ones llama.cpp's CPU back end applies before a matmul (its `vec_dot_type`):
+  per 32 (Q8_0, before Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4 weights): x8 = rint(x * (127 / max|x|)), d =
+      max|x| / 127 rounded to float16 (ggml stores it so);
+  per 256 (Q8_K, before K-quant weights): x8 = rint(x * s), s = 127 / max|x| over the 256, d = 1 / s
+      (float32), shared by the superblock's eight 32-blocks.
+Matching llama.cpp's rounding bit for bit keeps near-tied logits on llama.cpp's side of the tie; the
+error is at most d/2 per element either way.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import call_intrinsic, f32, i32, rint_f32
+from .simd import call_intrinsic, f16_to_f32, f32, f32_to_f16, i32, rint_f32
 
 _F32, _I8, _I32, _I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 
@@ -35,44 +41,68 @@ def _block_scale(x, o, qmax):
     return d, (f32(1.0) / d if d > f32(0.0) else f32(0.0))
 
 
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _amax(x, o, n):
+    """max|x[o:o + n]| (exact in any order)."""
+    m = f32(0.0)
+    for j in range(n):
+        m = max(m, abs(x[o + j]))
+    return m
+
+
 @njit(cache=True, error_model="numpy")
-def quantize_row(x, x8, dx, sx, hs, x8p) -> None:
-    """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32.
-    Contiguous rows take quantize_block (a 32-block's five outputs in vector registers); others the
-    three scalar passes (quantize_row_loops), whose values are the same."""
+def block_scale(amax, superblock):
+    """(d, 1/d as the quants use it) of a block whose largest magnitude is amax, as ggml computes them
+    (see the module's docstring; IEEE divisions, no fast-math); (0, 0) for an all-zero block or one
+    so small that 127 / amax overflows, and float32 d where ggml's float16 one would be inf."""
+    inv = f32(127.0) / amax if amax > f32(0.0) else f32(0.0)
+    if not inv < f32(np.inf):
+        return f32(0.0), f32(0.0)
+    if superblock:
+        return (f32(1.0) / inv if inv > f32(0.0) else f32(0.0)), inv
+    d = amax / f32(127.0)
+    d16 = f16_to_f32(f32_to_f16(d))
+    return (d16 if d16 < f32(np.inf) else d), inv
+
+
+@njit(cache=True, error_model="numpy")
+def quantize_row(x, x8, dx, sx, hs, x8p, superblock) -> None:
+    """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32; per 256
+    (Q8_K) where superblock and K allows, else per 32 (Q8_0). Contiguous rows take quantize_block (a
+    32-block's five outputs in vector registers); others the scalar passes (quantize_row_loops), whose
+    values are the same."""
     if x.strides[0] == 4 and x8.strides[0] == 1 and x8p.strides[0] == 1 and dx.strides[0] == 4 \
             and sx.strides[0] == 4 and hs.strides[0] == 4:  # fmt: skip
         xa, qa, pa = x.ctypes.data, x8.ctypes.data, x8p.ctypes.data
         da, sa, ha = dx.ctypes.data, sx.ctypes.data, hs.ctypes.data
-        for b in range(x.shape[0] // 32):
-            quantize_block(xa + 128 * b, qa + 32 * b, pa + 32 * b, da + 4 * b, sa + 4 * b, ha + 8 * b)
+        nb, step = x.shape[0] // 32, _blocks_per_scale(x.shape[0], superblock)
+        for b0 in range(0, nb, step):
+            d, inv = block_scale(_amax(x, 32 * b0, 32 * step), step > 1)
+            for b in range(b0, b0 + step):
+                quantize_block(
+                    xa + 128 * b, qa + 32 * b, pa + 32 * b, da + 4 * b, sa + 4 * b, ha + 8 * b, d, inv
+                )
     else:
-        quantize_row_loops(x, x8, dx, sx, hs, x8p)
+        quantize_row_loops(x, x8, dx, sx, hs, x8p, superblock)
+
+
+@njit(cache=True, inline="always")
+def _blocks_per_scale(k, superblock):
+    return 8 if superblock and k % 256 == 0 else 1
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def quantize_row_loops(x, x8, dx, sx, hs, x8p) -> None:
+def quantize_row_loops(x, x8, dx, sx, hs, x8p, superblock) -> None:
     """quantize_row in three scalar passes (LLVM unrolls their 32-element loops and vectorises none:
     ~1 ns a value, 3x quantize_block's), for rows with gaps."""
     inv = np.empty(x.shape[0] // 32, np.float32)
-    _scales(x, dx, inv)
+    _scales(x, dx, inv, _blocks_per_scale(x.shape[0], superblock))
     _round(x, inv, x8)
     _pairs_and_sums(x8, dx, sx, hs, x8p)
 
 
 def _ptr(builder: ir.IRBuilder, addr: ir.Value, ty: ir.Type) -> ir.Value:
     return builder.inttoptr(addr, ty.as_pointer())
-
-
-def _block_max(builder: ir.IRBuilder, a: ir.Value) -> ir.Value:
-    """The largest of the 32 lanes of a (no NaN expected: as _block_scale's max), by halving."""
-    n = 32
-    while n > 1:
-        n //= 2
-        lo = builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
-        hi = builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
-        a = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
-    return builder.extract_element(a, ir.Constant(_I32, 0))
 
 
 def _half_sum(builder: ir.IRBuilder, q: ir.Value, first: int) -> ir.Value:
@@ -83,19 +113,15 @@ def _half_sum(builder: ir.IRBuilder, q: ir.Value, first: int) -> ir.Value:
 
 
 @intrinsic
-def quantize_block(typingctx, x, x8, x8p, dx, sx, hs):
-    """One 32-block (addresses): the values of _block_scale, _round and _pairs_and_sums, in plain LLVM
-    vector IR (any target): d = max|x| * (1 / 127), x8 = rint(x * (1 / d)), x8p its halves' lanes
-    interleaved, hs the halves' sums, sx = d * (their total), each rounded as they round."""
+def quantize_block(typingctx, x, x8, x8p, dx, sx, hs, d, inv):
+    """One 32-block (addresses) at the scale d (float32, its quants' multiplier inv): the values of
+    _round and _pairs_and_sums, in plain LLVM vector IR (any target): x8 = rint(x * inv), x8p its halves'
+    lanes interleaved, hs the halves' sums, dx = d, sx = d * (their total), each rounded as they round."""
 
     def codegen(context, builder, signature, args):
-        xa, qa, pa, da, sa, ha = args
+        xa, qa, pa, da, sa, ha, d, inv = args
         v32f, v32i = ir.VectorType(_F32, 32), ir.VectorType(_I32, 32)
         v = builder.load(_ptr(builder, xa, v32f), align=4)
-        amax = _block_max(builder, call_intrinsic(builder, "llvm.fabs.v32f32", v32f, [v]))
-        d = builder.fmul(amax, ir.Constant(_F32, float(np.float32(1.0) / np.float32(127.0))))
-        positive = builder.fcmp_ordered(">", d, ir.Constant(_F32, 0.0))
-        inv = builder.select(positive, builder.fdiv(ir.Constant(_F32, 1.0), d), ir.Constant(_F32, 0.0))
         splat = builder.insert_element(ir.Constant(v32f, ir.Undefined), inv, ir.Constant(_I32, 0))
         splat = builder.shuffle_vector(splat, splat, ir.Constant(v32i, [0] * 32))
         r = call_intrinsic(builder, "llvm.rint.v32f32", v32f, [builder.fmul(v, splat)])
@@ -113,13 +139,16 @@ def quantize_block(typingctx, x, x8, x8p, dx, sx, hs):
         builder.store(builder.fmul(d, total), _ptr(builder, sa, _F32), align=4)
         return context.get_dummy_value()
 
-    return types.void(*[types.int64] * 6), codegen
+    return types.void(*[types.int64] * 6, types.float32, types.float32), codegen
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _scales(x, dx, inv) -> None:
-    for b in range(dx.shape[0]):
-        dx[b], inv[b] = _block_scale(x, b * 32, f32(127.0))
+@njit(cache=True, error_model="numpy")
+def _scales(x, dx, inv, step) -> None:
+    """Each 32-block's scale and multiplier, shared by `step` blocks (1, or 8 for Q8_K)."""
+    for b0 in range(0, dx.shape[0], step):
+        d, r = block_scale(_amax(x, b0 * 32, 32 * step), step > 1)
+        for b in range(b0, b0 + step):
+            dx[b], inv[b] = d, r
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
@@ -147,8 +176,9 @@ def _pairs_and_sums(x8, dx, sx, hs, x8p) -> None:
 
 
 @njit(cache=True)
-def quantize_rows(x):
-    """x (T, K) float32, K a multiple of 32 -> (x8, dx, sx, hs, x8p) as in `quantize_row`, a row per token."""
+def quantize_rows(x, superblock):
+    """x (T, K) float32, K a multiple of 32 -> (x8, dx, sx, hs, x8p) as in `quantize_row`, a row per token
+    (superblock: Q8_K's rounding per 256, for K-quant weights)."""
     t, k = x.shape
     x8 = np.empty((t, k), np.int8)
     x8p = np.empty((t, k), np.int8)
@@ -156,16 +186,16 @@ def quantize_rows(x):
     sx = np.empty((t, k // 32), np.float32)
     hs = np.empty((t, k // 16), np.int32)
     out = (x8, dx, sx, hs, x8p)
-    quantize_rows_into(x, out)
+    quantize_rows_into(x, out, superblock)
     return out
 
 
 @njit(cache=True)
-def quantize_rows_into(x, out) -> None:
+def quantize_rows_into(x, out, superblock) -> None:
     """quantize_rows into out = (x8, dx, sx, hs, x8p), arrays of its shapes (a step's reused buffers)."""
     x8, dx, sx, hs, x8p = out
     for i in range(x.shape[0]):
-        quantize_row(x[i], x8[i], dx[i], sx[i], hs[i], x8p[i])
+        quantize_row(x[i], x8[i], dx[i], sx[i], hs[i], x8p[i], superblock)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -197,10 +227,11 @@ def quantize_rows16_into(x, x16, dx) -> None:
 
 
 @njit(cache=True)
-def with_residual(x, out) -> None:
-    """out[:T] = x, out[T:] = x minus its 8-bit rounding: both passes of a near-float projection."""
+def with_residual(x, out, superblock) -> None:
+    """out[:T] = x, out[T:] = x minus its 8-bit rounding (per 256 where superblock): both passes of a
+    near-float projection."""
     T, K = x.shape
-    xq = quantize_rows(x)
+    xq = quantize_rows(x, superblock)
     x8, dx = xq[0], xq[1]
     for t in range(T):
         for j in range(K):

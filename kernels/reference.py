@@ -20,6 +20,45 @@ def linear(x: np.ndarray, w_raw: np.ndarray, ggml_type: int) -> np.ndarray:
     return x.astype(np.float32) @ w.T
 
 
+def quantize_activations(x: np.ndarray, superblock: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy twin of quantize_act.quantize_rows' x8 (T, K) int8 and dx (T, K / 32) float32: ggml's Q8_0
+    (per 32: rint(x * (127 / max|x|)), scale max|x| / 127 rounded to float16) or, where superblock and
+    K allows, its Q8_K (per 256: s = 127 / max|x|, rint(x * s), scale 1 / s in float32, repeated for
+    each 32-block). Zero where 127 / max|x| is 0 or overflows; a float16 scale that would be inf stays
+    float32."""
+    x = np.asarray(x, np.float32)
+    g = 256 if superblock and x.shape[1] % 256 == 0 else 32
+    blocks = x.reshape(x.shape[0], -1, g)
+    amax = np.abs(blocks).max(axis=-1)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0)
+        inv[~np.isfinite(inv)] = 0
+        if g == 256:
+            d = np.divide(np.float32(1.0), inv, out=np.zeros_like(inv), where=inv > 0)
+        else:
+            d32 = amax / np.float32(127.0)
+            d16 = d32.astype(np.float16).astype(np.float32)
+            d = np.where(inv > 0, np.where(np.isinf(d16), d32, d16), np.float32(0.0)).astype(np.float32)
+    x8 = np.rint(blocks * inv[..., None]).astype(np.int8).reshape(x.shape)
+    return x8, np.repeat(d, g // 32, axis=-1)
+
+
+# GGML types the integer path multiplies with 8-bit activations: per 32 (Q8_0) or per 256 (Q8_K)
+ROUNDED_PER_32 = frozenset((2, 3, 6, 7, 8, 39))  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4
+ROUNDED_PER_256 = frozenset((12, 13, 14))  # Q4_K, Q5_K, Q6_K
+
+
+def rounded_activations(x: np.ndarray, ggml_type: int) -> np.ndarray:
+    """x (T, K) as the integer path multiplies it with a weight of ggml_type: rounded to 8 bits
+    (quantize_activations) and back to float32; unchanged for the types that take the float path."""
+    x = np.ascontiguousarray(x, np.float32)
+    if ggml_type not in ROUNDED_PER_32 | ROUNDED_PER_256 or x.shape[-1] % 32:
+        return x
+    rows = x.reshape(-1, x.shape[-1])
+    x8, dx = quantize_activations(rows, ggml_type in ROUNDED_PER_256)
+    return (x8.reshape(rows.shape[0], -1, 32) * dx[..., None]).reshape(x.shape).astype(np.float32)
+
+
 def embedding(w_raw: np.ndarray, ggml_type: int, ids: np.ndarray) -> np.ndarray:
     """Rows `ids` of the (vocab, dim) embedding table, dequantized -> (T, dim)."""
     return dequantize(w_raw[ids], ggml_type)

@@ -52,7 +52,7 @@ class TeamPlan(NamedTuple):
     """Every projection of the step, ready to run: launch tables, argvs, tiles and piece bounds per
     (layer, projection), the attention's work items per layer, and the activations' buffers."""
 
-    tables: np.ndarray  # (L, 4, WMAX, 5)
+    tables: np.ndarray  # (L, 4, WMAX, matmul.TABLE_LEN)
     argv: np.ndarray  # (L, 4, WMAX, ARGV_LEN)
     nw: np.ndarray  # (L, 4) weights per projection
     tiles: np.ndarray  # (L, 4, WMAX + 1)
@@ -144,7 +144,7 @@ def _set_projection(tp, il, g, table, x, outs, q, nth, gemm, int16) -> None:
     tp.nw[il, g] = W
     x16 = tp.x16 if int16 else tp.x16[:0]
     for i in range(W):
-        tp.tables[il, g, i] = table[i]
+        tp.tables[il, g, i, : table.shape[1]] = table[i]  # (the int16 table has no T_ROUND)
         out = outs[i]
         _fill_argv(tp.argv[il, g, i], table[i], x, out.ctypes.data, out.size // out.shape[0], q, x16, tp.dx16,
                    gemm)  # fmt: skip
@@ -163,7 +163,7 @@ def _plan(x, w, dims, step, buf, acts, nth):
     n16 = T * dims.ffn_dim if (w.flags[:, dk.F_DOWN] == dk.DOWN_INT16).any() else 0
     max_items = (T + step.ctx.shape[0]) * dims.n_kv_heads  # (a sequence's chunks are at most its queries)
     pmax = max(1, nth * PIECES_PER_THREAD)
-    tp = TeamPlan(np.zeros((L, 4, WMAX, 5), i64), np.zeros((L, 4, WMAX, matmul.ARGV_LEN), i64),
+    tp = TeamPlan(np.zeros((L, 4, WMAX, matmul.TABLE_LEN), i64), np.zeros((L, 4, WMAX, matmul.ARGV_LEN), i64),
                   np.zeros((L, 4), i64), np.zeros((L, 4, WMAX + 1), i64), np.zeros((L, 4, pmax + 1), i64),
                   np.zeros((L, 4), i64), np.zeros((L, max_items, 4), i64), np.zeros(L, i64), np.zeros(L, i64),
                   np.empty(n16, np.int16), np.empty(n16 // 32, f),
@@ -240,10 +240,16 @@ def _attention(il, w, dims, step, kv, lb, tp, sync, phase) -> None:
 
 
 @njit(cache=True)
-def _quantize(w, x, q, r0, r1) -> None:
-    """Rows r0:r1 of x (T, k) to 8 bits into the same rows of q."""
+def _superblock(tp, il, g) -> bool:
+    """Whether projection g of layer il takes Q8_K's rounding (matmul.table_rounding)."""
+    return matmul.table_rounding(tp.tables[il, g, : tp.nw[il, g]], True) == matmul.ROUND_Q8_K
+
+
+@njit(cache=True)
+def _quantize(w, x, q, r0, r1, superblock) -> None:
+    """Rows r0:r1 of x (T, k) to 8 bits into the same rows of q (per 256 where superblock)."""
     if w.quantize:
-        quantize_rows_into(x[r0:r1], _view_q(q, r0, r1, x.shape[1]))
+        quantize_rows_into(x[r0:r1], _view_q(q, r0, r1, x.shape[1]), superblock)
 
 
 @njit(cache=True)
@@ -262,12 +268,12 @@ def _tail(il, x, w, dims, lb, r0, r1) -> None:
 
 
 @njit(cache=True)
-def _layer_input(il, x, w, dims, lb, qa, r0, r1) -> None:
+def _layer_input(il, x, w, dims, lb, tp, qa, r0, r1) -> None:
     """Rows r0:r1: the layer before's tail, then this layer's normed input in 8 bits."""
     if il > 0:
         _tail(il - 1, x, w, dims, lb, r0, r1)
     layers.rms_norm_rows(x[r0:r1], w.attn_norm[il], dims.eps, lb.h[r0:r1])
-    _quantize(w, lb.h, qa, r0, r1)
+    _quantize(w, lb.h, qa, r0, r1, _superblock(tp, il, G_QKV))
 
 
 @njit(cache=True)
@@ -287,7 +293,7 @@ def _attention_prologue(il, w, dims, step, kv, lb) -> None:
 
 
 @njit(cache=True)
-def _ffn_input(il, x, w, dims, lb, qa, r0, r1) -> None:
+def _ffn_input(il, x, w, dims, lb, tp, qa, r0, r1) -> None:
     """Rows r0:r1: the attention's residual (after its output bias and post-norm), then the FFN's normed
     input."""
     xr, o, h = x[r0:r1], lb.o[r0:r1], lb.h[r0:r1]
@@ -295,7 +301,7 @@ def _ffn_input(il, x, w, dims, lb, qa, r0, r1) -> None:
         dk._add_bias(o, w.bo[il])
     dk._residual(xr, o, w.flags[il, dk.F_POST_ATTN], w.post_attn_norm[il], dims.eps, h)
     layers.rms_norm_rows(xr, w.ffn_norm[il], dims.eps, h)
-    _quantize(w, lb.h, qa, r0, r1)
+    _quantize(w, lb.h, qa, r0, r1, _superblock(tp, il, G_GATE_UP))
 
 
 @njit(cache=True)
@@ -315,10 +321,11 @@ def _down_input(il, w, lb, tp, qc, r0, r1) -> None:
         x16, dx16 = tp.x16[: T * k].reshape(T, k), tp.dx16[: T * k // 32].reshape(T, k // 32)
         quantize_rows16_into(act, x16[r0:r1], dx16[r0:r1])
     elif _whole_down_input(il, w):
-        with_residual(lb.act, lb.act2)
-        _quantize(w, lb.act2, qc, 0, 2 * T)
+        sb = _superblock(tp, il, G_DOWN)
+        with_residual(lb.act, lb.act2, sb)
+        _quantize(w, lb.act2, qc, 0, 2 * T, sb)
     else:
-        _quantize(w, lb.act, qc, r0, r1)
+        _quantize(w, lb.act, qc, r0, r1, _superblock(tp, il, G_DOWN))
 
 
 @njit(cache=True)
@@ -339,11 +346,11 @@ def _rows_phase(kind, il, x, w, dims, lb, tp, q, sync, phase) -> None:
             break
         r0, r1 = p * T // pieces, (p + 1) * T // pieces
         if kind == LAYER_INPUT:
-            _layer_input(il, x, w, dims, lb, q, r0, r1)
+            _layer_input(il, x, w, dims, lb, tp, q, r0, r1)
         elif kind == ATT_OUTPUT:
-            _quantize(w, lb.att.reshape(T, -1), q, r0, r1)
+            _quantize(w, lb.att.reshape(T, -1), q, r0, r1, _superblock(tp, il, G_O))
         elif kind == FFN_INPUT:
-            _ffn_input(il, x, w, dims, lb, q, r0, r1)
+            _ffn_input(il, x, w, dims, lb, tp, q, r0, r1)
         else:
             _down_input(il, w, lb, tp, q, r0, r1)
         complete(sync, phase)

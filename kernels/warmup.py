@@ -60,8 +60,9 @@ def _warm_matmul(weights: list[Any], threads: int, grouped: bool) -> None:
         x, y = np.zeros((2, w.k), np.float32), np.empty((2, w.n), np.float32)
         fn = w.kernels[0] if use_int else w.kernels[1]
         gemm = 0 if use_int else w.gemm
-        matmul.launch_linear_serial(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y)
-        matmul.launch_linear(fn, gemm, use_int, w.addr, w.nbytes, w.n, w.k, x, y, threads)
+        rounding = matmul.rounding_of(w.kind) if use_int else matmul.ROUND_NONE
+        matmul.launch_linear_serial(fn, gemm, rounding, w.addr, w.nbytes, w.n, w.k, x, y)
+        matmul.launch_linear(fn, gemm, rounding, w.addr, w.nbytes, w.n, w.k, x, y, threads)
     matmul.embedding(wf, np.zeros(1, np.int64))
     q8 = [v for v in weights if v.kind == Q8_0]
     if q8:  # the int16-activation path of linear_precise: both launchers (which runs depends on the size

@@ -51,10 +51,10 @@ def refusal(specs: tuple[LayerSpec, ...]) -> str | None:
 
 
 def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
-    """(layers, weights per group, 5) launch tables (see matmul.launch_many); zero rows where a layer
-    has no such weights (a mixture-of-experts layer's dense FFN, a dense layer's experts)."""
+    """(layers, weights per group, matmul.TABLE_LEN) launch tables (see matmul.launch_many); zero rows
+    where a layer has no such weights (a mixture-of-experts layer's dense FFN, a dense layer's experts)."""
     width = max(1, max(len(ws) for ws in groups))
-    out = np.zeros((len(groups), width, 5), np.int64)
+    out = np.zeros((len(groups), width, matmul.TABLE_LEN), np.int64)
     for il, ws in enumerate(groups):
         if ws and ws[0] is not None:
             out[il, : len(ws)] = matmul.group_table(ws, use_int)

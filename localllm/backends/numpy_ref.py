@@ -56,8 +56,14 @@ class NumpyBackend(Backend):
         k, v = (lazy_zeros((*shape, row_width(t, head_dim)), _KV_STORAGE[t]) for t in cache_types)
         return k, v
 
+    # True: every matmul input rounded as the Numba integer path rounds it (reference.rounded_activations),
+    # a twin of that path's 8-bit rounding (the conformance tests measure its effect on routing).
+    round_activations = False
+
     def linear(self, x: np.ndarray, weight: RawWeight) -> np.ndarray:
-        return x.astype(np.float32) @ weight.dequantized().T
+        x = x.astype(np.float32)
+        x = ref.rounded_activations(x, weight.ggml_type) if self.round_activations else x
+        return x @ weight.dequantized().T
 
     def rope_store_kv(self, q, k, v, positions, rope: Any, k_cache, v_cache, slot_mapping):
         args = (positions, rope.dim, rope.base, rope.neox, rope.freq_scale, rope.frequencies(), rope.mscale())
@@ -95,6 +101,7 @@ class NumpyBackend(Backend):
             lw.router_b if spec.router_bias else None, spec.activation,
             None if router_in is None else router_in.astype(np.float32),
             lw.down_exps_s if spec.expert_scale else None,
+            (lw.gate_exps[0].ggml_type, lw.down_exps[0].ggml_type) if self.round_activations else None,
         )  # fmt: skip
 
     def sigmoid_gate(self, h: np.ndarray, weight: np.ndarray) -> np.ndarray:

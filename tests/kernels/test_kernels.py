@@ -53,12 +53,10 @@ def rel_err(ours: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(ours - expected).max() / max(np.abs(expected).max(), 1e-30))
 
 
-def dequantized_activations(x: np.ndarray) -> np.ndarray:
+def dequantized_activations(x: np.ndarray, superblock: bool = False) -> np.ndarray:
     """NumPy twin of quantize_rows, back to float: what the integer path multiplies with."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    return (np.rint(blocks * inv) * d).reshape(x.shape).astype(np.float32)
+    x8, dx = ref.quantize_activations(x, superblock)
+    return (x8.reshape(x.shape[0], -1, 32) * dx[..., None]).reshape(x.shape).astype(np.float32)
 
 
 # ---- matmul -----------------------------------------------------------------------------------
@@ -79,7 +77,8 @@ def test_linear_matches_reference(name: str, n: int, k: int, t: int) -> None:
     expected = ref.linear(x, raw, T[name])
     if name in LANE_TYPES and t <= matmul.INT_PATH_MAX_T:
         assert rel_err(y, expected) < INT_TOL
-        assert rel_err(y, ref.linear(dequantized_activations(x), raw, T[name])) < INT_EXACT_TOL
+        superblock = matmul.rounding_of(w.kind) == matmul.ROUND_Q8_K
+        assert rel_err(y, ref.linear(dequantized_activations(x, superblock), raw, T[name])) < INT_EXACT_TOL
     else:
         assert rel_err(y, expected) < FLOAT_TOL
 
@@ -108,10 +107,10 @@ def test_linear_serial_parallel_and_both_paths_agree(name: str) -> None:
     x = rng.standard_normal((4, 512)).astype(np.float32)
     fi, ff = w.kernels
     ys = []
-    for fn, quantize in ((fi, True), (ff, False)):
+    for fn, rounding in ((fi, matmul.rounding_of(w.kind)), (ff, matmul.ROUND_NONE)):
         y1, y2 = np.empty((4, w.n), np.float32), np.empty((4, w.n), np.float32)
-        matmul.launch_linear_serial(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y1)
-        matmul.launch_linear(fn, w.gemm, quantize, w.addr, w.nbytes, w.n, w.k, x, y2, 2)
+        matmul.launch_linear_serial(fn, w.gemm, rounding, w.addr, w.nbytes, w.n, w.k, x, y1)
+        matmul.launch_linear(fn, w.gemm, rounding, w.addr, w.nbytes, w.n, w.k, x, y2, 2)
         np.testing.assert_array_equal(y1, y2)
         ys.append(y1)
     assert rel_err(ys[0], ys[1]) < INT_TOL
@@ -145,26 +144,20 @@ def test_packed_size_stays_close_to_the_file(name: str) -> None:
     assert matmul.prepare_weight(raw, T[name]).nbytes <= 1.03 * raw.nbytes
 
 
-def _numpy_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """quantize_rows' x8 and dx in NumPy: d = max|x| * (1 / 127) and x8 = rint(x * (1 / d)), in float32."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(axis=-1) * (np.float32(1) / np.float32(127))
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    return np.rint(blocks * inv[..., None]).astype(np.int8).reshape(x.shape), d.astype(np.float32)
-
-
+@pytest.mark.parametrize("superblock", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
-def test_quantize_rows_equals_numpy_twin_bit_for_bit(layout: str) -> None:
+def test_quantize_rows_equals_numpy_twin_bit_for_bit(layout: str, superblock: bool) -> None:
     """The vector block kernel (contiguous rows) and the scalar passes (rows with gaps) both give NumPy's
-    values exactly, over magnitudes from tiny to large."""
+    values exactly (reference.quantize_activations: ggml's Q8_0, or Q8_K per 256), over magnitudes from
+    tiny (float16 subnormal scales) to large (scales past float16's range)."""
     rng = np.random.default_rng(5)
     wide = (rng.standard_normal((7, 2 * 256)) * np.exp(rng.uniform(-20, 20, (7, 1)))).astype(np.float32)
     wide[2, 64:128] = 0.0  # all-zero blocks
     x = wide[:, :256] if layout == "contiguous" else wide[:, ::2]
     x = np.ascontiguousarray(x) if layout == "contiguous" else x
     assert x.flags.c_contiguous == (layout == "contiguous")
-    x8, dx, sx, hs, x8p = quantize_rows(x)
-    want8, want_d = _numpy_quantized(np.ascontiguousarray(x))
+    x8, dx, sx, hs, x8p = quantize_rows(x, superblock)
+    want8, want_d = ref.quantize_activations(np.ascontiguousarray(x), superblock)
     np.testing.assert_array_equal(x8, want8)
     np.testing.assert_array_equal(dx, want_d)
     halves = want8.reshape(7, -1, 16).astype(np.int32).sum(axis=-1)
@@ -178,7 +171,7 @@ def test_quantize_rows_matches_numpy_twin() -> None:
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 96)).astype(np.float32) * 5
     x[1, 32:64] = 0.0  # an all-zero block
-    x8, dx, sx, hs, x8p = quantize_rows(x)
+    x8, dx, sx, hs, x8p = quantize_rows(x, True)  # (K = 96: per 32 even where asked for Q8_K)
     pairs = np.stack([x8.reshape(3, -1, 2, 16)[:, :, 0], x8.reshape(3, -1, 2, 16)[:, :, 1]], axis=-1)
     np.testing.assert_array_equal(x8p, pairs.reshape(3, 96))  # (x[j], x[16 + j]) side by side
     back = (x8.astype(np.float32).reshape(3, -1, 32) * dx[..., None]).reshape(3, 96)

@@ -35,10 +35,8 @@ def rel_err(ours: np.ndarray, expected: np.ndarray) -> float:
 
 def rounded(x: np.ndarray) -> np.ndarray:
     """x as the integer path sees it: int8 per 32-block, back to float."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    return (np.rint(blocks * inv) * d).reshape(x.shape).astype(np.float32)
+    x8, dx = ref.quantize_activations(x)
+    return (x8.reshape(x.shape[0], -1, 32) * dx[..., None]).reshape(x.shape).astype(np.float32)
 
 
 @pytest.mark.parametrize("n,k", [(70, 512), (33, 96), (128, 2880)])
@@ -72,7 +70,7 @@ def test_float_path_and_embedding_are_exact_dequantization() -> None:
     np.testing.assert_array_equal(matmul.embedding(w, ids), dequantize(raw[ids], MXFP4))
     x = rng.standard_normal((5, 160)).astype(np.float32)
     y = np.empty((5, w.n), np.float32)
-    matmul.launch_linear_serial(w.kernels[1], w.gemm, False, w.addr, w.nbytes, w.n, w.k, x, y)
+    matmul.launch_linear_serial(w.kernels[1], w.gemm, matmul.ROUND_NONE, w.addr, w.nbytes, w.n, w.k, x, y)
     assert rel_err(y, ref.linear(x, raw, MXFP4)) < FLOAT_TOL
 
 
@@ -120,7 +118,7 @@ def test_quantized_activations_times_values_is_the_integer_sum() -> None:
     """The portable sum equals a NumPy dot of looked-up values and interleaved int8 activations."""
     rng = np.random.default_rng(11)
     q3 = rng.integers(0, 256, (2, 16, TILE_ROWS), dtype=np.uint8)
-    x8, _, _, _, x8p = quantize_rows(rng.standard_normal((1, 64)).astype(np.float32))
+    x8, _, _, _, x8p = quantize_rows(rng.standard_normal((1, 64)).astype(np.float32), False)
     s = np.zeros((2, TILE_ROWS), np.int16)
     mx.block_sums_portable(q3, 1, x8p[0], s)
     values = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])

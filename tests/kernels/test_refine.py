@@ -59,7 +59,7 @@ def test_rows_without_a_finite_top_refine_nothing() -> None:
 
 def refined(x: np.ndarray, w: matmul.PackedWeight, nth: int) -> np.ndarray:
     """linear_precise's form for the integer-path kinds other than Q8_0."""
-    return matmul.launch_refined(w.kernels[0], w.addr, w.nbytes, w.n, w.k, x, nth)
+    return matmul.launch_refined(w.kernels[0], matmul.rounding_of(w.kind), w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 @pytest.mark.parametrize("name", list(GGML))
@@ -73,7 +73,7 @@ def test_refined_tiles_are_the_two_pass_sum_and_the_rest_one_pass(name: str) -> 
     w = backend.prepare_weight(raw, GGML[name])
     x = rng.standard_normal((T, k)).astype(np.float32) * 4
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2)
+    with_residual(x, x2, matmul.rounding_of(w.kind) == matmul.ROUND_Q8_K)
     one = matmul.linear(x, w, 1)
     two = one + matmul.linear(np.ascontiguousarray(x2[T:]), w, 1)
     exact = ref.linear(x, raw, GGML[name])

@@ -110,11 +110,51 @@ def rms_bound(ref: dict) -> float:
     return 1.5 * ref["calibration"]["rms_last"] + 0.02
 
 
-def failures(logits: np.ndarray, ref: dict) -> list[str]:
+def router_logits(path: Path, ref: dict, rounded: bool) -> list[tuple[np.ndarray, int]]:
+    """(router logits (positions, experts), experts used) of each mixture-of-experts layer, from the
+    NumPy oracle teacher-forced over prompt + greedy; rounded: with the integer path's 8-bit rounding
+    of every matmul input (NumpyBackend.round_activations)."""
+    from localllm.backends.numpy_ref import NumpyBackend
+    from localllm.kernels import moe_reference
+
+    seen, route = [], moe_reference.route
+
+    def recording(logits: np.ndarray, k: int, renorm: bool) -> tuple[np.ndarray, np.ndarray]:
+        seen.append((np.array(logits, np.float32), k))
+        return route(logits, k, renorm)
+
+    moe_reference.route, NumpyBackend.round_activations = recording, rounded
+    try:
+        teacher_forced(path, ref, "numpy")
+    finally:
+        moe_reference.route, NumpyBackend.round_activations = route, False
+    return seen
+
+
+def routing_near_tie(path: Path, ref: dict) -> bool:
+    """Whether the last prompt position routes on a near-tie: in some layer the oracle's k-th and
+    (k+1)-th router logits there are closer than twice the most that 8-bit activation rounding moves
+    that layer's router logits (the oracle with and without it, over all positions). Which expert
+    llama.cpp picks there is then chance, and so are the last-position logits (not their argmax: the
+    usual near-tie rule covers that)."""
+    plain, rounded = router_logits(path, ref, False), router_logits(path, ref, True)
+    assert len(plain) == len(rounded) and all(a[0].shape[0] == len(ref["prompt"]) + len(ref["greedy"]) - 1
+                                              for a in plain), "one pass per layer expected"  # fmt: skip
+    last = len(ref["prompt"]) - 1
+    for (a, k), (b, _) in zip(plain, rounded, strict=True):
+        noise = float(np.abs(a - b).max())
+        top = np.sort(a[last])[::-1]
+        if top[k - 1] - top[k] < 2.0 * noise:
+            return True
+    return False
+
+
+def failures(logits: np.ndarray, ref: dict, routing_tie: bool = False) -> list[str]:
+    """What breaks the fixture rules; routing_tie (routing_near_tie) lifts the last-position RMS bound."""
     result = compare(logits, ref, near_tie(ref))
     out = list(result["problems"])
     fig = result["figures"]
-    if fig["rms_last"] > rms_bound(ref):
+    if fig["rms_last"] > rms_bound(ref) and not routing_tie:
         out.append(f"last-position logits RMS {fig['rms_last']:.4f} > {rms_bound(ref):.4f}")
     if fig["top8_shared"] < 6:
         out.append(f"only {fig['top8_shared']} of llama.cpp's top 8 shared")
