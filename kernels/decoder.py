@@ -387,7 +387,7 @@ def _down(il, w, buf, nth) -> None:
     elif mode == DOWN_TWO_PASS and w.quantize:  # (the float path has float activations already)
         T = buf.act.shape[0]
         with_residual(
-            buf.act, buf.act2[: 2 * T], matmul.table_rounding(w.down[il], True) == matmul.ROUND_Q8_K
+            buf.act, buf.act2[: 2 * T], matmul.precise_rounding(matmul.table_rounding(w.down[il], True))
         )
         _project(w.down[il], w.gemm, w.quantize, buf.act2[: 2 * T], (buf.down2[: 2 * T],), nth)
         for t in range(T):

@@ -32,6 +32,7 @@ from . import dequant as dq
 from . import matmul_int as mi
 from . import matmul_mxfp4 as mx
 from . import matmul_row as mr
+from .act_rounding import ROUND_NONE, ROUND_Q8_0, ROUND_Q8_1, ROUND_Q8_K
 from .gemm import GEMM_ARGV_LEN, call_gemm
 from .packing import (
     BF16,
@@ -97,18 +98,14 @@ ARGV_LEN = 15  # A_Y points at column 0 of this weight's output; A_LDY is y's ro
 # launch tables (group_table): a row per weight
 T_FN, T_BUF, T_NBYTES, T_N, T_K, T_ROUND = range(6)
 TABLE_LEN = 6
-# how a weight's int8 activations are rounded (T_ROUND; quantize_act): none (float path), per 32 as
-# llama.cpp's Q8_0, or per 256 as its Q8_K (before K-quant weights)
-ROUND_NONE, ROUND_Q8_0, ROUND_Q8_K = 0, 1, 2
-SUPERBLOCK_KINDS = frozenset((Q4_K, Q5_K, Q6_K))
+# how a weight's int8 activations are rounded (T_ROUND): act_rounding.ROUND_*, llama.cpp's for its type
+ROUNDING_OF_KIND = {Q4_K: ROUND_Q8_K, Q5_K: ROUND_Q8_K, Q6_K: ROUND_Q8_K, Q4_1: ROUND_Q8_1, Q5_1: ROUND_Q8_1}
 
 
 def rounding_of(kind: int) -> int:
     """The activation rounding llama.cpp's CPU back end uses before a matmul with this kind (none for
     the kinds that take the float path)."""
-    if kind not in LANE_KINDS:
-        return ROUND_NONE
-    return ROUND_Q8_K if kind in SUPERBLOCK_KINDS else ROUND_Q8_0
+    return ROUNDING_OF_KIND.get(kind, ROUND_Q8_0) if kind in LANE_KINDS else ROUND_NONE
 
 
 # ---- field views ------------------------------------------------------------------------------
@@ -533,22 +530,29 @@ def _argv(buf_addr, nbytes, n, k, x, y, xq, gemm):
 @njit(cache=True)
 def _quantized(x, rounding):
     """x's int8 activations in `rounding` (ROUND_*); none (0 rows) for ROUND_NONE."""
-    return quantize_rows(x if rounding != ROUND_NONE else x[:0], rounding == ROUND_Q8_K)
+    return quantize_rows(x if rounding != ROUND_NONE else x[:0], rounding)
+
+
+@njit(cache=True)
+def precise_rounding(rounding):
+    """The rounding of a near-float two-pass projection: Q8_1's float16 sums would stay in its result
+    (the residual pass does not see them), so exact Q8_0 sums instead."""
+    return ROUND_Q8_0 if rounding == ROUND_Q8_1 else rounding
 
 
 @njit(cache=True)
 def table_rounding(table, quantize):
-    """The rounding of a launch over table's weights: Q8_K where every weight takes it, else Q8_0; none
-    without quantize (the float path)."""
+    """The rounding of a launch over table's weights: theirs where they agree, else Q8_0 (whose sums
+    are exact for every kind); none without quantize (the float path)."""
     if not quantize:
         return ROUND_NONE
-    any_weight = False
+    found = ROUND_NONE
     for i in range(table.shape[0]):
         r = table[i, T_ROUND]  # (zero rows pad a layer's table to the widest layer's; float kinds: none)
-        if r == ROUND_Q8_0:
+        if r != ROUND_NONE and found != ROUND_NONE and r != found:
             return ROUND_Q8_0
-        any_weight = any_weight or r == ROUND_Q8_K
-    return ROUND_Q8_K if any_weight else ROUND_Q8_0
+        found = r if r != ROUND_NONE else found
+    return found if found != ROUND_NONE else ROUND_Q8_0
 
 
 @njit(cache=True)
@@ -640,7 +644,7 @@ def run_piece(table, argvs, tiles, lo, hi) -> None:
 
 @njit(cache=True, nogil=True)
 def _argv16(buf_addr, nbytes, n, k, x, y, x16, dx):
-    argv = _argv(buf_addr, nbytes, n, k, x, y, quantize_rows(x[:0], False), 0)
+    argv = _argv(buf_addr, nbytes, n, k, x, y, quantize_rows(x[:0], ROUND_Q8_0), 0)
     argv[A_X8], argv[A_DX] = x16.ctypes.data, dx.ctypes.data
     return argv
 
@@ -680,7 +684,7 @@ def launch_two_pass(fn, rounding, buf_addr, nbytes, n, k, x, nth):
     tiles equal bit for bit (the tests' reference; see linear_precise)."""
     T = x.shape[0]
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2, rounding == ROUND_Q8_K)
+    with_residual(x, x2, rounding)
     y2 = np.empty((2 * T, n), np.float32)
     if nth <= 1 or nbytes * 2 * T < PARALLEL_MIN_WORK:
         launch_linear_serial(fn, 0, rounding, buf_addr, nbytes, n, k, x2, y2)
@@ -705,7 +709,7 @@ def launch_refined(fn, rounding, buf_addr, nbytes, n, k, x, nth):
         mark_tiles(y[t], own[t])
     union = np.nonzero(own.sum(axis=0))[0]  # each tile read once for every row that refines it
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2, rounding == ROUND_Q8_K)
+    with_residual(x, x2, rounding)
     y1 = np.zeros((T, n), np.float32)
     launch_tiles(
         fn, rounding, buf_addr, nbytes, n, k, x2[T:], y1, union, nth if nbytes * T >= PARALLEL_MIN_WORK else 1
@@ -746,7 +750,7 @@ def launch_tiles(fn, rounding, buf_addr, nbytes, n, k, x, y, tiles, nth):
 
 @njit(cache=True, nogil=True)
 def launch_embed(fn, buf_addr, nbytes, n, k, ids, y):
-    xq = quantize_rows(y[:0], False)
+    xq = quantize_rows(y[:0], ROUND_Q8_0)
     argv = _argv(buf_addr, nbytes, n, k, y, y, xq, 0)
     argv[A_T], argv[A_IDS] = ids.shape[0], ids.ctypes.data
     call_range_kernel(fn, argv.ctypes.data, 0, ids.shape[0])
@@ -825,7 +829,8 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
         return y
     if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
         return None
-    return launch_refined(w.kernels[0], rounding_of(w.kind), w.addr, w.nbytes, w.n, w.k, x, nth)
+    rounding = ROUND_Q8_0 if rounding_of(w.kind) == ROUND_Q8_1 else rounding_of(w.kind)  # precise_rounding
+    return launch_refined(w.kernels[0], rounding, w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -8,13 +8,8 @@ accumulate in int16/int32; float scales are applied once per block.  Per block o
   hs  sum(x8) of each 16-element half, int32 (Q6_K has one scale per 16 elements)
   x8p x8 with each block's elements j and 16 + j side by side (the pairs the AVX2 nibble
       kernels multiply: one 16-bit broadcast per pair instead of two byte loads and a merge)
-Two roundings, the ones llama.cpp's CPU back end applies before a matmul (its `vec_dot_type`):
-  per 32 (Q8_0, before Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4 weights): x8 = rint(x * (127 / max|x|)), d =
-      max|x| / 127 rounded to float16 (ggml stores it so);
-  per 256 (Q8_K, before K-quant weights): x8 = rint(x * s), s = 127 / max|x| over the 256, d = 1 / s
-      (float32), shared by the superblock's eight 32-blocks.
-Matching llama.cpp's rounding bit for bit keeps near-tied logits on llama.cpp's side of the tie; the
-error is at most d/2 per element either way.
+The rounding (act_rounding.ROUND_*) is llama.cpp's for the weight: per 32 (Q8_0, Q8_1) or per 256
+(Q8_K: the superblock's eight 32-blocks share d); the error is at most d/2 per element either way.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .act_rounding import ROUND_Q8_1, ROUND_Q8_K
 from .simd import call_intrinsic, f16_to_f32, f32, f32_to_f16, i32, rint_f32
 
 _F32, _I8, _I32, _I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -66,39 +62,55 @@ def block_scale(amax, superblock):
 
 
 @njit(cache=True, error_model="numpy")
-def quantize_row(x, x8, dx, sx, hs, x8p, superblock) -> None:
-    """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32; per 256
-    (Q8_K) where superblock and K allows, else per 32 (Q8_0). Contiguous rows take quantize_block (a
-    32-block's five outputs in vector registers); others the scalar passes (quantize_row_loops), whose
-    values are the same."""
+def q8_1_sum(amax, total):
+    """Q8_1's sum term: float16(max|x| / 127 * sum(x8)) (float32 where float16 would be inf)."""
+    s = (amax / f32(127.0)) * f32(total)
+    s16 = f16_to_f32(f32_to_f16(s))
+    return s16 if abs(s16) < f32(np.inf) else s
+
+
+@njit(cache=True, error_model="numpy")
+def quantize_row(x, x8, dx, sx, hs, x8p, rounding) -> None:
+    """One row: x (K,) float32 -> x8/x8p (K,) int8, dx/sx (K/32,) float32, hs (K/16,) int32, in
+    `rounding` (per 256 for ROUND_Q8_K where K allows, else per 32). Contiguous rows take
+    quantize_block (a 32-block's five outputs in vector registers); others the scalar passes
+    (quantize_row_loops), whose values are the same."""
     if x.strides[0] == 4 and x8.strides[0] == 1 and x8p.strides[0] == 1 and dx.strides[0] == 4 \
             and sx.strides[0] == 4 and hs.strides[0] == 4:  # fmt: skip
         xa, qa, pa = x.ctypes.data, x8.ctypes.data, x8p.ctypes.data
         da, sa, ha = dx.ctypes.data, sx.ctypes.data, hs.ctypes.data
-        nb, step = x.shape[0] // 32, _blocks_per_scale(x.shape[0], superblock)
+        nb, step = x.shape[0] // 32, _blocks_per_scale(x.shape[0], rounding)
         for b0 in range(0, nb, step):
-            d, inv = block_scale(_amax(x, 32 * b0, 32 * step), step > 1)
+            amax = _amax(x, 32 * b0, 32 * step)
+            d, inv = block_scale(amax, step > 1)
             for b in range(b0, b0 + step):
                 quantize_block(
                     xa + 128 * b, qa + 32 * b, pa + 32 * b, da + 4 * b, sa + 4 * b, ha + 8 * b, d, inv
                 )
+            if rounding == ROUND_Q8_1 and inv > f32(0.0):
+                sx[b0] = q8_1_sum(amax, hs[2 * b0] + hs[2 * b0 + 1])
     else:
-        quantize_row_loops(x, x8, dx, sx, hs, x8p, superblock)
+        quantize_row_loops(x, x8, dx, sx, hs, x8p, rounding)
 
 
 @njit(cache=True, inline="always")
-def _blocks_per_scale(k, superblock):
-    return 8 if superblock and k % 256 == 0 else 1
+def _blocks_per_scale(k, rounding):
+    return 8 if rounding == ROUND_Q8_K and k % 256 == 0 else 1
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def quantize_row_loops(x, x8, dx, sx, hs, x8p, superblock) -> None:
+def quantize_row_loops(x, x8, dx, sx, hs, x8p, rounding) -> None:
     """quantize_row in three scalar passes (LLVM unrolls their 32-element loops and vectorises none:
     ~1 ns a value, 3x quantize_block's), for rows with gaps."""
     inv = np.empty(x.shape[0] // 32, np.float32)
-    _scales(x, dx, inv, _blocks_per_scale(x.shape[0], superblock))
+    amax = np.empty(x.shape[0] // 32, np.float32)
+    _scales(x, dx, inv, amax, _blocks_per_scale(x.shape[0], rounding))
     _round(x, inv, x8)
     _pairs_and_sums(x8, dx, sx, hs, x8p)
+    if rounding == ROUND_Q8_1:
+        for b in range(dx.shape[0]):
+            if inv[b] > f32(0.0):
+                sx[b] = q8_1_sum(amax[b], hs[2 * b] + hs[2 * b + 1])
 
 
 def _ptr(builder: ir.IRBuilder, addr: ir.Value, ty: ir.Type) -> ir.Value:
@@ -143,12 +155,13 @@ def quantize_block(typingctx, x, x8, x8p, dx, sx, hs, d, inv):
 
 
 @njit(cache=True, error_model="numpy")
-def _scales(x, dx, inv, step) -> None:
-    """Each 32-block's scale and multiplier, shared by `step` blocks (1, or 8 for Q8_K)."""
+def _scales(x, dx, inv, amax, step) -> None:
+    """Each 32-block's scale, multiplier and max|x|, shared by `step` blocks (1, or 8 for Q8_K)."""
     for b0 in range(0, dx.shape[0], step):
-        d, r = block_scale(_amax(x, b0 * 32, 32 * step), step > 1)
+        m = _amax(x, b0 * 32, 32 * step)
+        d, r = block_scale(m, step > 1)
         for b in range(b0, b0 + step):
-            dx[b], inv[b] = d, r
+            dx[b], inv[b], amax[b] = d, r, m
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
@@ -176,9 +189,9 @@ def _pairs_and_sums(x8, dx, sx, hs, x8p) -> None:
 
 
 @njit(cache=True)
-def quantize_rows(x, superblock):
-    """x (T, K) float32, K a multiple of 32 -> (x8, dx, sx, hs, x8p) as in `quantize_row`, a row per token
-    (superblock: Q8_K's rounding per 256, for K-quant weights)."""
+def quantize_rows(x, rounding):
+    """x (T, K) float32, K a multiple of 32 -> (x8, dx, sx, hs, x8p) as in `quantize_row`, a row per token,
+    in `rounding` (act_rounding.ROUND_*)."""
     t, k = x.shape
     x8 = np.empty((t, k), np.int8)
     x8p = np.empty((t, k), np.int8)
@@ -186,16 +199,16 @@ def quantize_rows(x, superblock):
     sx = np.empty((t, k // 32), np.float32)
     hs = np.empty((t, k // 16), np.int32)
     out = (x8, dx, sx, hs, x8p)
-    quantize_rows_into(x, out, superblock)
+    quantize_rows_into(x, out, rounding)
     return out
 
 
 @njit(cache=True)
-def quantize_rows_into(x, out, superblock) -> None:
+def quantize_rows_into(x, out, rounding) -> None:
     """quantize_rows into out = (x8, dx, sx, hs, x8p), arrays of its shapes (a step's reused buffers)."""
     x8, dx, sx, hs, x8p = out
     for i in range(x.shape[0]):
-        quantize_row(x[i], x8[i], dx[i], sx[i], hs[i], x8p[i], superblock)
+        quantize_row(x[i], x8[i], dx[i], sx[i], hs[i], x8p[i], rounding)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -227,11 +240,11 @@ def quantize_rows16_into(x, x16, dx) -> None:
 
 
 @njit(cache=True)
-def with_residual(x, out, superblock) -> None:
-    """out[:T] = x, out[T:] = x minus its 8-bit rounding (per 256 where superblock): both passes of a
-    near-float projection."""
+def with_residual(x, out, rounding) -> None:
+    """out[:T] = x, out[T:] = x minus its 8-bit rounding in `rounding`: both passes of a near-float
+    projection."""
     T, K = x.shape
-    xq = quantize_rows(x, superblock)
+    xq = quantize_rows(x, rounding)
     x8, dx = xq[0], xq[1]
     for t in range(T):
         for j in range(K):

@@ -11,6 +11,7 @@ import numpy as np
 from ..quant import dequantize
 from ..quant.ggml import BLOCK_Q8_0, dequant_q8_0
 from ..quant.quantize_legacy import quantize_q8_0
+from .act_rounding import BY_GGML_TYPE, ROUND_NONE, ROUND_Q8_0, ROUND_Q8_1, ROUND_Q8_K
 from .kv_rotation import key_rotation, value_rotation
 
 
@@ -20,14 +21,15 @@ def linear(x: np.ndarray, w_raw: np.ndarray, ggml_type: int) -> np.ndarray:
     return x.astype(np.float32) @ w.T
 
 
-def quantize_activations(x: np.ndarray, superblock: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy twin of quantize_act.quantize_rows' x8 (T, K) int8 and dx (T, K / 32) float32: ggml's Q8_0
-    (per 32: rint(x * (127 / max|x|)), scale max|x| / 127 rounded to float16) or, where superblock and
-    K allows, its Q8_K (per 256: s = 127 / max|x|, rint(x * s), scale 1 / s in float32, repeated for
-    each 32-block). Zero where 127 / max|x| is 0 or overflows; a float16 scale that would be inf stays
+def quantize_activations(x: np.ndarray, rounding: int = ROUND_Q8_0) -> tuple[np.ndarray, ...]:
+    """NumPy twin of quantize_act.quantize_rows' x8 (T, K) int8, dx and sx (T, K / 32) float32, rounded as
+    act_rounding.ROUND_* says: ggml's Q8_0 (per 32: rint(x * (127 / max|x|)), scale max|x| / 127 rounded
+    to float16, sx the scale times sum(x8)), its Q8_1 (the same, sx = float16(max|x| / 127 * sum(x8))) or,
+    where K allows, its Q8_K (per 256: s = 127 / max|x|, rint(x * s), scale 1 / s in float32, repeated
+    for each 32-block). Zero where 127 / max|x| is 0 or overflows; a float16 value that would be inf stays
     float32."""
     x = np.asarray(x, np.float32)
-    g = 256 if superblock and x.shape[1] % 256 == 0 else 32
+    g = 256 if rounding == ROUND_Q8_K and x.shape[1] % 256 == 0 else 32
     blocks = x.reshape(x.shape[0], -1, g)
     amax = np.abs(blocks).max(axis=-1)
     with np.errstate(divide="ignore", over="ignore"):
@@ -36,26 +38,33 @@ def quantize_activations(x: np.ndarray, superblock: bool = False) -> tuple[np.nd
         if g == 256:
             d = np.divide(np.float32(1.0), inv, out=np.zeros_like(inv), where=inv > 0)
         else:
-            d32 = amax / np.float32(127.0)
-            d16 = d32.astype(np.float16).astype(np.float32)
-            d = np.where(inv > 0, np.where(np.isinf(d16), d32, d16), np.float32(0.0)).astype(np.float32)
-    x8 = np.rint(blocks * inv[..., None]).astype(np.int8).reshape(x.shape)
-    return x8, np.repeat(d, g // 32, axis=-1)
+            d = np.where(inv > 0, _f16_or_f32(amax / np.float32(127.0)), np.float32(0.0)).astype(np.float32)
+        x8 = np.rint(blocks * inv[..., None]).astype(np.int8).reshape(x.shape)
+        dx = np.repeat(d, g // 32, axis=-1)
+        sums = x8.reshape(x.shape[0], -1, 32).astype(np.int32).sum(axis=-1).astype(np.float32)
+        sx = (dx * sums).astype(np.float32)
+        if rounding == ROUND_Q8_1:
+            q81 = _f16_or_f32((amax / np.float32(127.0)) * sums)
+            sx = np.where(inv > 0, q81, sx).astype(np.float32)
+    return x8, dx, sx
 
 
-# GGML types the integer path multiplies with 8-bit activations: per 32 (Q8_0) or per 256 (Q8_K)
-ROUNDED_PER_32 = frozenset((2, 3, 6, 7, 8, 39))  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4
-ROUNDED_PER_256 = frozenset((12, 13, 14))  # Q4_K, Q5_K, Q6_K
+def _f16_or_f32(v: np.ndarray) -> np.ndarray:
+    """float32 values rounded to float16 (as float32), those past float16's range left as they are."""
+    with np.errstate(over="ignore"):
+        v16 = v.astype(np.float16).astype(np.float32)
+    return np.where(np.isinf(v16), v, v16).astype(np.float32)
 
 
 def rounded_activations(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """x (T, K) as the integer path multiplies it with a weight of ggml_type: rounded to 8 bits
     (quantize_activations) and back to float32; unchanged for the types that take the float path."""
     x = np.ascontiguousarray(x, np.float32)
-    if ggml_type not in ROUNDED_PER_32 | ROUNDED_PER_256 or x.shape[-1] % 32:
+    rounding = BY_GGML_TYPE.get(ggml_type, ROUND_NONE)
+    if rounding == ROUND_NONE or x.shape[-1] % 32:
         return x
     rows = x.reshape(-1, x.shape[-1])
-    x8, dx = quantize_activations(rows, ggml_type in ROUNDED_PER_256)
+    x8, dx, _ = quantize_activations(rows, rounding)
     return (x8.reshape(rows.shape[0], -1, 32) * dx[..., None]).reshape(x.shape).astype(np.float32)
 
 

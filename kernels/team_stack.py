@@ -240,16 +240,16 @@ def _attention(il, w, dims, step, kv, lb, tp, sync, phase) -> None:
 
 
 @njit(cache=True)
-def _superblock(tp, il, g) -> bool:
-    """Whether projection g of layer il takes Q8_K's rounding (matmul.table_rounding)."""
-    return matmul.table_rounding(tp.tables[il, g, : tp.nw[il, g]], True) == matmul.ROUND_Q8_K
+def _rounding(tp, il, g) -> int:
+    """The activation rounding of projection g of layer il (matmul.table_rounding)."""
+    return matmul.table_rounding(tp.tables[il, g, : tp.nw[il, g]], True)
 
 
 @njit(cache=True)
-def _quantize(w, x, q, r0, r1, superblock) -> None:
-    """Rows r0:r1 of x (T, k) to 8 bits into the same rows of q (per 256 where superblock)."""
+def _quantize(w, x, q, r0, r1, rounding) -> None:
+    """Rows r0:r1 of x (T, k) to 8 bits, rounded as `rounding` says, into the same rows of q."""
     if w.quantize:
-        quantize_rows_into(x[r0:r1], _view_q(q, r0, r1, x.shape[1]), superblock)
+        quantize_rows_into(x[r0:r1], _view_q(q, r0, r1, x.shape[1]), rounding)
 
 
 @njit(cache=True)
@@ -273,7 +273,7 @@ def _layer_input(il, x, w, dims, lb, tp, qa, r0, r1) -> None:
     if il > 0:
         _tail(il - 1, x, w, dims, lb, r0, r1)
     layers.rms_norm_rows(x[r0:r1], w.attn_norm[il], dims.eps, lb.h[r0:r1])
-    _quantize(w, lb.h, qa, r0, r1, _superblock(tp, il, G_QKV))
+    _quantize(w, lb.h, qa, r0, r1, _rounding(tp, il, G_QKV))
 
 
 @njit(cache=True)
@@ -301,7 +301,7 @@ def _ffn_input(il, x, w, dims, lb, tp, qa, r0, r1) -> None:
         dk._add_bias(o, w.bo[il])
     dk._residual(xr, o, w.flags[il, dk.F_POST_ATTN], w.post_attn_norm[il], dims.eps, h)
     layers.rms_norm_rows(xr, w.ffn_norm[il], dims.eps, h)
-    _quantize(w, lb.h, qa, r0, r1, _superblock(tp, il, G_GATE_UP))
+    _quantize(w, lb.h, qa, r0, r1, _rounding(tp, il, G_GATE_UP))
 
 
 @njit(cache=True)
@@ -321,11 +321,11 @@ def _down_input(il, w, lb, tp, qc, r0, r1) -> None:
         x16, dx16 = tp.x16[: T * k].reshape(T, k), tp.dx16[: T * k // 32].reshape(T, k // 32)
         quantize_rows16_into(act, x16[r0:r1], dx16[r0:r1])
     elif _whole_down_input(il, w):
-        sb = _superblock(tp, il, G_DOWN)
-        with_residual(lb.act, lb.act2, sb)
-        _quantize(w, lb.act2, qc, 0, 2 * T, sb)
+        rounding = matmul.precise_rounding(_rounding(tp, il, G_DOWN))
+        with_residual(lb.act, lb.act2, rounding)
+        _quantize(w, lb.act2, qc, 0, 2 * T, rounding)
     else:
-        _quantize(w, lb.act, qc, r0, r1, _superblock(tp, il, G_DOWN))
+        _quantize(w, lb.act, qc, r0, r1, _rounding(tp, il, G_DOWN))
 
 
 @njit(cache=True)
@@ -348,7 +348,7 @@ def _rows_phase(kind, il, x, w, dims, lb, tp, q, sync, phase) -> None:
         if kind == LAYER_INPUT:
             _layer_input(il, x, w, dims, lb, tp, q, r0, r1)
         elif kind == ATT_OUTPUT:
-            _quantize(w, lb.att.reshape(T, -1), q, r0, r1, _superblock(tp, il, G_O))
+            _quantize(w, lb.att.reshape(T, -1), q, r0, r1, _rounding(tp, il, G_O))
         elif kind == FFN_INPUT:
             _ffn_input(il, x, w, dims, lb, tp, q, r0, r1)
         else:

@@ -61,6 +61,15 @@ def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
     return out
 
 
+def _precise_down(down: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """The down tables with Q8_1's float16 sums made exact Q8_0 ones in two-pass layers (the residual
+    pass cannot see their rounding: matmul.precise_rounding)."""
+    rows = down[flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS]
+    rows[rows[..., matmul.T_ROUND] == matmul.ROUND_Q8_1, matmul.T_ROUND] = matmul.ROUND_Q8_0
+    down[flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS] = rows
+    return down
+
+
 def _stack(vectors: list[Any], width: int) -> np.ndarray:
     """Per-layer vectors as (layers, width) float32, zero-padded (a layer's may be narrower)."""
     out = np.zeros((len(vectors), width), np.float32)
@@ -168,7 +177,8 @@ class DecoderPlan:
         hd, kvh, ffn = (max(f(il) for il in n) for f in (a.head_dim_of, a.kv_heads_of, a.ffn_dim_of))
         nq, nkv = a.n_heads * hd, kvh * hd
         weights = dk.StackWeights(
-            *(_tables(g, True) for g in groups[:4]), _int16_tables(L, flags),
+            *(_tables(g, True) for g in groups[:3]), _precise_down(_tables(groups[3], True), flags),
+            _int16_tables(L, flags),
             *(_stack([getattr(x, f) for x in L], a.dim)
               for f in ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm")),
             _stack([x.q_norm for x in L], hd), _stack([x.k_norm for x in L], hd),

@@ -31,7 +31,7 @@ from localllm.backends.numpy_ref import NumpyBackend
 from localllm.kernels import attention, layers, matmul, simd_x86, simd_x86_quads, simd_x512
 from localllm.kernels import matmul_int as mi
 from localllm.kernels import reference as ref
-from localllm.kernels.packing import TILE_ROWS
+from localllm.kernels.packing import KIND_OF_GGML, TILE_ROWS
 from localllm.kernels.quantize_act import quantize_rows
 from localllm.kernels.simd_x86 import HAVE_AVX2, HAVE_VNNI256, PAIRS_BYTES, q5_high_sums_avx2
 from localllm.kernels.simd_x512 import HAVE_AVX512, HAVE_VNNI, QUADS_BYTES
@@ -53,10 +53,24 @@ def rel_err(ours: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(ours - expected).max() / max(np.abs(expected).max(), 1e-30))
 
 
-def dequantized_activations(x: np.ndarray, superblock: bool = False) -> np.ndarray:
+def dequantized_activations(x: np.ndarray, rounding: int = matmul.ROUND_Q8_0) -> np.ndarray:
     """NumPy twin of quantize_rows, back to float: what the integer path multiplies with."""
-    x8, dx = ref.quantize_activations(x, superblock)
+    x8, dx, _ = ref.quantize_activations(x, rounding)
     return (x8.reshape(x.shape[0], -1, 32) * dx[..., None]).reshape(x.shape).astype(np.float32)
+
+
+def integer_path_twin(x: np.ndarray, raw: np.ndarray, name: str) -> np.ndarray:
+    """What the integer path computes, in NumPy: x rounded as for this weight, times the dequantized
+    weight; for Q4_1 / Q5_1 the minimum terms take Q8_1's float16 sums instead of d * sum(x8)."""
+    rounding = matmul.rounding_of(KIND_OF_GGML[T[name]])
+    y = ref.linear(dequantized_activations(x, rounding), raw, T[name])
+    if rounding == matmul.ROUND_Q8_1:
+        x8, dx, sx = ref.quantize_activations(x, rounding)
+        sums = x8.reshape(x.shape[0], -1, 32).astype(np.int32).sum(axis=-1).astype(np.float32)
+        size = {"Q4_1": 20, "Q5_1": 24}[name]  # (d, m) float16 lead each block
+        mins = raw.view(np.uint8).reshape(raw.shape[0], -1, size)[:, :, 2:4].copy().view(np.float16)[..., 0]
+        y = y + (sx - dx * sums) @ mins.astype(np.float32).T
+    return y.astype(np.float32)
 
 
 # ---- matmul -----------------------------------------------------------------------------------
@@ -77,8 +91,7 @@ def test_linear_matches_reference(name: str, n: int, k: int, t: int) -> None:
     expected = ref.linear(x, raw, T[name])
     if name in LANE_TYPES and t <= matmul.INT_PATH_MAX_T:
         assert rel_err(y, expected) < INT_TOL
-        superblock = matmul.rounding_of(w.kind) == matmul.ROUND_Q8_K
-        assert rel_err(y, ref.linear(dequantized_activations(x, superblock), raw, T[name])) < INT_EXACT_TOL
+        assert rel_err(y, integer_path_twin(x, raw, name)) < INT_EXACT_TOL
     else:
         assert rel_err(y, expected) < FLOAT_TOL
 
@@ -144,11 +157,11 @@ def test_packed_size_stays_close_to_the_file(name: str) -> None:
     assert matmul.prepare_weight(raw, T[name]).nbytes <= 1.03 * raw.nbytes
 
 
-@pytest.mark.parametrize("superblock", [False, True])
+@pytest.mark.parametrize("rounding", [matmul.ROUND_Q8_0, matmul.ROUND_Q8_1, matmul.ROUND_Q8_K])
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
-def test_quantize_rows_equals_numpy_twin_bit_for_bit(layout: str, superblock: bool) -> None:
+def test_quantize_rows_equals_numpy_twin_bit_for_bit(layout: str, rounding: int) -> None:
     """The vector block kernel (contiguous rows) and the scalar passes (rows with gaps) both give NumPy's
-    values exactly (reference.quantize_activations: ggml's Q8_0, or Q8_K per 256), over magnitudes from
+    values exactly (reference.quantize_activations: ggml's Q8_0, Q8_1 or Q8_K), over magnitudes from
     tiny (float16 subnormal scales) to large (scales past float16's range)."""
     rng = np.random.default_rng(5)
     wide = (rng.standard_normal((7, 2 * 256)) * np.exp(rng.uniform(-20, 20, (7, 1)))).astype(np.float32)
@@ -156,13 +169,13 @@ def test_quantize_rows_equals_numpy_twin_bit_for_bit(layout: str, superblock: bo
     x = wide[:, :256] if layout == "contiguous" else wide[:, ::2]
     x = np.ascontiguousarray(x) if layout == "contiguous" else x
     assert x.flags.c_contiguous == (layout == "contiguous")
-    x8, dx, sx, hs, x8p = quantize_rows(x, superblock)
-    want8, want_d = ref.quantize_activations(np.ascontiguousarray(x), superblock)
+    x8, dx, sx, hs, x8p = quantize_rows(x, rounding)
+    want8, want_d, want_s = ref.quantize_activations(np.ascontiguousarray(x), rounding)
     np.testing.assert_array_equal(x8, want8)
     np.testing.assert_array_equal(dx, want_d)
     halves = want8.reshape(7, -1, 16).astype(np.int32).sum(axis=-1)
     np.testing.assert_array_equal(hs, halves)
-    np.testing.assert_array_equal(sx, want_d * halves.reshape(7, -1, 2).sum(axis=-1).astype(np.float32))
+    np.testing.assert_array_equal(sx, want_s)
     pairs = np.stack([want8.reshape(7, -1, 2, 16)[:, :, 0], want8.reshape(7, -1, 2, 16)[:, :, 1]], axis=-1)
     np.testing.assert_array_equal(x8p, pairs.reshape(7, 256))
 
@@ -171,7 +184,7 @@ def test_quantize_rows_matches_numpy_twin() -> None:
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 96)).astype(np.float32) * 5
     x[1, 32:64] = 0.0  # an all-zero block
-    x8, dx, sx, hs, x8p = quantize_rows(x, True)  # (K = 96: per 32 even where asked for Q8_K)
+    x8, dx, sx, hs, x8p = quantize_rows(x, matmul.ROUND_Q8_K)  # (K = 96: per 32 even where asked for Q8_K)
     pairs = np.stack([x8.reshape(3, -1, 2, 16)[:, :, 0], x8.reshape(3, -1, 2, 16)[:, :, 1]], axis=-1)
     np.testing.assert_array_equal(x8p, pairs.reshape(3, 96))  # (x[j], x[16 + j]) side by side
     back = (x8.astype(np.float32).reshape(3, -1, 32) * dx[..., None]).reshape(3, 96)

@@ -35,7 +35,7 @@ def rel_err(ours: np.ndarray, expected: np.ndarray) -> float:
 
 def rounded(x: np.ndarray) -> np.ndarray:
     """x as the integer path sees it: int8 per 32-block, back to float."""
-    x8, dx = ref.quantize_activations(x)
+    x8, dx, _ = ref.quantize_activations(x)
     return (x8.reshape(x.shape[0], -1, 32) * dx[..., None]).reshape(x.shape).astype(np.float32)
 
 
@@ -118,7 +118,7 @@ def test_quantized_activations_times_values_is_the_integer_sum() -> None:
     """The portable sum equals a NumPy dot of looked-up values and interleaved int8 activations."""
     rng = np.random.default_rng(11)
     q3 = rng.integers(0, 256, (2, 16, TILE_ROWS), dtype=np.uint8)
-    x8, _, _, _, x8p = quantize_rows(rng.standard_normal((1, 64)).astype(np.float32), False)
+    x8, _, _, _, x8p = quantize_rows(rng.standard_normal((1, 64)).astype(np.float32), matmul.ROUND_Q8_0)
     s = np.zeros((2, TILE_ROWS), np.int16)
     mx.block_sums_portable(q3, 1, x8p[0], s)
     values = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])

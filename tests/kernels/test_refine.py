@@ -59,7 +59,16 @@ def test_rows_without_a_finite_top_refine_nothing() -> None:
 
 def refined(x: np.ndarray, w: matmul.PackedWeight, nth: int) -> np.ndarray:
     """linear_precise's form for the integer-path kinds other than Q8_0."""
-    return matmul.launch_refined(w.kernels[0], matmul.rounding_of(w.kind), w.addr, w.nbytes, w.n, w.k, x, nth)
+    rounding = matmul.precise_rounding(matmul.rounding_of(w.kind))
+    return matmul.launch_refined(w.kernels[0], rounding, w.addr, w.nbytes, w.n, w.k, x, nth)
+
+
+def one_pass(x: np.ndarray, w: matmul.PackedWeight) -> np.ndarray:
+    """One 8-bit pass in the precise form's rounding (Q4_1 / Q5_1: exact sums, not Q8_1's)."""
+    y = np.empty((x.shape[0], w.n), np.float32)
+    rounding = matmul.precise_rounding(matmul.rounding_of(w.kind))
+    matmul.launch_linear_serial(w.kernels[0], 0, rounding, w.addr, w.nbytes, w.n, w.k, x, y)
+    return y
 
 
 @pytest.mark.parametrize("name", list(GGML))
@@ -73,9 +82,9 @@ def test_refined_tiles_are_the_two_pass_sum_and_the_rest_one_pass(name: str) -> 
     w = backend.prepare_weight(raw, GGML[name])
     x = rng.standard_normal((T, k)).astype(np.float32) * 4
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2, matmul.rounding_of(w.kind) == matmul.ROUND_Q8_K)
-    one = matmul.linear(x, w, 1)
-    two = one + matmul.linear(np.ascontiguousarray(x2[T:]), w, 1)
+    with_residual(x, x2, matmul.precise_rounding(matmul.rounding_of(w.kind)))
+    one = one_pass(x, w)
+    two = one + one_pass(np.ascontiguousarray(x2[T:]), w)
     exact = ref.linear(x, raw, GGML[name])
     for nth in (1, 2):
         got = refined(x, w, nth)
