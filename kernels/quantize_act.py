@@ -81,7 +81,7 @@ def quantize_row(x, x8, dx, sx, hs, x8p, rounding) -> None:
         da, sa, ha = dx.ctypes.data, sx.ctypes.data, hs.ctypes.data
         nb, step = x.shape[0] // 32, _blocks_per_scale(x.shape[0], rounding)
         for b0 in range(0, nb, step):
-            amax = _amax(x, 32 * b0, 32 * step)
+            amax = amax_256(xa + 128 * b0) if step > 1 else amax_32(xa + 128 * b0)
             d, inv = block_scale(amax, step > 1)
             for b in range(b0, b0 + step):
                 quantize_block(
@@ -115,6 +115,41 @@ def quantize_row_loops(x, x8, dx, sx, hs, x8p, rounding) -> None:
 
 def _ptr(builder: ir.IRBuilder, addr: ir.Value, ty: ir.Type) -> ir.Value:
     return builder.inttoptr(addr, ty.as_pointer())
+
+
+def _block_max(builder: ir.IRBuilder, a: ir.Value) -> ir.Value:
+    """The largest of the 32 lanes of a (no NaN expected: as _amax's max), by halving."""
+    n = 32
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+        hi = builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
+        a = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
+    return builder.extract_element(a, ir.Constant(_I32, 0))
+
+
+def _amax_of(blocks: int):
+    """An intrinsic: max|x| of the `blocks` 32-blocks at address x, in vector registers (the values of
+    _amax: a maximum is exact in any order)."""
+
+    def amax(typingctx, xa):
+        def codegen(context, builder, signature, args):
+            v32f = ir.VectorType(_F32, 32)
+            m = None
+            for b in range(blocks):
+                addr = builder.add(args[0], ir.Constant(_I64, 128 * b))
+                v = call_intrinsic(
+                    builder, "llvm.fabs.v32f32", v32f, [builder.load(_ptr(builder, addr, v32f), align=4)]
+                )
+                m = v if m is None else builder.select(builder.fcmp_ordered(">", v, m), v, m)
+            return _block_max(builder, m)
+
+        return types.float32(types.int64), codegen
+
+    return intrinsic(amax)
+
+
+amax_32, amax_256 = _amax_of(1), _amax_of(8)
 
 
 def _half_sum(builder: ir.IRBuilder, q: ir.Value, first: int) -> ir.Value:
