@@ -386,9 +386,8 @@ def _down(il, w, buf, nth) -> None:
         matmul.launch_linear16(t[0], t[1], t[2], t[3], t[4], buf.act, buf.down, nth)
     elif mode == DOWN_TWO_PASS and w.quantize:  # (the float path has float activations already)
         T = buf.act.shape[0]
-        with_residual(
-            buf.act, buf.act2[: 2 * T], matmul.precise_rounding(matmul.table_rounding(w.down[il], True))
-        )
+        with_residual(buf.act, buf.act2[: 2 * T], matmul.table_rounding(w.down[il], True))  # (exact sums:
+        # the plan's two-pass tables say Q8_0 where the weights' own is Q8_1, numba_stack._precise_down)
         _project(w.down[il], w.gemm, w.quantize, buf.act2[: 2 * T], (buf.down2[: 2 * T],), nth)
         for t in range(T):
             for j in range(buf.down.shape[1]):

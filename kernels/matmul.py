@@ -108,6 +108,12 @@ def rounding_of(kind: int) -> int:
     return ROUNDING_OF_KIND.get(kind, ROUND_Q8_0) if kind in LANE_KINDS else ROUND_NONE
 
 
+def precise_rounding(rounding: int | np.ndarray) -> np.ndarray:
+    """The rounding (an int, or an array of them) of a near-float two-pass projection: Q8_1's float16
+    sums would stay in its result (the residual pass does not see them), so exact Q8_0 sums instead."""
+    return np.where(np.equal(rounding, ROUND_Q8_1), ROUND_Q8_0, rounding)
+
+
 # ---- field views ------------------------------------------------------------------------------
 
 
@@ -534,13 +540,6 @@ def _quantized(x, rounding):
 
 
 @njit(cache=True)
-def precise_rounding(rounding):
-    """The rounding of a near-float two-pass projection: Q8_1's float16 sums would stay in its result
-    (the residual pass does not see them), so exact Q8_0 sums instead."""
-    return ROUND_Q8_0 if rounding == ROUND_Q8_1 else rounding
-
-
-@njit(cache=True)
 def table_rounding(table, quantize):
     """The rounding of a launch over table's weights: theirs where they agree, else Q8_0 (whose sums
     are exact for every kind); none without quantize (the float path)."""
@@ -829,7 +828,7 @@ def linear_precise(x: np.ndarray, w: PackedWeight, nth: int) -> np.ndarray | Non
         return y
     if not (w.lane and 2 * x.shape[0] <= INT_PATH_MAX_T):
         return None
-    rounding = ROUND_Q8_0 if rounding_of(w.kind) == ROUND_Q8_1 else rounding_of(w.kind)  # precise_rounding
+    rounding = int(precise_rounding(rounding_of(w.kind)))
     return launch_refined(w.kernels[0], rounding, w.addr, w.nbytes, w.n, w.k, x, nth)
 
 

@@ -321,7 +321,7 @@ def _down_input(il, w, lb, tp, qc, r0, r1) -> None:
         x16, dx16 = tp.x16[: T * k].reshape(T, k), tp.dx16[: T * k // 32].reshape(T, k // 32)
         quantize_rows16_into(act, x16[r0:r1], dx16[r0:r1])
     elif _whole_down_input(il, w):
-        rounding = matmul.precise_rounding(_rounding(tp, il, G_DOWN))
+        rounding = _rounding(tp, il, G_DOWN)  # (exact sums: numba_stack._precise_down)
         with_residual(lb.act, lb.act2, rounding)
         _quantize(w, lb.act2, qc, 0, 2 * T, rounding)
     else:

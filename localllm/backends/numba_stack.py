@@ -64,9 +64,8 @@ def _tables(groups: list[tuple[Any, ...]], use_int: bool) -> np.ndarray:
 def _precise_down(down: np.ndarray, flags: np.ndarray) -> np.ndarray:
     """The down tables with Q8_1's float16 sums made exact Q8_0 ones in two-pass layers (the residual
     pass cannot see their rounding: matmul.precise_rounding)."""
-    rows = down[flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS]
-    rows[rows[..., matmul.T_ROUND] == matmul.ROUND_Q8_1, matmul.T_ROUND] = matmul.ROUND_Q8_0
-    down[flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS] = rows
+    two_pass = flags[:, dk.F_DOWN] == dk.DOWN_TWO_PASS
+    down[two_pass, :, matmul.T_ROUND] = matmul.precise_rounding(down[two_pass, :, matmul.T_ROUND])
     return down
 
 

@@ -59,14 +59,14 @@ def test_rows_without_a_finite_top_refine_nothing() -> None:
 
 def refined(x: np.ndarray, w: matmul.PackedWeight, nth: int) -> np.ndarray:
     """linear_precise's form for the integer-path kinds other than Q8_0."""
-    rounding = matmul.precise_rounding(matmul.rounding_of(w.kind))
+    rounding = int(matmul.precise_rounding(matmul.rounding_of(w.kind)))
     return matmul.launch_refined(w.kernels[0], rounding, w.addr, w.nbytes, w.n, w.k, x, nth)
 
 
 def one_pass(x: np.ndarray, w: matmul.PackedWeight) -> np.ndarray:
     """One 8-bit pass in the precise form's rounding (Q4_1 / Q5_1: exact sums, not Q8_1's)."""
     y = np.empty((x.shape[0], w.n), np.float32)
-    rounding = matmul.precise_rounding(matmul.rounding_of(w.kind))
+    rounding = int(matmul.precise_rounding(matmul.rounding_of(w.kind)))
     matmul.launch_linear_serial(w.kernels[0], 0, rounding, w.addr, w.nbytes, w.n, w.k, x, y)
     return y
 
@@ -82,7 +82,7 @@ def test_refined_tiles_are_the_two_pass_sum_and_the_rest_one_pass(name: str) -> 
     w = backend.prepare_weight(raw, GGML[name])
     x = rng.standard_normal((T, k)).astype(np.float32) * 4
     x2 = np.empty((2 * T, k), np.float32)
-    with_residual(x, x2, matmul.precise_rounding(matmul.rounding_of(w.kind)))
+    with_residual(x, x2, int(matmul.precise_rounding(matmul.rounding_of(w.kind))))
     one = one_pass(x, w)
     two = one + one_pass(np.ascontiguousarray(x2[T:]), w)
     exact = ref.linear(x, raw, GGML[name])

@@ -114,3 +114,17 @@ def test_fused_stack_refuses_a_field_it_does_not_execute_by_name(monkeypatch) ->
     assert numba_stack.refusal((plain, plain)) is None
     capped = dataclasses.replace(plain, attn_softcap=50.0)
     assert "layer 1: LayerSpec.attn_softcap = 50.0" in numba_stack.refusal((plain, capped))
+
+
+def test_two_pass_down_tables_take_exact_sums() -> None:
+    """A two-pass down projection over Q4_1 / Q5_1 weights rounds as Q8_0 (exact block sums: its residual
+    pass cannot see Q8_1's float16 ones); other layers keep their weights' rounding."""
+    from localllm.kernels import decoder as dk
+    from localllm.kernels import matmul
+
+    down = np.zeros((3, 1, matmul.TABLE_LEN), np.int64)
+    down[:, 0, matmul.T_ROUND] = [matmul.ROUND_Q8_1, matmul.ROUND_Q8_1, matmul.ROUND_Q8_K]
+    flags = np.zeros((3, dk.N_FLAGS), np.int64)
+    flags[[0, 2], dk.F_DOWN] = dk.DOWN_TWO_PASS
+    rounds = numba_stack._precise_down(down, flags)[:, 0, matmul.T_ROUND]
+    assert rounds.tolist() == [matmul.ROUND_Q8_0, matmul.ROUND_Q8_1, matmul.ROUND_Q8_K]

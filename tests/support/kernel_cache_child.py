@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from random_weights import random_weight
 
 from localllm.kernels import matmul
+from localllm.kernels.act_rounding import ROUND_Q8_0
 from localllm.kernels.quantize_act import quantize_rows
 
 # One kind per tile kernel and high-bit variant: tile_nibbles (4-bit, 5-bit), tile_q6_k, tile_q8_0.
@@ -36,7 +37,7 @@ def outputs() -> dict[str, np.ndarray]:
             for nth in (1, 2):  # the serial and the parallel launcher
                 out[f"{name}-{t}-{nth}"] = matmul.linear(x, w, nth=nth)
     x = (np.random.default_rng(0).standard_normal((5, 512)) * 4).astype(np.float32)
-    for i, a in enumerate(quantize_rows(x, 1)):
+    for i, a in enumerate(quantize_rows(x, ROUND_Q8_0)):
         out[f"quantize_rows-{i}"] = a
     return out
 
